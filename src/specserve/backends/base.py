@@ -1,0 +1,88 @@
+"""The backend seam: everything the speculative logic needs from a forward-pass engine.
+
+A `Model` holds weights and vocabulary; a `Context` holds one sequence's KV cache.
+Several contexts can share one model (server slots). The speculative logic only
+ever calls the verbs below, so another engine (PyTorch on a GPU) can be added by
+implementing them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class VocabInfo:
+    """Tokenizer facts used by the pairing check and the engine."""
+
+    vocab_type: str  # "bpe", "spm", "wpm", "ugm", ...
+    n_vocab: int
+    bos: int | None
+    eos: int | None
+    eog: frozenset[int]  # every end-of-generation token (eos, eot, ...)
+    add_bos: bool
+    add_eos: bool
+    token_texts: Sequence[str] = field(repr=False, default=())
+    token_attrs: Sequence[int] = field(repr=False, default=())
+
+
+@dataclass(frozen=True)
+class MemoryUse:
+    """Bytes a loaded model and one of its contexts take, as the engine reports them."""
+
+    weights: int
+    kv_cache: int
+    compute: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.compute
+
+
+class Context(Protocol):
+    """One sequence's KV cache on a model. Positions are 0-based and contiguous."""
+
+    n_ctx: int
+
+    @property
+    def tokens(self) -> list[int]:
+        """The tokens whose keys and values are in the cache, in position order."""
+        ...
+
+    def eval(self, tokens: Sequence[int], logits: str = "last") -> np.ndarray:
+        """Append `tokens` at the next positions and run one forward pass over them.
+
+        logits="last" returns [1, n_vocab]; "all" returns [len(tokens), n_vocab], row i
+        being the distribution of the token after tokens[i]. The array is only valid
+        until the next call on this context. Raises ValueError past n_ctx.
+        """
+        ...
+
+    def truncate(self, n: int) -> None:
+        """Keep positions [0, n) in the cache and forget the rest."""
+        ...
+
+    def memory(self) -> MemoryUse: ...
+
+    def close(self) -> None: ...
+
+
+class Model(Protocol):
+    path: str
+    vocab: VocabInfo
+    n_ctx_train: int
+    metadata: dict[str, str]
+
+    def new_context(self, n_ctx: int) -> Context: ...
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token renders as (special tokens render empty unless asked)."""
+        ...
+
+    def detokenize(self, tokens: Sequence[int]) -> bytes: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,261 @@
+"""llama.cpp through llama-cpp-python's low-level API.
+
+Logits are asked for only at the positions being verified (the batch API's
+per-token `logits` flags); llama-cpp-python's n_ctx x n_vocab `scores` buffer is
+never allocated. Logits come back as a numpy view of llama.cpp's own output
+buffer, without a copy.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import threading
+from typing import Sequence
+
+import numpy as np
+
+import llama_cpp as C
+
+from .base import MemoryUse, VocabInfo
+
+_VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
+_ATTR_CONTROL = 1 << 3  # llama_token_attr: LLAMA_TOKEN_ATTR_CONTROL
+
+
+class _LoadLog:
+    """Captures llama.cpp's log while a model or context is created.
+
+    llama.cpp reports the sizes of what it allocated (model buffer, KV cache,
+    compute buffer) only in its log; we read them from there. Outside captures,
+    only errors go to stderr (everything with SPECSERVE_VERBOSE=1).
+    """
+
+    _lock = threading.Lock()
+    _lines: list[str] | None = None
+    verbose = bool(os.environ.get("SPECSERVE_VERBOSE"))
+
+    @staticmethod
+    @C.llama_log_callback
+    def _callback(level, text, user_data):
+        msg = text.decode("utf-8", errors="replace") if text else ""
+        if _LoadLog._lines is not None:
+            _LoadLog._lines.append(msg)
+        if _LoadLog.verbose or level == 4:  # GGML_LOG_LEVEL_ERROR
+            os.write(2, msg.encode())
+
+    @classmethod
+    def install(cls) -> None:
+        C.llama_log_set(cls._callback, ctypes.c_void_p(0))
+
+    @classmethod
+    def capture(cls, fn):
+        with cls._lock:
+            cls._lines = []
+            try:
+                result = fn()
+                return result, "".join(cls._lines)
+            finally:
+                cls._lines = None
+
+
+_BACKEND_READY = threading.Event()
+
+
+def _init_backend() -> None:
+    if not _BACKEND_READY.is_set():
+        _LoadLog.install()
+        C.llama_backend_init()
+        _BACKEND_READY.set()
+
+
+def _mib_sum(pattern: str, log: str) -> int:
+    """Sum every 'NAME ... = X MiB' figure matching pattern in a llama.cpp log, in bytes."""
+    return int(sum(float(m) for m in re.findall(pattern + r"[^\n]*?=\s*([0-9.]+) MiB", log)) * 1024 * 1024)
+
+
+class LlamaCppModel:
+    """A GGUF model loaded by llama.cpp: weights and vocabulary, shared by its contexts."""
+
+    def __init__(self, path: str, n_gpu_layers: int = 0, n_threads: int | None = None):
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"model file not found: {path}")
+        _init_backend()
+        self.path = path
+        self.n_threads = n_threads or max(1, os.cpu_count() or 1)
+        params = C.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        model, self.load_log = _LoadLog.capture(lambda: C.llama_model_load_from_file(path.encode(), params))
+        if not model:
+            raise ValueError(f"llama.cpp could not load {path} (not a GGUF model it supports?)")
+        self._model = model
+        self._vocab = C.llama_model_get_vocab(model)
+        self.n_ctx_train = C.llama_model_n_ctx_train(model)
+        self.weights_bytes = _mib_sum(r"model buffer size", self.load_log) or C.llama_model_size(model)
+        self.metadata = self._read_metadata()
+        self.vocab = self._read_vocab()
+        self._piece_cache: dict[int, bytes] = {}
+
+    # --- vocabulary -------------------------------------------------------------------------
+
+    def _read_metadata(self) -> dict[str, str]:
+        out = {}
+        buf = ctypes.create_string_buffer(1 << 16)
+        for i in range(C.llama_model_meta_count(self._model)):
+            C.llama_model_meta_key_by_index(self._model, i, buf, len(buf))
+            key = buf.value.decode("utf-8", errors="replace")
+            n = C.llama_model_meta_val_str_by_index(self._model, i, buf, len(buf))
+            if n >= len(buf):  # long values (chat templates): ask again with room for all of it
+                big = ctypes.create_string_buffer(n + 1)
+                C.llama_model_meta_val_str_by_index(self._model, i, big, len(big))
+                out[key] = big.value.decode("utf-8", errors="replace")
+            else:
+                out[key] = buf.value.decode("utf-8", errors="replace")
+        return out
+
+    def _read_vocab(self) -> VocabInfo:
+        v = self._vocab
+        n = C.llama_vocab_n_tokens(v)
+        texts = [(C.llama_vocab_get_text(v, i) or b"").decode("utf-8", errors="replace") for i in range(n)]
+        attrs = [int(C.llama_vocab_get_attr(v, i)) for i in range(n)]
+        eog = frozenset(i for i in range(n) if C.llama_vocab_is_eog(v, i))
+        bos, eos = C.llama_vocab_bos(v), C.llama_vocab_eos(v)
+        return VocabInfo(
+            vocab_type=_VOCAB_TYPES.get(C.llama_vocab_type(v), "unknown"),
+            n_vocab=n,
+            bos=bos if bos >= 0 else None,
+            eos=eos if eos >= 0 else None,
+            eog=eog,
+            add_bos=bool(C.llama_vocab_get_add_bos(v)),
+            add_eos=bool(C.llama_vocab_get_add_eos(v)),
+            token_texts=texts,
+            token_attrs=attrs,
+        )
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (C.llama_token * cap)()
+        n = C.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (C.llama_token * cap)()
+            n = C.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        return list(buf[:n])
+
+    def token_bytes(self, token: int, special: bool = False) -> bytes:
+        key = token if not special else ~token
+        piece = self._piece_cache.get(key)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = C.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = C.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+            piece = buf.raw[:n]
+            self._piece_cache[key] = piece
+        return piece
+
+    def detokenize(self, tokens: Sequence[int], special: bool = False) -> bytes:
+        return b"".join(self.token_bytes(t, special) for t in tokens)
+
+    def is_control(self, token: int) -> bool:
+        return bool(self.vocab.token_attrs[token] & _ATTR_CONTROL)
+
+    # --- contexts -----------------------------------------------------------------------------
+
+    def new_context(self, n_ctx: int, n_batch: int = 512) -> "LlamaCppContext":
+        return LlamaCppContext(self, n_ctx, n_batch)
+
+    def close(self) -> None:
+        if self._model:
+            C.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class LlamaCppContext:
+    """One sequence's KV cache (sequence id 0) on a LlamaCppModel."""
+
+    def __init__(self, model: LlamaCppModel, n_ctx: int, n_batch: int = 512):
+        self.model = model
+        self.n_ctx = n_ctx
+        self.n_batch = min(n_batch, n_ctx)
+        self.n_vocab = model.vocab.n_vocab
+        params = C.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = self.n_batch
+        params.n_ubatch = self.n_batch
+        params.n_seq_max = 1
+        params.n_threads = model.n_threads
+        params.n_threads_batch = model.n_threads
+        params.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED  # halves decode speed on CPU here
+        params.no_perf = True
+        ctx, self.load_log = _LoadLog.capture(lambda: C.llama_init_from_model(model._model, params))
+        if not ctx:
+            raise MemoryError(f"llama.cpp could not create a context of {n_ctx} tokens for {model.path}")
+        self._ctx = ctx
+        self._mem = C.llama_get_memory(ctx)
+        self._batch = C.llama_batch_init(self.n_batch, 0, 1)
+        self._tokens: list[int] = []
+        self.kv_bytes = _mib_sum(r"KV buffer size", self.load_log)
+        self.compute_bytes = _mib_sum(r"compute buffer size", self.load_log)
+
+    @property
+    def tokens(self) -> list[int]:
+        return self._tokens
+
+    def eval(self, tokens: Sequence[int], logits: str = "last") -> np.ndarray:
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("eval needs at least one token")
+        start = len(self._tokens)
+        if start + n > self.n_ctx:
+            raise ValueError(f"context full: {start} + {n} tokens > n_ctx {self.n_ctx}")
+        all_logits = logits == "all"
+        if all_logits and n > self.n_batch:
+            raise ValueError(f"cannot return logits for {n} tokens in one pass (n_batch {self.n_batch})")
+        b = self._batch
+        for chunk_start in range(0, n, self.n_batch):
+            chunk = tokens[chunk_start : chunk_start + self.n_batch]
+            last_chunk = chunk_start + len(chunk) == n
+            for i, t in enumerate(chunk):
+                b.token[i] = t
+                b.pos[i] = start + chunk_start + i
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = 0
+                b.logits[i] = all_logits or (last_chunk and i == len(chunk) - 1)
+            b.n_tokens = len(chunk)
+            rc = C.llama_decode(self._ctx, b)
+            if rc != 0:
+                self.truncate(start + chunk_start)
+                raise RuntimeError(f"llama_decode failed with status {rc}")
+            self._tokens.extend(chunk)
+        n_out = n if all_logits else 1
+        ptr = C.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
+
+    def truncate(self, n: int) -> None:
+        if n < len(self._tokens):
+            C.llama_memory_seq_rm(self._mem, 0, n, -1)
+            del self._tokens[n:]
+
+    def memory(self) -> MemoryUse:
+        return MemoryUse(weights=self.model.weights_bytes, kv_cache=self.kv_bytes, compute=self.compute_bytes)
+
+    def close(self) -> None:
+        if self._ctx:
+            C.llama_batch_free(self._batch)
+            C.llama_free(self._ctx)
+            self._ctx = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

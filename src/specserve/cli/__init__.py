@@ -1,0 +1,46 @@
+"""The `specserve` command: one subcommand per module in this package."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from . import generate, models_cmd
+from .common import CliError
+
+_SUBCOMMANDS = [generate, models_cmd]
+for _name in ("serve", "bench", "check"):
+    try:
+        _SUBCOMMANDS.append(__import__(f"{__name__}.{_name}", fromlist=["add_parser"]))
+    except ImportError:  # a subcommand whose module is not written yet
+        pass
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
+    p = argparse.ArgumentParser(prog="specserve", description="Speculative decoding for local GGUF models.")
+    p.add_argument("--version", action="version", version=f"specserve {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for mod in _SUBCOMMANDS:
+        mod.add_parser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args) or 0
+    except CliError as e:
+        print(f"specserve: error: {e}", file=sys.stderr)
+        return e.code
+    except KeyboardInterrupt:
+        print("specserve: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""Flags shared by generate, serve and bench, and how they become config objects."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..config import SPEC_MODES, ModelConfig, SamplingParams, SpecParams
+
+
+class CliError(Exception):
+    """A user-facing failure: printed as one line, exit status `code`."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
+def add_model_args(p: argparse.ArgumentParser, draft: bool = True) -> None:
+    g = p.add_argument_group("models")
+    g.add_argument("-m", "--model", metavar="TARGET", help="target GGUF path or packaged model name "
+                   "(default: the packaged smollm2-f16)")
+    if draft:
+        g.add_argument("-md", "--model-draft", metavar="DRAFT", help="draft GGUF path or packaged name "
+                       "(default with no -m: the packaged smollm2-q4_1)")
+    g.add_argument("-c", "--ctx-size", type=int, default=4096, metavar="N", help="context size (default 4096)")
+    g.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, metavar="N", help="target layers on the GPU")
+    if draft:
+        g.add_argument("-ngld", "--n-gpu-layers-draft", type=int, default=0, metavar="N", help="draft layers on the GPU")
+    g.add_argument("-t", "--threads", type=int, default=None, metavar="N", help="CPU threads (default: all cores)")
+
+
+def add_spec_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("speculation")
+    g.add_argument("--spec", choices=SPEC_MODES, default="auto",
+                   help="auto: choose drafter and length per step (default); draft: draft model; "
+                        "ngram: prompt lookup; none: target alone")
+    g.add_argument("--draft-max", "--draft", "--spec-draft-n-max", dest="draft_max", type=int, default=8,
+                   metavar="N", help="most tokens drafted per step (default 8; a cap under --spec auto)")
+    g.add_argument("--draft-min", "--spec-draft-n-min", dest="draft_min", type=int, default=0, metavar="N",
+                   help="drop greedy drafts shorter than this (default 0)")
+    g.add_argument("--draft-p-min", "--spec-draft-p-min", dest="draft_p_min", type=float, default=0.0,
+                   metavar="P", help="stop drafting where the draft's top probability is below P (default 0)")
+    g.add_argument("--verify", choices=("rejection", "exact"), default="rejection",
+                   help="sampled verification: rejection sampling (default) or llama.cpp's exact match")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling")
+    g.add_argument("-n", "--n-predict", type=int, default=256, metavar="N", help="tokens to generate (default 256)")
+    g.add_argument("--temp", type=float, default=0.0, metavar="T", help="temperature; 0 = greedy (default)")
+    g.add_argument("--top-k", type=int, default=0, metavar="K", help="0 = off (default)")
+    g.add_argument("--top-p", type=float, default=1.0, metavar="P", help="1 = off (default)")
+    g.add_argument("--min-p", type=float, default=0.0, metavar="P", help="0 = off (default)")
+    g.add_argument("--seed", type=int, default=None, metavar="S", help="random seed (same seed, same output)")
+    g.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-generation tokens")
+
+
+def _config(factory, **kw):
+    try:
+        return factory(**kw)
+    except ValueError as e:
+        raise CliError(str(e), 2) from None
+
+
+def model_config(args) -> ModelConfig:
+    from .. import models
+
+    target, draft = args.model, getattr(args, "model_draft", None)
+    try:
+        if target is None:
+            target = models.ensure(models.DEFAULT_TARGET)
+            if draft is None and hasattr(args, "model_draft"):
+                draft = models.ensure(models.DEFAULT_DRAFT)
+        else:
+            target = models.resolve(target)
+        if draft is not None:
+            draft = models.resolve(draft)
+    except (FileNotFoundError, LookupError, RuntimeError) as e:
+        raise CliError(str(e)) from None
+    return _config(ModelConfig, target_path=str(target), draft_path=str(draft) if draft else None,
+                   n_ctx=args.ctx_size, n_gpu_layers=args.n_gpu_layers,
+                   n_gpu_layers_draft=getattr(args, "n_gpu_layers_draft", 0), n_threads=args.threads)
+
+
+def spec_params(args) -> SpecParams:
+    return _config(SpecParams, mode=args.spec, draft_max=args.draft_max, draft_min=args.draft_min,
+                   draft_p_min=args.draft_p_min)
+
+
+def sampling_params(args) -> SamplingParams:
+    return _config(SamplingParams, temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                   seed=args.seed, max_tokens=args.n_predict, ignore_eos=args.ignore_eos)
+
+
+def load_engine(cfg: ModelConfig, quiet: bool = False):
+    """Load target and draft, run the pairing check, print the memory summary."""
+    from ..engine import Engine
+    from ..pairing import check_pairing
+
+    try:
+        engine = Engine.load(cfg)
+    except (FileNotFoundError, ValueError, MemoryError) as e:
+        raise CliError(str(e)) from None
+    if engine.draft is not None:
+        report = check_pairing(engine.target, engine.draft)
+        if report.flagrant:
+            engine.close()
+            raise CliError("draft model refused: " + "; ".join(report.problems), 2)
+        for w in report.warnings:
+            print(f"warning: {w}", file=sys.stderr)
+    if not quiet:
+        from ..memory import loaded_summary
+
+        print(loaded_summary(engine), file=sys.stderr)
+    return engine

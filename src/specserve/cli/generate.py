@@ -1,0 +1,75 @@
+"""`specserve generate`: one prompt, text streamed to stdout, stats to stderr."""
+from __future__ import annotations
+
+import json
+import sys
+
+from .common import CliError, add_model_args, add_sampling_args, add_spec_args, load_engine, model_config, \
+    sampling_params, spec_params
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("generate", help="generate text from one prompt with speculative decoding",
+                       description="Generate from one prompt. Text streams to stdout, stats go to stderr.")
+    add_model_args(p)
+    add_spec_args(p)
+    add_sampling_args(p)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("-p", "--prompt", help="prompt text")
+    src.add_argument("-f", "--file", help="read the prompt from a file ('-' for stdin)")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
+    p.add_argument("--json", action="store_true", help="print one JSON object {text, tokens, stats} instead")
+    p.set_defaults(run=run)
+
+
+def read_prompt(args) -> str:
+    if args.prompt is not None:
+        return args.prompt
+    try:
+        if args.file == "-":
+            return sys.stdin.read()
+        with open(args.file, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise CliError(f"cannot read prompt file: {e}") from None
+    except UnicodeDecodeError:
+        raise CliError(f"prompt file {args.file} is not UTF-8 text") from None
+
+
+def run(args) -> int:
+    from ..engine import ContextOverflow
+    from ..prompt import prompt_tokens
+    from ..stats import GenerationStats
+
+    prompt = read_prompt(args)
+    if not prompt:
+        raise CliError("empty prompt", 2)
+    sampling, spec, cfg = sampling_params(args), spec_params(args), model_config(args)
+    engine = load_engine(cfg, quiet=args.json)
+    try:
+        if spec.mode == "draft" and engine.draft is None:
+            raise CliError("--spec draft needs a draft model (-md)", 2)
+        slot = engine.new_slot()
+        tokens = prompt_tokens(engine.target, prompt, chat=args.chat)
+        text_parts, out_tokens = [], []
+        stats = GenerationStats()
+        stream = slot.stream(tokens, sampling, spec, verify_method=args.verify, stats=stats)
+        try:
+            for chunk in stream:
+                out_tokens.extend(chunk.tokens)
+                if args.json:
+                    text_parts.append(chunk.text)
+                elif chunk.text:
+                    sys.stdout.write(chunk.text)
+                    sys.stdout.flush()
+        except ContextOverflow as e:
+            raise CliError(str(e), 2) from None
+        if args.json:
+            json.dump({"text": "".join(text_parts), "tokens": out_tokens, "stats": stats.as_dict()}, sys.stdout)
+            sys.stdout.write("\n")
+        else:
+            sys.stdout.write("\n")
+            print(stats.summary_line(), file=sys.stderr)
+    finally:
+        engine.close()
+    return 0

@@ -1,0 +1,88 @@
+"""Frozen, validated configuration: how to sample and how to speculate.
+
+CLI flags and server request fields map onto these dataclasses; every component
+receives only the one it needs. Invalid values raise ValueError with a message
+that can be shown to a user as it is.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SPEC_MODES = ("auto", "draft", "ngram", "none")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Token selection for one request. temperature == 0 means greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = disabled
+    top_p: float = 1.0  # 1.0 = disabled
+    min_p: float = 0.0  # 0.0 = disabled
+    seed: int | None = None
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.max_tokens <= 0:
+            raise ValueError(f"max_tokens must be > 0, got {self.max_tokens}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class SpecParams:
+    """How one request speculates.
+
+    mode: auto (the controller picks drafter and length each step), draft (draft model,
+    fixed length), ngram (prompt lookup, fixed length), none (target alone).
+    """
+
+    mode: str = "auto"
+    draft_max: int = 8
+    draft_min: int = 0
+    draft_p_min: float = 0.0
+    ngram_min: int = 1
+    ngram_max: int = 4
+
+    def __post_init__(self) -> None:
+        if self.mode not in SPEC_MODES:
+            raise ValueError(f"speculative mode must be one of {', '.join(SPEC_MODES)}, got {self.mode!r}")
+        if not 0 <= self.draft_max <= 64:
+            raise ValueError(f"draft_max must be in [0, 64], got {self.draft_max}")
+        if not 0 <= self.draft_min <= self.draft_max:
+            raise ValueError(f"draft_min must be in [0, draft_max={self.draft_max}], got {self.draft_min}")
+        if not 0 <= self.draft_p_min < 1:
+            raise ValueError(f"draft_p_min must be in [0, 1), got {self.draft_p_min}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What to load: a target, an optional draft, and how."""
+
+    target_path: str
+    draft_path: str | None = None
+    n_ctx: int = 4096
+    n_gpu_layers: int = 0
+    n_gpu_layers_draft: int = 0
+    n_threads: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.n_ctx < 16:
+            raise ValueError(f"context size must be >= 16, got {self.n_ctx}")
+        if self.n_threads is not None and self.n_threads <= 0:
+            raise ValueError(f"threads must be > 0, got {self.n_threads}")
