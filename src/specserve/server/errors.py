@@ -1,0 +1,70 @@
+"""Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
+
+Every failure the server answers, from a bad field to an unexpected bug, goes out
+in this one shape so that OpenAI clients raise their usual exception types.
+"""
+from __future__ import annotations
+
+import logging
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+log = logging.getLogger("specserve.server")
+
+_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
+          405: "invalid_request_error", 413: "invalid_request_error", 503: "server_error"}
+
+
+class ApiError(Exception):
+    """A request the server refuses, with the HTTP status and OpenAI's error fields."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return error_body(self.status, self.message, self.param, self.code)
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    kind = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param, code)
+
+
+def error_response(err: ApiError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+def install_handlers(app, on_error) -> None:
+    """Route every exception to an OpenAI-shaped response; `on_error(status)` counts them."""
+
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        on_error(exc.status)
+        return error_response(exc)
+
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        on_error(exc.status_code)
+        return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # The last resort: a bug, never a bad input. Logged with its traceback by Starlette.
+        on_error(500)
+        log.error("internal error on %s %s: %r", request.method, request.url.path, exc)
+        return JSONResponse(error_body(500, f"internal server error: {type(exc).__name__}", code="internal_error"),
+                            status_code=500)
+
+    app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(Exception, unexpected)

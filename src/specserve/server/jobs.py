@@ -1,0 +1,152 @@
+"""One request's generation: prompt -> slot -> steps -> accounting.
+
+`start` does everything that can fail with a client error before any byte of the
+answer is sent (tokenize, check the context, wait for a slot, run the prompt and the
+first step), so a streaming request still gets a proper 400 or 503. `Job.finish`
+runs exactly once however the request ends: it closes the slot's stream on the
+engine thread (which stops generation at once), records metrics, logs the request's
+line and gives the slot back.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import AsyncIterator, Iterator
+
+import anyio
+from starlette.requests import Request
+
+from ..chat import ChatTemplateError
+from ..engine import Chunk
+from ..prompt import chat_tokens
+from ..stats import GenerationStats
+from .errors import ApiError, bad_request
+from .metrics import log_request
+from .params import GenRequest
+from .scheduler import QueueFull
+
+log = logging.getLogger("specserve.server")
+
+
+def _next(it: Iterator[Chunk]) -> Chunk | None:
+    return next(it, None)
+
+
+def prompt_ids(model, req: GenRequest) -> list[int]:
+    """Tokenize the prompt or render and tokenize the chat. Raises ApiError(400)."""
+    if req.messages is not None:
+        try:
+            return chat_tokens(model, req.messages)
+        except (ChatTemplateError, ValueError) as e:
+            raise bad_request(str(e), "messages") from None
+    if isinstance(req.prompt, str):
+        # Raw prompts may spell control tokens (<|im_start|>), as llama-server and vLLM allow.
+        return model.tokenize(req.prompt, add_special=True, parse_special=True)
+    bad = [t for t in req.prompt if not 0 <= t < model.vocab.n_vocab]
+    if bad:
+        raise bad_request(f"token id {bad[0]} is outside the vocabulary [0, {model.vocab.n_vocab})", "prompt")
+    return list(req.prompt)
+
+
+class Job:
+    """A running generation holding a slot. Drive it with `chunks()`; end it with `finish()`."""
+
+    def __init__(self, state, req: GenRequest, slot, tokens: list[int], t_arrival: float, queue_s: float):
+        self.state, self.req, self.slot = state, req, slot
+        self.stats = GenerationStats()
+        self.queue_s = queue_s
+        self.t_arrival = t_arrival
+        self._it = slot.stream(tokens, req.sampling, req.spec, req.verify, stats=self.stats)
+        self._pending: list[Chunk] = []
+        self._done = False
+        self._finished = False
+
+    @property
+    def finish_reason(self) -> str:
+        return self.stats.finish_reason or "stop"
+
+    async def step(self) -> Chunk | None:
+        """The next chunk, or None at the end. One engine step, run on the engine thread."""
+        if self._pending:
+            return self._pending.pop(0)
+        if self._done or self._finished:
+            return None
+        chunk = await self.state.scheduler.worker.run(_next, self._it)
+        self._done = chunk is None
+        return chunk
+
+    async def chunks(self) -> AsyncIterator[Chunk]:
+        while (chunk := await self.step()) is not None:
+            yield chunk
+
+    async def collect(self, request: Request) -> str | None:
+        """All the text, or None if the client went away (generation is then stopped)."""
+        parts = []
+        async for chunk in self.chunks():
+            parts.append(chunk.text)
+            if await request.is_disconnected():
+                self.finish()
+                return None
+        return "".join(parts)
+
+    def finish(self) -> None:
+        """Stop (if still running), account, log and free the slot. Idempotent."""
+        if self._finished:
+            return
+        self._finished = True
+        state, req, stats, queue_s = self.state, self.req, self.stats, self.queue_s
+
+        def close_and_account() -> None:  # on the engine thread: never while a step runs
+            try:
+                self._it.close()
+                state.metrics.observe(req.endpoint, stats, queue_s, time.perf_counter() - self.t_arrival)
+                log_request(req.endpoint, req.model, req.spec.mode, stats, queue_s)
+            except Exception:
+                log.exception("while closing a request")
+
+        def release() -> None:  # back on the event loop
+            state.scheduler.pool.release(self.slot)
+            state.scheduler.leave()
+
+        loop = asyncio.get_running_loop()
+        fut = state.scheduler.worker.submit(close_and_account)
+        fut.add_done_callback(lambda _: loop.call_soon_threadsafe(release))
+
+
+async def start(state, req: GenRequest) -> Job:
+    """Validate the prompt, wait for a slot, run the prompt and first step. Raises ApiError."""
+    t_arrival = time.perf_counter()
+    if state.scheduler.draining:
+        raise ApiError(503, "the server is shutting down", code="draining", headers={"Retry-After": "5"})
+    engine = state.engine
+    tokens = await anyio.to_thread.run_sync(prompt_ids, engine.target, req)
+    if not tokens:
+        raise bad_request("the prompt is empty after tokenization", "prompt")
+    if len(tokens) >= engine.n_ctx:
+        raise bad_request(f"the prompt is {len(tokens)} tokens but the context holds {engine.n_ctx} "
+                          f"(it must leave room for at least one generated token)", "prompt",
+                          "context_length_exceeded")
+    state.scheduler.enter()
+    try:
+        slot = await state.scheduler.pool.acquire(tokens)
+    except QueueFull:
+        state.scheduler.leave()
+        raise ApiError(503, f"all {len(state.scheduler.pool.slots)} slots are busy and the queue is full "
+                            f"({state.scheduler.pool.max_waiting}); retry later", code="queue_full",
+                       headers={"Retry-After": "1"}) from None
+    except BaseException:
+        state.scheduler.leave()
+        raise
+    job = Job(state, req, slot, tokens, t_arrival, time.perf_counter() - t_arrival)
+    try:
+        first = await job.step()
+    except ValueError as e:  # bad sampling/speculation values the checks above did not catch
+        job.finish()
+        raise bad_request(str(e)) from None
+    except BaseException:
+        job.finish()
+        raise
+    if first is not None:
+        job._pending.append(first)
+    return job

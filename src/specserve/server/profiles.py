@@ -1,0 +1,97 @@
+"""Named presets a request picks through its `model` field.
+
+`--profile code=spec=draft,draft_max=8` makes "code" a model name: a request for it
+gets those speculation and sampling defaults, which its own fields still override.
+The served model itself (its alias) is the profile made of the command-line flags,
+and every named profile starts from it.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ..config import SamplingParams, SpecParams
+
+VERIFY_METHODS = ("rejection", "exact")
+
+# option name -> (field, group, type); groups: "spec" -> SpecParams, "sampling" -> SamplingParams
+_OPTIONS: dict[str, tuple[str, str, type]] = {
+    "spec": ("mode", "spec", str), "mode": ("mode", "spec", str),
+    "draft_max": ("draft_max", "spec", int), "draft_min": ("draft_min", "spec", int),
+    "draft_p_min": ("draft_p_min", "spec", float),
+    "ngram_min": ("ngram_min", "spec", int), "ngram_max": ("ngram_max", "spec", int),
+    "temperature": ("temperature", "sampling", float), "temp": ("temperature", "sampling", float),
+    "top_k": ("top_k", "sampling", int), "top_p": ("top_p", "sampling", float),
+    "min_p": ("min_p", "sampling", float), "seed": ("seed", "sampling", int),
+    "max_tokens": ("max_tokens", "sampling", int), "n_predict": ("max_tokens", "sampling", int),
+    "ignore_eos": ("ignore_eos", "sampling", bool), "verify": ("verify", "verify", str),
+}
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Defaults for requests that name this profile: keyword overrides, already validated."""
+
+    name: str
+    spec: dict = field(default_factory=dict)  # SpecParams fields
+    sampling: dict = field(default_factory=dict)  # SamplingParams fields
+    verify: str = "rejection"
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise ValueError(f"profile name {self.name!r} must be letters, digits and ._:/@+- (at most 128)")
+        if self.verify not in VERIFY_METHODS:
+            raise ValueError(f"verify must be one of {', '.join(VERIFY_METHODS)}, got {self.verify!r}")
+        SpecParams(**self.spec)  # raise ValueError now, at startup, not on the first request
+        SamplingParams(**{"max_tokens": 1, **self.sampling})
+
+    def describe(self) -> dict:
+        return {"speculative": dict(self.spec), "sampling": dict(self.sampling), "verify": self.verify}
+
+
+def _convert(key: str, value: str, kind: type):
+    try:
+        if kind is bool:
+            if value.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                raise ValueError
+            return value.lower() in ("1", "true", "yes")
+        return kind(value)
+    except ValueError:
+        raise ValueError(f"{key} must be {kind.__name__}, got {value!r}") from None
+
+
+def parse_profile(text: str, base: Profile) -> Profile:
+    """Parse `NAME=key=value,key=value` into a Profile layered on `base`. Raises ValueError."""
+    name, sep, options = text.partition("=")
+    if not sep or not name:
+        raise ValueError(f"--profile wants NAME=key=value,..., got {text!r}")
+    spec, sampling, verify = dict(base.spec), dict(base.sampling), base.verify
+    for item in filter(None, (s.strip() for s in options.split(","))):
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in _OPTIONS:
+            raise ValueError(f"profile {name}: unknown option {item!r}; known: {', '.join(sorted(_OPTIONS))}")
+        fname, group, kind = _OPTIONS[key]
+        value = _convert(key, value.strip(), kind)
+        if group == "spec":
+            spec[fname] = value
+        elif group == "sampling":
+            sampling[fname] = value
+        else:
+            verify = value
+    try:
+        return Profile(name, spec, sampling, verify)
+    except ValueError as e:
+        raise ValueError(f"profile {name}: {e}") from None
+
+
+def build_profiles(default: Profile, texts: list[str]) -> dict[str, Profile]:
+    """The served model's own profile first, then the named ones; names must be unique."""
+    profiles = {default.name: default}
+    for text in texts:
+        p = parse_profile(text, default)
+        if p.name in profiles:
+            raise ValueError(f"profile name {p.name!r} is used twice (the served model is {default.name!r})")
+        profiles[p.name] = p
+    return profiles

@@ -1,0 +1,120 @@
+"""Who runs when: one engine thread, a pool of slots, a bounded queue.
+
+Forward passes are serialised. On a small CPU two llama.cpp decodes at once (each
+spinning its own threads) slow each other down by ~100x, so every engine call goes
+through one worker thread, one call at a time. A request submits one decoding step
+(`next()` on its slot's stream), awaits it, sends the text, then submits the next:
+the worker's FIFO queue interleaves the active requests step by step, so all their
+streams progress and none waits for another to finish.
+
+Requests beyond the slots wait in a bounded FIFO queue; beyond that they are refused.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable, Sequence
+
+from ..drafters.draft_model import common_prefix
+from ..engine import Engine, Slot
+
+
+class QueueFull(Exception):
+    """Every slot is busy and the queue is at its bound."""
+
+
+class EngineWorker:
+    """The one thread that touches the models; calls run in submission order."""
+
+    def __init__(self):
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specserve-engine")
+
+    def submit(self, fn: Callable, *args) -> Future:
+        return self._executor.submit(fn, *args)
+
+    async def run(self, fn: Callable, *args):
+        """Run fn(*args) on the engine thread. If the caller is cancelled, a call that has
+        not started is dropped; one that has started still runs to its end (the next call
+        on the same generator is queued behind it, so it never sees it executing)."""
+        return await asyncio.wrap_future(self._executor.submit(fn, *args))
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=True)
+
+
+class SlotPool:
+    """Free slots plus a FIFO of waiters, at most `max_waiting` of them."""
+
+    def __init__(self, slots: Sequence[Slot], max_waiting: int):
+        self.slots = list(slots)
+        self.max_waiting = max_waiting
+        self._free = list(slots)
+        self._waiters: collections.deque[asyncio.Future] = collections.deque()
+
+    @property
+    def busy(self) -> int:
+        return len(self.slots) - len(self._free)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    async def acquire(self, tokens: Sequence[int]) -> Slot:
+        """A free slot (the one whose cache shares the longest prefix with `tokens`), or wait."""
+        if self._free and not self._waiters:
+            best = max(self._free, key=lambda s: common_prefix(s.ctx.tokens, tokens))
+            self._free.remove(best)
+            return best
+        if len(self._waiters) >= self.max_waiting:
+            raise QueueFull()
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():  # handed a slot just as we gave up: pass it on
+                self.release(fut.result())
+            elif fut in self._waiters:
+                self._waiters.remove(fut)
+            raise
+
+    def release(self, slot: Slot) -> None:
+        """Give the slot to the longest waiter, or put it back. Event-loop thread only."""
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(slot)
+                return
+        self._free.append(slot)
+
+
+class Scheduler:
+    """The engine thread, the slot pool, and the draining flag, for one server."""
+
+    def __init__(self, engine: Engine, parallel: int, max_waiting: int):
+        if parallel < 1:
+            raise ValueError(f"--parallel must be >= 1, got {parallel}")
+        if max_waiting < 0:
+            raise ValueError(f"--queue must be >= 0, got {max_waiting}")
+        self.engine = engine
+        self.worker = EngineWorker()
+        self.pool = SlotPool([engine.new_slot() for _ in range(parallel)], max_waiting)
+        self.draining = False
+        self.active = 0  # requests accepted and not yet answered (drain waits for 0)
+
+    @property
+    def idle(self) -> bool:
+        return self.active == 0
+
+    def enter(self) -> None:
+        self.active += 1
+
+    def leave(self) -> None:
+        self.active -= 1
+
+    def close(self) -> None:
+        """Wait for the engine thread to finish its queue, then free the slots' caches."""
+        self.worker.shutdown()
+        for slot in self.pool.slots:
+            slot.close()

