@@ -1,0 +1,105 @@
+"""Benchmark any OpenAI-compatible server (llama-server, vLLM, `specserve serve`) over HTTP.
+
+Each prompt is one streaming chat completion. Time to first token is the time to the
+first chunk carrying content. Decode speed follows vLLM's benchmark (time per output
+token after the first): (tokens - 1) / (time of the last content chunk - time of the
+first). Tokens are counted from `usage.completion_tokens` when the server sends it
+(we ask with stream_options.include_usage); otherwise each content chunk counts as
+one token, which undercounts servers that send several tokens per chunk.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+
+
+class EndpointError(RuntimeError):
+    """The server could not be reached or answered with an error (status: its HTTP status, if any)."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+
+class EndpointClient:
+    """One OpenAI-compatible server, addressed by its base URL (with or without /v1)."""
+
+    def __init__(self, url: str, timeout: float = 600.0, model: str | None = None):
+        base = url.rstrip("/")
+        self.url = url
+        self.base = base if base.endswith("/v1") else base + "/v1"
+        self._client = httpx.Client(timeout=timeout)
+        self._model = model
+        self._usage_supported = True
+
+    @property
+    def model(self) -> str:
+        """The model to ask for: the first one the server lists (servers with one model ignore it)."""
+        if self._model is None:
+            try:
+                r = self._client.get(f"{self.base}/models")
+                r.raise_for_status()
+                data = r.json().get("data") or [{}]
+                self._model = str(data[0].get("id", "default"))
+            except (httpx.HTTPError, ValueError, AttributeError):
+                self._model = "default"
+        return self._model
+
+    def generate(self, messages: list[dict], max_tokens: int, temperature: float, seed: int | None,
+                 ignore_eos: bool = False) -> dict:
+        """Stream one chat completion; return its timing in the shape of GenerationStats.as_dict()."""
+        body = {"model": self.model, "messages": list(messages), "max_tokens": max_tokens,
+                "temperature": temperature, "stream": True}
+        if seed is not None:
+            body["seed"] = seed
+        if ignore_eos:
+            body["ignore_eos"] = True  # llama-server, vLLM and specserve accept it; others ignore it
+        if self._usage_supported:
+            body["stream_options"] = {"include_usage": True}
+        try:
+            return self._stream(body)
+        except EndpointError as e:
+            if "stream_options" not in body or e.status not in (400, 422):
+                raise
+            self._usage_supported = False  # some servers reject stream_options: count chunks instead
+            del body["stream_options"]
+            return self._stream(body)
+
+    def _stream(self, body: dict) -> dict:
+        t0 = time.perf_counter()
+        t_first = t_last = 0.0
+        n_chunks, usage, finish = 0, None, ""
+        try:
+            with self._client.stream("POST", f"{self.base}/chat/completions", json=body) as r:
+                if r.status_code != 200:
+                    r.read()
+                    raise EndpointError(f"{self.url}: HTTP {r.status_code}: {r.text[:200]}", r.status_code)
+                for line in r.iter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    event = json.loads(data)
+                    usage = event.get("usage") or usage
+                    for choice in event.get("choices") or []:
+                        finish = choice.get("finish_reason") or finish
+                        if (choice.get("delta") or {}).get("content"):
+                            t_last = time.perf_counter() - t0
+                            t_first = t_first or t_last
+                            n_chunks += 1
+        except (httpx.HTTPError, json.JSONDecodeError) as e:
+            raise EndpointError(f"{self.url}: {e}") from None
+        t_total = time.perf_counter() - t0
+        n_tokens = int(usage.get("completion_tokens", n_chunks)) if usage else n_chunks
+        span = t_last - t_first
+        tokens_per_s = (n_tokens - 1) / span if n_tokens > 1 and span > 0 else 0.0
+        return {"n_prompt": int(usage.get("prompt_tokens", 0)) if usage else 0, "n_generated": n_tokens,
+                "n_chunks": n_chunks, "tokens_counted_from": "usage" if usage else "chunks",
+                "tokens_per_s": round(tokens_per_s, 2), "time_to_first_token_s": round(t_first, 4),
+                "t_total_s": round(t_total, 4), "finish_reason": finish}
+
+    def close(self) -> None:
+        self._client.close()
