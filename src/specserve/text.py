@@ -46,10 +46,17 @@ class StreamDecoder:
 
 
 def _split_utf8(data: bytes) -> tuple[str, bytes]:
-    """Decode the longest prefix of whole UTF-8 characters; return it and the rest."""
-    for cut in range(len(data), max(len(data) - 4, -1), -1):
-        try:
-            return data[:cut].decode("utf-8"), data[cut:]
-        except UnicodeDecodeError:
+    """Decode all but a trailing incomplete UTF-8 sequence, which is returned as the rest.
+
+    Invalid bytes become U+FFFD here and now, wherever they are: holding them back would
+    make the text depend on how tokens were grouped into steps.
+    """
+    for k in range(1, min(3, len(data)) + 1):  # an incomplete sequence is at most 3 bytes
+        b = data[-k]
+        if b & 0xC0 == 0x80:  # a continuation byte: its lead byte is further back
             continue
+        need = 2 if b >> 5 == 0b110 else 3 if b >> 4 == 0b1110 else 4 if b >> 3 == 0b11110 else 1
+        if need > k:
+            return data[:-k].decode("utf-8", errors="replace"), data[-k:]
+        break
     return data.decode("utf-8", errors="replace"), b""

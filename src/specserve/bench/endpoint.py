@@ -5,7 +5,9 @@ first chunk carrying content. Decode speed follows vLLM's benchmark (time per ou
 token after the first): (tokens - 1) / (time of the last content chunk - time of the
 first). Tokens are counted from `usage.completion_tokens` when the server sends it
 (we ask with stream_options.include_usage); otherwise each content chunk counts as
-one token, which undercounts servers that send several tokens per chunk.
+one token, which undercounts servers that send several tokens per chunk. Draft counts
+come from `usage.speculative` (specserve) or `timings.draft_n`/`draft_n_accepted`
+(llama-server) when the server reports them.
 """
 from __future__ import annotations
 
@@ -26,13 +28,21 @@ class EndpointError(RuntimeError):
 class EndpointClient:
     """One OpenAI-compatible server, addressed by its base URL (with or without /v1)."""
 
-    def __init__(self, url: str, timeout: float = 600.0, model: str | None = None):
+    def __init__(self, url: str, timeout: float = 600.0, model: str | None = None, api_key: str | None = None):
         base = url.rstrip("/")
         self.url = url
         self.base = base if base.endswith("/v1") else base + "/v1"
-        self._client = httpx.Client(timeout=timeout)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(timeout=timeout, headers=headers)
         self._model = model
         self._usage_supported = True
+
+    def probe(self) -> None:
+        """Fail early, before any local run, when the server cannot be reached at all."""
+        try:
+            self._client.get(f"{self.base}/models", timeout=10)
+        except httpx.TransportError as e:
+            raise EndpointError(f"{self.url}: cannot connect ({e})") from None
 
     @property
     def model(self) -> str:
@@ -70,7 +80,7 @@ class EndpointClient:
     def _stream(self, body: dict) -> dict:
         t0 = time.perf_counter()
         t_first = t_last = 0.0
-        n_chunks, usage, finish = 0, None, ""
+        n_chunks, usage, timings, finish = 0, None, None, ""
         try:
             with self._client.stream("POST", f"{self.base}/chat/completions", json=body) as r:
                 if r.status_code != 200:
@@ -84,6 +94,7 @@ class EndpointClient:
                         break
                     event = json.loads(data)
                     usage = event.get("usage") or usage
+                    timings = event.get("timings") or timings
                     for choice in event.get("choices") or []:
                         finish = choice.get("finish_reason") or finish
                         if (choice.get("delta") or {}).get("content"):
@@ -99,7 +110,18 @@ class EndpointClient:
         return {"n_prompt": int(usage.get("prompt_tokens", 0)) if usage else 0, "n_generated": n_tokens,
                 "n_chunks": n_chunks, "tokens_counted_from": "usage" if usage else "chunks",
                 "tokens_per_s": round(tokens_per_s, 2), "time_to_first_token_s": round(t_first, 4),
-                "t_total_s": round(t_total, 4), "finish_reason": finish}
+                "t_total_s": round(t_total, 4), "finish_reason": finish, **_draft_counts(usage, timings)}
 
     def close(self) -> None:
         self._client.close()
+
+
+def _draft_counts(usage: dict | None, timings: dict | None) -> dict:
+    """Drafted/accepted tokens (and target passes) as the server reports them, if it does."""
+    spec = (usage or {}).get("speculative")
+    if isinstance(spec, dict) and "drafted" in spec:
+        return {"n_drafted": int(spec["drafted"]), "n_accepted": int(spec.get("accepted", 0)),
+                "n_passes": int(spec.get("passes", 0)), "drafter_steps": dict(spec.get("drafter_steps") or {})}
+    if isinstance(timings, dict) and "draft_n" in timings:
+        return {"n_drafted": int(timings["draft_n"]), "n_accepted": int(timings.get("draft_n_accepted", 0))}
+    return {}

@@ -15,6 +15,7 @@ import zlib
 from dataclasses import dataclass, field
 
 from ..config import SamplingParams, SpecParams
+from ..controller import Controller
 from ..engine import Engine
 from ..prompt import chat_tokens, prompt_tokens
 from .workloads import BenchPrompt
@@ -43,17 +44,21 @@ class BenchConfig:
         return f"--spec {self.spec}{md} --draft-max {self.draft_max}"
 
 
-def plan_configs(specs: list[str], drafts: list[str], draft_maxes: list[int], endpoints: list[str]) -> list[BenchConfig]:
+def plan_configs(specs: list[str], drafts: list[str], draft_maxes: list[int],
+                 endpoints: list[str]) -> list[BenchConfig]:
     """The target alone, then each drafter x each draft length, auto at the largest, then endpoints."""
+    label = {d: _short(d) for d in drafts}
+    if len(set(label.values())) < len(label):  # same file name in two folders: names must stay unique
+        label = {d: d for d in drafts}
     configs = [BenchConfig("target", "none")]
     for k in draft_maxes:
         if "draft" in specs:
-            configs += [BenchConfig(f"draft[{_short(d)}] k={k}", "draft", d, k) for d in drafts]
+            configs += [BenchConfig(f"draft[{label[d]}] k={k}", "draft", d, k) for d in drafts]
         if "ngram" in specs:
             configs.append(BenchConfig(f"ngram k={k}", "ngram", None, k))
     if "auto" in specs:
         cap = max(draft_maxes)
-        configs += [BenchConfig(f"auto[{_short(d)}] k<={cap}", "auto", d, cap) for d in drafts] or \
+        configs += [BenchConfig(f"auto[{label[d]}] k<={cap}", "auto", d, cap) for d in drafts] or \
                    [BenchConfig(f"auto k<={cap}", "auto", None, cap)]
     return configs + [BenchConfig(f"endpoint {url}", "endpoint", endpoint=url) for url in endpoints]
 
@@ -91,8 +96,10 @@ class BenchPlan:
     jobs: list[tuple[float, BenchPrompt]] = field(init=False)
 
     def __post_init__(self) -> None:
-        temps = lambda p: self.temperatures if self.temperatures is not None else [p.temperature or 0.0]  # noqa: E731
-        self.jobs = [(t, p) for p in self.prompts for t in temps(p)]
+        self.jobs = []  # (temperature, prompt): every prompt at every temperature
+        for p in self.prompts:
+            temperatures = self.temperatures if self.temperatures is not None else [p.temperature or 0.0]
+            self.jobs += [(t, p) for t in temperatures]
 
     def sampling(self, temperature: float, prompt: BenchPrompt, max_tokens: int | None = None) -> SamplingParams:
         seed = (self.seed * 1_000_003 + zlib.crc32(f"{prompt.workload}/{prompt.index}".encode())) % 2**31
@@ -101,13 +108,17 @@ class BenchPlan:
 
 
 class LocalModels:
-    """The target and draft models, one Engine per draft sharing the target, one slot per engine."""
+    """The target and draft models, one Engine per draft sharing the target, one slot per engine.
+
+    Each engine has its own `--spec auto` controller, as a server would: it learns the
+    engine's costs and acceptance over the warm-up and the prompts before.
+    """
 
     def __init__(self, target, drafts: dict[str, object], n_ctx: int):
         self.target, self.drafts, self.n_ctx = target, drafts, n_ctx
-        self.slots = {None: Engine(target, None, n_ctx).new_slot()}
+        self.slots = {None: Engine(target, None, n_ctx, controller=Controller()).new_slot()}
         for name, draft in drafts.items():
-            self.slots[name] = Engine(target, draft, n_ctx).new_slot()
+            self.slots[name] = Engine(target, draft, n_ctx, controller=Controller()).new_slot()
         self._tokens: dict[tuple[str, int], list[int]] = {}
 
     def tokens(self, prompt: BenchPrompt) -> list[int]:
@@ -116,6 +127,10 @@ class LocalModels:
             self._tokens[key] = (chat_tokens(self.target, list(prompt.messages)) if prompt.chat
                                  else prompt_tokens(self.target, prompt.text))
         return self._tokens[key]
+
+    def fits(self, prompt: BenchPrompt, max_tokens: int) -> bool:
+        """Whether the prompt and its output fit the context."""
+        return len(self.tokens(prompt)) + max_tokens < self.n_ctx
 
     def run(self, config: BenchConfig, prompt: BenchPrompt, sampling: SamplingParams, verify: str) -> dict:
         slot = self.slots[config.draft_model if config.spec in ("draft", "auto") else None]
@@ -143,15 +158,16 @@ class LocalModels:
             slot.close()
 
 
-def run_benchmark(plan: BenchPlan, local: LocalModels, endpoints: dict, progress: bool | None = None) -> list[Measurement]:
+def run_benchmark(plan: BenchPlan, local: LocalModels, endpoints: dict,
+                  progress: bool | None = None) -> list[Measurement]:
     """Warm up, then run every job with every configuration in rotating order; return all measurements."""
     from tqdm import tqdm
 
     configs, jobs = plan.configs, plan.jobs
     results: list[Measurement] = []
     total = len(configs) * (1 + len(jobs) * plan.repeat)
-    with tqdm(total=total, desc="bench", unit="run", file=sys.stderr, disable=progress is False or None,
-              dynamic_ncols=True) as bar:
+    disable = None if progress is None else not progress  # None: only on a terminal
+    with tqdm(total=total, desc="bench", unit="run", file=sys.stderr, disable=disable, dynamic_ncols=True) as bar:
         def execute(config: BenchConfig, temperature: float, prompt: BenchPrompt, max_tokens=None) -> dict:
             bar.set_postfix_str(config.name, refresh=False)
             sampling = plan.sampling(temperature, prompt, max_tokens)

@@ -8,7 +8,6 @@ without the draft.
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 from .common import CliError, add_model_args, model_config
@@ -144,6 +143,8 @@ def _render(paths, report, mem: dict, shapes, measured) -> str:
     lines.append(f"  {'total':<40} {fmt_bytes(mem['total_bytes']):>12} "
                  f"{fmt_bytes(measured_total) if measured_total else '-':>11}")
     lines.append("")
+    if mem["n_ctx_train"] and n_ctx > mem["n_ctx_train"]:
+        lines.append(f"note: context {n_ctx} exceeds the target's training context {mem['n_ctx_train']}")
     lines.append(_budget_line(mem))
     return "\n".join(lines)
 

@@ -51,6 +51,7 @@ def install_handlers(app, on_error) -> None:
 
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
         on_error(exc.status)
+        log.info("%d %s %s: %s", exc.status, request.method, request.url.path, exc.message)
         return error_response(exc)
 
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:

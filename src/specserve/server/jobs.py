@@ -61,6 +61,7 @@ class Job:
         self._pending: list[Chunk] = []
         self._done = False
         self._finished = False
+        self._closing = None  # the engine-thread future of finish()
 
     @property
     def finish_reason(self) -> str:
@@ -80,15 +81,16 @@ class Job:
         while (chunk := await self.step()) is not None:
             yield chunk
 
-    async def collect(self, request: Request) -> str | None:
-        """All the text, or None if the client went away (generation is then stopped)."""
-        parts = []
+    async def collect(self, request: Request) -> tuple[str, list[int]] | None:
+        """All the text and tokens, or None if the client went away (generation is then stopped)."""
+        parts, tokens = [], []
         async for chunk in self.chunks():
             parts.append(chunk.text)
+            tokens.extend(chunk.tokens)
             if await request.is_disconnected():
                 self.finish()
                 return None
-        return "".join(parts)
+        return "".join(parts), tokens
 
     def finish(self) -> None:
         """Stop (if still running), account, log and free the slot. Idempotent."""
@@ -110,35 +112,51 @@ class Job:
             state.scheduler.leave()
 
         loop = asyncio.get_running_loop()
-        fut = state.scheduler.worker.submit(close_and_account)
-        fut.add_done_callback(lambda _: loop.call_soon_threadsafe(release))
+        try:
+            self._closing = state.scheduler.worker.submit(close_and_account)
+        except RuntimeError:  # the engine thread is gone (forced shutdown): nothing left to stop
+            release()
+            return
+        self._closing.add_done_callback(lambda _: loop.call_soon_threadsafe(release))
+
+    async def finished(self) -> None:
+        """Finish, and wait until the request is accounted for and its slot is back."""
+        self.finish()
+        if self._closing is not None:
+            await asyncio.wrap_future(self._closing)  # resumes after `release` (registered first)
+
+
+def _queue_full(pool) -> ApiError:
+    return ApiError(503, f"all {len(pool.slots)} slots are busy and the queue is full ({pool.max_waiting}); "
+                         "retry later", code="queue_full", headers={"Retry-After": "1"})
 
 
 async def start(state, req: GenRequest) -> Job:
     """Validate the prompt, wait for a slot, run the prompt and first step. Raises ApiError."""
     t_arrival = time.perf_counter()
-    if state.scheduler.draining:
+    scheduler, engine = state.scheduler, state.engine
+    if scheduler.draining:
         raise ApiError(503, "the server is shutting down", code="draining", headers={"Retry-After": "5"})
-    engine = state.engine
-    tokens = await anyio.to_thread.run_sync(prompt_ids, engine.target, req)
-    if not tokens:
-        raise bad_request("the prompt is empty after tokenization", "prompt")
-    if len(tokens) >= engine.n_ctx:
-        raise bad_request(f"the prompt is {len(tokens)} tokens but the context holds {engine.n_ctx} "
-                          f"(it must leave room for at least one generated token)", "prompt",
-                          "context_length_exceeded")
-    state.scheduler.enter()
+    if scheduler.pool.full:  # refuse now rather than after tokenizing
+        raise _queue_full(scheduler.pool)
+    scheduler.enter()  # from here the request counts as in flight: a drain waits for it
     try:
-        slot = await state.scheduler.pool.acquire(tokens)
+        tokens = await anyio.to_thread.run_sync(prompt_ids, engine.target, req)
+        if not tokens:
+            raise bad_request("the prompt is empty after tokenization", "prompt")
+        if len(tokens) >= engine.n_ctx:
+            raise bad_request(f"the prompt is {len(tokens)} tokens but the context holds {engine.n_ctx} "
+                              f"(it must leave room for at least one generated token)", "prompt",
+                              "context_length_exceeded")
+        t_queued = time.perf_counter()
+        slot = await scheduler.pool.acquire(tokens)
     except QueueFull:
-        state.scheduler.leave()
-        raise ApiError(503, f"all {len(state.scheduler.pool.slots)} slots are busy and the queue is full "
-                            f"({state.scheduler.pool.max_waiting}); retry later", code="queue_full",
-                       headers={"Retry-After": "1"}) from None
+        scheduler.leave()
+        raise _queue_full(scheduler.pool) from None
     except BaseException:
-        state.scheduler.leave()
+        scheduler.leave()
         raise
-    job = Job(state, req, slot, tokens, t_arrival, time.perf_counter() - t_arrival)
+    job = Job(state, req, slot, tokens, t_arrival, time.perf_counter() - t_queued)
     try:
         first = await job.step()
     except ValueError as e:  # bad sampling/speculation values the checks above did not catch

@@ -55,7 +55,8 @@ class ServerMetrics:
         self.queue_time = Histogram(P + "queue_time_seconds", "Time waiting for a free slot",
                                     buckets=_LATENCY_BUCKETS, registry=r)
         Gauge(P + "requests_processing", "Requests holding a slot", registry=r).set_function(busy_slots)
-        Gauge(P + "requests_deferred", "Requests waiting for a slot (queue depth)", registry=r).set_function(queue_depth)
+        Gauge(P + "requests_deferred", "Requests waiting for a slot (queue depth)",
+              registry=r).set_function(queue_depth)
 
     def error(self, status: int) -> None:
         self.errors.labels(str(status)).inc()

@@ -52,11 +52,16 @@ async def read_json(request: Request, limit: int) -> dict:
             raise ApiError(413, f"request body exceeds the limit of {limit} bytes", code="body_too_large")
     try:
         obj = json.loads(body.decode("utf-8"))
-        json.dumps(obj, ensure_ascii=False).encode("utf-8")  # lone surrogates (\ud800) cannot be tokenized
-    except UnicodeError as e:
-        raise bad_request(f"request body is not valid UTF-8: {e.reason}", code="invalid_encoding") from None
+    except UnicodeDecodeError as e:
+        raise bad_request(f"request body is not valid UTF-8: {e.reason} at byte {e.start}",
+                          code="invalid_encoding") from None
     except (ValueError, RecursionError) as e:
         raise bad_request(f"request body is not valid JSON: {e}", code="invalid_json") from None
+    try:  # JSON escapes can spell lone surrogates (\ud800), which no tokenizer takes
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad_request("request body contains an unpaired surrogate escape (\\udXXX): not valid Unicode text",
+                          code="invalid_encoding") from None
     if not isinstance(obj, dict):
         raise bad_request("request body must be a JSON object", code="invalid_json")
     return obj
@@ -107,7 +112,8 @@ def _stop(body: dict) -> tuple[str, ...]:
     return tuple(s for s in stops if s)
 
 
-def sampling_params(body: dict, profile: Profile, n_ctx: int, max_keys: tuple[str, ...] = ("max_tokens",)) -> SamplingParams:
+def sampling_params(body: dict, profile: Profile, n_ctx: int,
+                    max_keys: tuple[str, ...] = ("max_tokens",)) -> SamplingParams:
     """SamplingParams from the body over the profile's defaults. Without a limit, generate until the context fills."""
     kw = dict(profile.sampling)
     for key in ("temperature", "top_p", "min_p"):

@@ -40,7 +40,8 @@ class EngineWorker:
         return await asyncio.wrap_future(self._executor.submit(fn, *args))
 
     def shutdown(self) -> None:
-        self._executor.shutdown(wait=True)
+        """Wait for the call in progress; drop the queued ones."""
+        self._executor.shutdown(wait=True, cancel_futures=True)
 
 
 class SlotPool:
@@ -60,13 +61,18 @@ class SlotPool:
     def waiting(self) -> int:
         return len(self._waiters)
 
+    @property
+    def full(self) -> bool:
+        """No free slot and no room in the queue: a new request would be refused."""
+        return not self._free and len(self._waiters) >= self.max_waiting
+
     async def acquire(self, tokens: Sequence[int]) -> Slot:
         """A free slot (the one whose cache shares the longest prefix with `tokens`), or wait."""
         if self._free and not self._waiters:
             best = max(self._free, key=lambda s: common_prefix(s.ctx.tokens, tokens))
             self._free.remove(best)
             return best
-        if len(self._waiters) >= self.max_waiting:
+        if self.full:
             raise QueueFull()
         fut = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
@@ -101,6 +107,7 @@ class Scheduler:
         self.worker = EngineWorker()
         self.pool = SlotPool([engine.new_slot() for _ in range(parallel)], max_waiting)
         self.draining = False
+        self.closed = False
         self.active = 0  # requests accepted and not yet answered (drain waits for 0)
 
     @property
@@ -114,7 +121,10 @@ class Scheduler:
         self.active -= 1
 
     def close(self) -> None:
-        """Wait for the engine thread to finish its queue, then free the slots' caches."""
+        """Stop the engine thread (after its current step), then free the slots' caches. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
         self.worker.shutdown()
         for slot in self.pool.slots:
             slot.close()

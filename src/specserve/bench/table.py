@@ -1,0 +1,74 @@
+"""The benchmark's text report: ranked tables, speedup by workload, memory, recommendation."""
+from __future__ import annotations
+
+from ..memory import fmt_bytes
+from .report import ALL
+
+def _header(width: int) -> str:
+    return (f"{'rank':>4}  {'configuration':<{width}} {'tok/s':>7} {'speedup':>8} {'accept':>7} {'tau':>5} "
+            f"{'ttft s':>7} {'memory':>10}")
+
+
+def _row(e: dict, width: int) -> str:
+    drafted = e["n_drafted"] > 0  # the target alone and endpoints draft nothing we can see
+    accept = f"{100 * e['acceptance']:.1f}%" if drafted else "-"
+    tau = f"{e['mean_accepted_len']:.2f}" if drafted else "-"
+    memory = fmt_bytes(e["memory_bytes"]) if e["memory_bytes"] else "-"
+    return (f"{e['rank']:>4}  {e['name']:<{width}} {e['tokens_per_s']:>7.1f} {e['speedup']:>7.2f}x "
+            f"{accept:>7} {tau:>5} {e['ttft_s']:>7.3f} {memory:>10}")
+
+
+def _name_width(entries: list[dict]) -> int:
+    return max(len("configuration"), *(len(e["name"]) for e in entries))
+
+
+def ranked_tables(entries: list[dict]) -> list[str]:
+    """One table per temperature over all workloads, best first."""
+    lines, width = [], _name_width(entries)
+    for t in dict.fromkeys(e["temperature"] for e in entries):
+        group = sorted((e for e in entries if e["temperature"] == t and e["workload"] == ALL), key=lambda e: e["rank"])
+        n_prompts = max(e["n_prompts"] for e in group)
+        lines += [f"temperature {t:g}, all workloads ({n_prompts} prompts), ranked by end-to-end speed "
+                  f"(speedup: geometric mean of per-prompt ratios to the target alone)", _header(width)]
+        lines += [_row(e, width) for e in group] + [""]
+    return lines
+
+
+def workload_matrix(entries: list[dict]) -> list[str]:
+    """Speedup of each configuration on each workload, one block per temperature (skipped for one workload)."""
+    workloads = [w for w in dict.fromkeys(e["workload"] for e in entries) if w != ALL]
+    if len(workloads) < 2:
+        return []
+    width, name_width = max(9, *(len(w) for w in workloads)), _name_width(entries)
+    lines = []
+    for t in dict.fromkeys(e["temperature"] for e in entries):
+        cell = {(e["name"], e["workload"]): e["speedup"] for e in entries if e["temperature"] == t}
+        names = [e["name"] for e in sorted((e for e in entries if e["temperature"] == t and e["workload"] == ALL),
+                                           key=lambda e: e["rank"])]
+        lines.append(f"speedup by workload, temperature {t:g}")
+        lines.append(f"{'configuration':<{name_width}} " + " ".join(f"{w:>{width}}" for w in [*workloads, ALL]))
+        for name in names:
+            lines.append(f"{name:<{name_width}} " + " ".join(f"{cell.get((name, w), 0):>{width - 1}.2f}x"
+                                                        for w in [*workloads, ALL]))
+        lines.append("")
+    return lines
+
+
+def memory_lines(memory: dict) -> list[str]:
+    """What llama.cpp reported allocating for each model and its slot's caches."""
+    if "target" not in memory:
+        return []
+    models = [("target", memory["target"])] + [(f"draft {name}", m) for name, m in memory["drafts"].items()]
+    lines = ["memory (as llama.cpp reported it, one slot each):"]
+    for role, m in models:
+        lines.append(f"  {role}: weights {fmt_bytes(m['weights_bytes'])}, KV cache {fmt_bytes(m['kv_bytes'])}, "
+                     f"compute {fmt_bytes(m['compute_bytes'])}, total {fmt_bytes(m['total_bytes'])}")
+    if memory.get("peak_rss_bytes"):
+        lines.append(f"  peak resident memory of this process: {fmt_bytes(memory['peak_rss_bytes'])}")
+    return lines + [""]
+
+
+def render(entries: list[dict], recommendation: dict, memory: dict) -> str:
+    lines = ranked_tables(entries) + workload_matrix(entries) + memory_lines(memory)
+    lines.append(f"recommendation: {recommendation['text']}")
+    return "\n".join(lines)

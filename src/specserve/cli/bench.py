@@ -1,0 +1,204 @@
+"""`specserve bench`: which speculative configuration is fastest for these models on these prompts?
+
+Runs the target alone and every configuration (each draft model and n-gram lookup at
+each --draft-max, auto at the largest) on the same prompts, interleaved, and ranks
+them by end-to-end speed. A progress bar goes to stderr, the tables and the
+recommendation to stdout; --json and --plot write the full results.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import resource
+import sys
+
+from .common import CliError, add_model_args
+
+_SPECS = ("draft", "ngram", "auto", "none")
+_DEFAULT_WORKLOADS = ("code-edit", "spec-bench")
+
+
+def _comma_list(kind, allowed=None):
+    def parse(text: str) -> list:
+        try:
+            items = [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"expected a comma-separated list, got {text!r}") from None
+        bad = [x for x in items if allowed is not None and x not in allowed]
+        if not items or bad:
+            raise ValueError(f"expected a comma-separated list of {', '.join(allowed)}, got {text!r}")
+        return items
+    parse.__name__ = "list"  # argparse names the type in its error message
+    return parse
+
+
+def add_parser(sub) -> None:
+    from ..bench.workloads import BUILTIN_WORKLOADS
+
+    p = sub.add_parser("bench", help="benchmark speculative configurations against the target alone",
+                       description="Run the target alone and every speculative configuration on the same prompts, "
+                                   "interleaved after a warm-up; rank them by end-to-end speed and recommend one.")
+    add_model_args(p, draft=False)
+    d = p.add_argument_group("draft models")
+    d.add_argument("-md", "--model-draft", nargs="+", action="extend", default=[], metavar="DRAFT",
+                   help="draft model(s), GGUF path or packaged name; several to compare them "
+                        "(default with no -m: the packaged smollm2-q4_1)")
+    d.add_argument("-ngld", "--n-gpu-layers-draft", type=int, default=0, metavar="N", help="draft layers on the GPU")
+    g = p.add_argument_group("what to run")
+    g.add_argument("--spec", type=_comma_list(str, _SPECS), default=None, metavar="LIST",
+                   help="drafters to try: draft,ngram,auto (default: all that apply); the target alone always runs")
+    g.add_argument("--draft-max", type=_comma_list(int), default=[1, 2, 4, 8], metavar="LIST",
+                   help="draft lengths to try (default 1,2,4,8); auto runs at the largest")
+    g.add_argument("--workload", nargs="+", action="extend", metavar="NAME|FILE.jsonl",
+                   help=f"built-in ({', '.join(BUILTIN_WORKLOADS)}) or a JSONL file of "
+                        "{prompt|messages, temperature, max_tokens, category} (default: code-edit spec-bench)")
+    g.add_argument("--prompts-per-workload", type=int, default=10, metavar="P",
+                   help="prompts per workload (default 10)")
+    g.add_argument("--temp", type=float, nargs="+", default=None, metavar="T",
+                   help="temperature(s); each runs everything (default: the workload's own, else 0)")
+    g.add_argument("-n", "--n-predict", type=int, default=None, metavar="N",
+                   help="tokens to generate per prompt (default: the workload's own, else 128)")
+    g.add_argument("--repeat", type=int, default=1, metavar="R",
+                   help="runs of each prompt per configuration (default 1)")
+    g.add_argument("--seed", type=int, default=0, metavar="S", help="base of the per-prompt seeds (default 0)")
+    g.add_argument("--ignore-eos", action="store_true", help="always generate N tokens")
+    g.add_argument("--verify", choices=("rejection", "exact"), default="rejection",
+                   help="sampled verification: rejection sampling (default) or llama.cpp's exact match")
+    g.add_argument("--endpoint", nargs="+", action="extend", default=[], metavar="URL",
+                   help="also run the prompts against OpenAI-compatible server(s), e.g. http://127.0.0.1:8080")
+    g.add_argument("--endpoint-api-key", metavar="KEY", help="API key sent to the endpoints")
+    out = p.add_argument_group("output")
+    out.add_argument("--json", metavar="OUT", help="write the full results as JSON")
+    out.add_argument("--plot", metavar="OUT.png", help="write speedup vs draft length and acceptance by position")
+    out.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=run)
+
+
+def _validate(args) -> None:
+    checks = [(args.ctx_size >= 16, f"context size must be >= 16, got {args.ctx_size}"),
+              (args.prompts_per_workload > 0, "--prompts-per-workload must be > 0"),
+              (args.repeat > 0, "--repeat must be > 0"),
+              (args.n_predict is None or args.n_predict > 0, "-n must be > 0"),
+              (all(1 <= k <= 64 for k in args.draft_max), "--draft-max values must be in [1, 64]"),
+              (all(t >= 0 for t in args.temp or []), "--temp values must be >= 0")]
+    for ok, message in checks:
+        if not ok:
+            raise CliError(message, 2)
+
+
+def _model_paths(args) -> tuple[str, dict[str, str]]:
+    """The target's path and {draft as named: path}."""
+    from .. import models
+
+    try:
+        if args.model is None:
+            target = models.ensure(models.DEFAULT_TARGET)
+            drafts = args.model_draft or [models.DEFAULT_DRAFT]
+        else:
+            target, drafts = models.resolve(args.model), args.model_draft
+        return str(target), {d: str(models.resolve(d)) for d in dict.fromkeys(drafts)}
+    except (FileNotFoundError, LookupError, RuntimeError, ValueError) as e:
+        raise CliError(str(e)) from None
+
+
+def _load(args, target_path: str, draft_paths: dict[str, str]):
+    from ..backends import load_model
+    from ..bench import LocalModels
+    from ..pairing import check_pairing
+
+    loaded = []
+    try:
+        target = load_model(target_path, args.n_gpu_layers, args.threads)
+        loaded.append(target)
+        drafts = {}
+        for name, path in draft_paths.items():
+            drafts[name] = load_model(path, args.n_gpu_layers_draft, args.threads)
+            loaded.append(drafts[name])
+            report = check_pairing(target, drafts[name])
+            if report.flagrant:
+                raise CliError(f"draft model {name} refused: " + "; ".join(report.problems), 2)
+            for w in report.warnings:
+                print(f"warning: {name}: {w}", file=sys.stderr)
+        return LocalModels(target, drafts, args.ctx_size), loaded
+    except (FileNotFoundError, ValueError, MemoryError) as e:
+        for m in loaded:
+            m.close()
+        raise CliError(str(e)) from None
+    except CliError:
+        for m in loaded:
+            m.close()
+        raise
+
+
+def run(args) -> int:
+    from ..bench import BenchPlan, load_workload, plan_configs, recommend, run_benchmark, summarize
+    from ..bench.endpoint import EndpointClient, EndpointError
+    from ..bench.report import machine_info
+    from ..bench.table import render
+
+    _validate(args)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per endpoint request otherwise
+    try:
+        workloads = args.workload or _DEFAULT_WORKLOADS
+        prompts = [p for w in workloads for p in load_workload(w, args.prompts_per_workload)]
+    except ValueError as e:
+        raise CliError(str(e), 2) from None
+    target_path, draft_paths = _model_paths(args)
+    if args.spec is not None and "draft" in args.spec and not draft_paths:
+        raise CliError("--spec draft needs a draft model (-md)", 2)
+    specs = args.spec or list(_SPECS)
+    configs = plan_configs(specs, list(draft_paths), args.draft_max, args.endpoint)
+    local, loaded = _load(args, target_path, draft_paths)
+    endpoints = {url: EndpointClient(url, api_key=args.endpoint_api_key) for url in args.endpoint}
+    try:
+        for client in endpoints.values():
+            client.probe()
+        plan = BenchPlan(configs, prompts, args.temp, args.n_predict, args.repeat, args.seed, args.ignore_eos,
+                         args.verify)
+        fitting = [p for p in prompts if local.fits(p, plan.sampling(0.0, p).max_tokens)]
+        if len(fitting) < len(prompts):
+            print(f"warning: {len(prompts) - len(fitting)} prompt(s) do not fit the context of {args.ctx_size} "
+                  "tokens with their output; skipped (raise -c)", file=sys.stderr)
+        if not fitting:
+            raise CliError("no prompt fits the context", 2)
+        plan = BenchPlan(configs, fitting, args.temp, args.n_predict, args.repeat, args.seed, args.ignore_eos,
+                         args.verify)
+        results = run_benchmark(plan, local, endpoints, progress=False if args.no_progress else None)
+        memory = {**local.memory(), "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    except EndpointError as e:
+        raise CliError(str(e)) from None
+    finally:
+        for client in endpoints.values():
+            client.close()
+        local.close()
+        for m in loaded:
+            m.close()
+    entries = summarize(configs, results, memory)
+    recommendation = recommend(configs, results, entries)
+    print(render(entries, recommendation, memory))
+    if args.json:
+        settings = {"target": args.model or target_path, "drafts": list(draft_paths), "spec": specs,
+                    "draft_max": args.draft_max, "workloads": list(dict.fromkeys(p.workload for p in fitting)),
+                    "n_prompts": len(fitting), "temperatures": args.temp, "n_predict": args.n_predict,
+                    "repeat": args.repeat, "seed": args.seed, "ignore_eos": args.ignore_eos, "verify": args.verify,
+                    "n_ctx": args.ctx_size, "endpoints": args.endpoint}
+        report = {"configs": entries, "recommendation": recommendation, "memory": memory,
+                  "machine": machine_info(args.threads), "settings": settings,
+                  "runs": [vars(m) for m in results]}
+        _write(args.json, lambda f: (json.dump(report, f, indent=1), f.write("\n")))
+    if args.plot:
+        from ..bench.plot import write_plot
+
+        try:
+            write_plot(entries, args.plot)
+        except OSError as e:
+            raise CliError(f"cannot write {args.plot}: {e}") from None
+    return 0
+
+
+def _write(path: str, write) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            write(f)
+    except OSError as e:
+        raise CliError(f"cannot write {path}: {e}") from None

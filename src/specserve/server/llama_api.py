@@ -1,0 +1,94 @@
+"""llama-server's native POST /completion, for scripts written against llama.cpp.
+
+Fields: prompt, n_predict, temperature, top_k, top_p, min_p, seed, stream, stop,
+ignore_eos, and speculation as llama-server spells it (`speculative.n_max`,
+`speculative.n_min`, `speculative.p_min`) or as our `speculative` object. The answer
+carries `content`, `tokens_predicted`, `tokens_evaluated`, `stop` and `timings`
+(with `draft_n` and `draft_n_accepted`). Streams send one `data:` object per chunk,
+the last with `"stop": true`, and no `[DONE]`, as llama-server does.
+"""
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from .errors import bad_request
+from .jobs import Job, start
+from .openai_api import CLIENT_GONE, speculative_usage, sse_response
+from .params import GenRequest, completion_prompt, get, read_json, resolve_profile, sampling_params, spec_params
+
+_LLAMA_SPEC_KEYS = {"speculative.n_max": "draft_max", "speculative.n_min": "draft_min",
+                    "speculative.p_min": "draft_p_min"}
+
+
+def timings(job: Job) -> dict:
+    s = job.stats
+    prompt_n = s.n_prompt - s.n_cached
+    prompt_ms, predicted_ms = 1000 * s.t_prompt, 1000 * (s.t_total - s.t_prompt)
+    return {
+        "cache_n": s.n_cached,
+        "prompt_n": prompt_n,
+        "prompt_ms": round(prompt_ms, 3),
+        "prompt_per_token_ms": round(prompt_ms / prompt_n, 3) if prompt_n else 0.0,
+        "prompt_per_second": round(1000 * prompt_n / prompt_ms, 2) if prompt_n and prompt_ms > 0 else 0.0,
+        "predicted_n": s.n_generated,
+        "predicted_ms": round(predicted_ms, 3),
+        "predicted_per_token_ms": round(predicted_ms / s.n_generated, 3) if s.n_generated else 0.0,
+        "predicted_per_second": round(1000 * s.n_generated / predicted_ms, 2) if s.n_generated and predicted_ms > 0
+        else 0.0,
+        "draft_n": s.n_drafted,
+        "draft_n_accepted": s.n_accepted,
+    }
+
+
+def _stop_word(job: Job, tokens: list[int]) -> str:
+    """The stop string that ended generation, if one did (the text sent has it cut off)."""
+    if job.stats.finish_reason != "stop" or not job.req.sampling.stop:
+        return ""
+    text = job.state.engine.target.detokenize(tokens).decode("utf-8", errors="replace")
+    return next((s for s in job.req.sampling.stop if s in text), "")
+
+
+def final(job: Job, content: str, tokens: list[int]) -> dict:
+    word = _stop_word(job, tokens)
+    stop_type = "limit" if job.stats.finish_reason == "length" else "word" if word else "eos"
+    return {"content": content, "tokens": [], "stop": True, "model": job.req.model,
+            "tokens_predicted": job.stats.n_generated, "tokens_evaluated": job.stats.n_prompt,
+            "tokens_cached": job.stats.n_cached, "truncated": False, "stop_type": stop_type,
+            "stopping_word": word, "timings": timings(job), "speculative": speculative_usage(job)}
+
+
+async def _request(request: Request) -> GenRequest:
+    state = request.app.state.server
+    body = await read_json(request, state.settings.max_body)
+    profile = resolve_profile(body, state.profiles, state.settings.model_name)
+    spec_obj = get(body, "speculative", dict)
+    flat = {field: body[key] for key, field in _LLAMA_SPEC_KEYS.items() if body.get(key) is not None}
+    if flat and spec_obj is not None:
+        raise bad_request("give either the speculative object or speculative.n_max/n_min/p_min, not both",
+                          "speculative")
+    spec, verify = spec_params(flat if spec_obj is None else spec_obj, profile, state.engine.draft is not None)
+    sampling = sampling_params(body, profile, state.engine.n_ctx, ("n_predict", "max_tokens"))
+    return GenRequest("llama", profile.name, sampling, spec, verify, stream=get(body, "stream", bool, False),
+                      prompt=completion_prompt(body))
+
+
+async def completion(request: Request) -> Response:
+    req = await _request(request)
+    job = await start(request.app.state.server, req)
+    if req.stream:
+        async def events(job: Job):
+            tokens = []
+            async for chunk in job.chunks():
+                tokens.extend(chunk.tokens)
+                yield {"content": chunk.text, "tokens": chunk.tokens, "stop": False}
+            yield final(job, "", tokens)
+        return sse_response(request, job, events)
+    try:
+        out = await job.collect(request)
+    finally:
+        job.finish()
+    await job.finished()
+    if out is None:
+        return Response(status_code=CLIENT_GONE)
+    return JSONResponse(final(job, *out))

@@ -1,0 +1,161 @@
+"""OpenAI-compatible endpoints: /v1/completions, /v1/chat/completions, /v1/models.
+
+Responses follow OpenAI's shapes; speculation shows up as extensions: a request's
+`speculative` object picks the mode and lengths, and `usage.speculative` reports
+what speculation did for it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from typing import AsyncIterator, Callable
+
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from .errors import bad_request, error_body
+from .jobs import Job, start
+from .params import GenRequest, check_unsupported, completion_prompt, get, read_json, resolve_profile, \
+    sampling_params, spec_params
+
+log = logging.getLogger("specserve.server")
+CLIENT_GONE = 499  # nginx's "client closed request": nobody reads it, the log does
+
+
+def speculative_usage(job: Job) -> dict:
+    s, spec = job.stats, job.req.spec
+    return {"mode": spec.mode, "verify": job.req.verify, "draft_max": spec.draft_max,
+            "drafter_steps": dict(s.drafter_steps), "passes": s.n_passes, "drafted": s.n_drafted,
+            "accepted": s.n_accepted, "acceptance": round(s.acceptance, 4),
+            "mean_accepted_len": round(s.mean_accepted_len, 4), "tokens_per_s": round(s.tokens_per_s, 2)}
+
+
+def usage(job: Job) -> dict:
+    s = job.stats
+    return {"prompt_tokens": s.n_prompt, "completion_tokens": s.n_generated,
+            "total_tokens": s.n_prompt + s.n_generated, "prompt_tokens_details": {"cached_tokens": s.n_cached},
+            "speculative": speculative_usage(job)}
+
+
+def sse(obj) -> str:
+    return "data: " + (obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)) + "\n\n"
+
+
+def sse_response(request: Request, job: Job, events: Callable[[Job], AsyncIterator]) -> StreamingResponse:
+    """Stream `events(job)` as server-sent events. However the stream ends (done, client
+    gone, error), the job is finished: generation stops and its slot is freed."""
+    state = request.app.state.server
+
+    async def body():
+        try:
+            async for obj in events(job):
+                yield sse(obj)
+            await job.finished()  # the stream's end means the request is accounted for
+        except Exception as e:  # headers are sent: the error goes in the stream
+            log.exception("error while streaming")
+            state.metrics.error(500)
+            yield sse(error_body(500, f"internal server error: {type(e).__name__}", code="internal_error"))
+        finally:
+            job.finish()
+
+    return StreamingResponse(body(), media_type="text/event-stream", background=BackgroundTask(job.finish),
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _request(request: Request, endpoint: str) -> tuple[dict, GenRequest]:
+    state = request.app.state.server
+    body = await read_json(request, state.settings.max_body)
+    profile = resolve_profile(body, state.profiles, state.settings.model_name)
+    check_unsupported(body)
+    chat = endpoint == "chat"
+    sampling = sampling_params(body, profile, state.engine.n_ctx,
+                               ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",))
+    spec, verify = spec_params(body.get("speculative"), profile, state.engine.draft is not None)
+    options = get(body, "stream_options", dict, {})
+    messages = get(body, "messages", list) if chat else None
+    if chat and not messages:
+        raise bad_request("messages must be a non-empty array", "messages")
+    req = GenRequest(endpoint, profile.name, sampling, spec, verify, stream=get(body, "stream", bool, False),
+                     prompt=None if chat else completion_prompt(body), messages=messages,
+                     include_usage=get(options, "include_usage", bool, False, "stream_options.include_usage"))
+    return body, req
+
+
+def _head(kind: str, req: GenRequest) -> dict:
+    prefix = "chatcmpl" if kind.startswith("chat") else "cmpl"
+    return {"id": f"{prefix}-{uuid.uuid4().hex[:24]}", "object": kind, "created": int(time.time()),
+            "model": req.model}
+
+
+async def completions(request: Request) -> Response:
+    _, req = await _request(request, "completions")
+    job = await start(request.app.state.server, req)
+    head = _head("text_completion", req)
+    if req.stream:
+        async def events(job: Job):
+            async for chunk in job.chunks():
+                if chunk.text:
+                    yield {**head, "choices": [{"text": chunk.text, "index": 0, "logprobs": None,
+                                                "finish_reason": None}]}
+            yield {**head, "choices": [{"text": "", "index": 0, "logprobs": None,
+                                        "finish_reason": job.finish_reason}], "usage": usage(job)}
+            if req.include_usage:
+                yield {**head, "choices": [], "usage": usage(job)}
+            yield "[DONE]"
+        return sse_response(request, job, events)
+    try:
+        out = await job.collect(request)
+    finally:
+        job.finish()
+    await job.finished()
+    if out is None:
+        return Response(status_code=CLIENT_GONE)
+    text, _ = out
+    return JSONResponse({**head, "choices": [{"text": text, "index": 0, "logprobs": None,
+                                              "finish_reason": job.finish_reason}], "usage": usage(job)})
+
+
+async def chat_completions(request: Request) -> Response:
+    _, req = await _request(request, "chat")
+    job = await start(request.app.state.server, req)
+    if req.stream:
+        head = _head("chat.completion.chunk", req)
+
+        def choice(delta: dict, finish: str | None = None) -> dict:
+            return {**head, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+
+        async def events(job: Job):
+            yield choice({"role": "assistant", "content": ""})
+            async for chunk in job.chunks():
+                if chunk.text:
+                    yield choice({"content": chunk.text})
+            yield {**choice({}, job.finish_reason), "usage": usage(job)}
+            if req.include_usage:
+                yield {**head, "choices": [], "usage": usage(job)}
+            yield "[DONE]"
+        return sse_response(request, job, events)
+    try:
+        out = await job.collect(request)
+    finally:
+        job.finish()
+    await job.finished()
+    if out is None:
+        return Response(status_code=CLIENT_GONE)
+    text, _ = out
+    return JSONResponse({**_head("chat.completion", req), "choices": [{
+        "index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+        "finish_reason": job.finish_reason}], "usage": usage(job)})
+
+
+async def models(request: Request) -> Response:
+    state = request.app.state.server
+    created = int(time.time())
+    data = [{"id": name, "object": "model", "created": created, "owned_by": "specserve",
+             "specserve": {"target": state.engine.target.path,
+                           "draft": state.engine.draft.path if state.engine.draft is not None else None,
+                           "n_ctx": state.engine.n_ctx, **p.describe()}}
+            for name, p in state.profiles.items()]
+    return JSONResponse({"object": "list", "data": data})

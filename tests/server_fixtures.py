@@ -1,0 +1,100 @@
+"""Run the real `specserve serve` as a subprocess on a free port, with tiny models.
+
+Used by the server test modules: `tiny_pair` writes a target and a close draft,
+`ServerProcess` starts the server, waits for /health and stops it with SIGTERM.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import tiny_models  # noqa: E402
+
+API_KEY = "test-key"
+STARTUP_TIMEOUT = 60.0  # seconds; imports and model loading on a busy 2-core machine
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tiny_pair(directory: Path) -> tuple[Path, Path]:
+    """A tiny target and a close draft of it (same vocabulary, 5% weight noise)."""
+    target = tiny_models.write_tiny_model(directory / "tiny.gguf", seed=1)
+    draft = tiny_models.write_tiny_model(directory / "tiny_draft.gguf", seed=1, noise=0.05, noise_seed=7)
+    return target, draft
+
+
+class ServerProcess:
+    """`python -m specserve serve ARGS --port FREE`, its stderr kept in a file."""
+
+    def __init__(self, args: list[str], log_path: Path, api_key: str | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.api_key = api_key
+        self.log_path = log_path
+        cmd = [sys.executable, "-m", "specserve", "serve", *args, "--port", str(self.port)]
+        if api_key:
+            cmd += ["--api-key", api_key]
+        self._log = open(log_path, "wb")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self._wait_ready()
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def client(self, **kw) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers=self.headers, timeout=60, **kw)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"server not ready after {STARTUP_TIMEOUT} s:\n{self.log()[-3000:]}")
+
+    def stop(self, timeout: float = 30) -> int:
+        """SIGTERM, wait (SIGKILL past `timeout`); returns the exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="session")
+def tiny_models_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("server_models")
+    tiny_pair(d)
+    return d
+
+
+def serve_args(models: Path, *extra: str) -> list[str]:
+    return ["-m", str(models / "tiny.gguf"), "-md", str(models / "tiny_draft.gguf"), "-t", "1", *extra]

@@ -1,0 +1,81 @@
+"""`specserve bench --endpoint` against a real `specserve serve` on a free port."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from specserve.cli import main
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_paths):
+    """`python -m specserve serve` on the tiny target and draft, until the module's tests are done."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "specserve", "serve", "-m", str(tiny_paths["target"]),
+                             "-md", str(tiny_paths["draft_close"]), "-c", "512", "-t", "1", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"specserve serve exited with {proc.returncode}: {proc.stderr.read()[-2000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                pytest.fail("specserve serve did not become healthy within 60 s")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_endpoint_reported_beside_local_configs(server, tiny_paths, tmp_path):
+    workload = tmp_path / "w.jsonl"
+    workload.write_text(json.dumps({"prompt": "the cat sat on the mat"}) + "\n"
+                        + json.dumps({"prompt": "the dog ran to the cat"}) + "\n")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["bench", "-m", str(tiny_paths["target"]), "-c", "512", "-t", "1", "--workload", str(workload),
+                     "-n", "10", "--ignore-eos", "--spec", "ngram", "--draft-max", "2", "--no-progress",
+                     "--endpoint", server, "--json", str(tmp_path / "out.json")])
+    assert code == 0
+    report = json.loads((tmp_path / "out.json").read_text())
+    (endpoint,) = [e for e in report["configs"] if e["spec"] == "endpoint" and e["workload"] == "all"]
+    assert endpoint["name"] == f"endpoint {server}" and endpoint["memory_bytes"] is None
+    assert endpoint["tokens_per_s"] > 0 and endpoint["ttft_s"] > 0 and endpoint["speedup"] > 0
+    assert endpoint["n_generated"] == 2 * 10  # counted from usage, which the server sends
+    runs = [r["stats"] for r in report["runs"] if r["config"] == endpoint["name"]]
+    assert {r["tokens_counted_from"] for r in runs} == {"usage"}
+    assert endpoint["acceptance"] is not None  # specserve reports its drafts in usage.speculative
+    assert f"endpoint {server}" in out.getvalue()
+    assert report["recommendation"]["spec"] != "endpoint"  # only local configurations are recommended
+
+
+def test_unreachable_endpoint_is_one_clear_error(tiny_paths, capsys):
+    code = main(["bench", "-m", str(tiny_paths["target"]), "-c", "256", "-t", "1", "--workload", "qa",
+                 "--prompts-per-workload", "1", "-n", "4", "--spec", "ngram", "--draft-max", "1", "--no-progress",
+                 "--endpoint", f"http://127.0.0.1:{free_port()}"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "specserve: error: http://127.0.0.1:" in err

@@ -1,0 +1,129 @@
+"""Benchmark arithmetic on hand-made runs: paired speedups, ranking, the recommendation; workloads; seeds."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from specserve.bench import BenchPlan, Measurement, load_workload, plan_configs, recommend, summarize
+from specserve.bench.workloads import BUILTIN_WORKLOADS, SPEC_BENCH_CATEGORIES
+
+# target 100 and 50 tok/s on two prompts. "big" accepts more but is slower; "small" is the fastest.
+SPEEDS = {"target": (100, 50), "draft[big] k=4": (110, 55), "draft[small] k=4": (140, 70), "ngram k=4": (80, 45)}
+ACCEPTED = {"draft[big] k=4": 78, "draft[small] k=4": 70, "ngram k=4": 20}  # of 100 drafted per run
+
+
+def measurements(speeds: dict[str, tuple]) -> list[Measurement]:
+    out = []
+    for name, per_prompt in speeds.items():
+        for i, tps in enumerate(per_prompt):
+            drafted = 100 if name in ACCEPTED else 0
+            stats = {"tokens_per_s": tps, "time_to_first_token_s": 0.1, "n_generated": 128,
+                     "n_drafted": drafted, "n_accepted": ACCEPTED.get(name, 0), "n_passes": 40,
+                     "drafted_by_position": [drafted // 4] * 4 if drafted else [],
+                     "accepted_by_position": [ACCEPTED.get(name, 0) // 4] * 4 if drafted else []}
+            out.append(Measurement(name, "w", 0.0, i, 0, stats))
+    return out
+
+
+def configs():
+    return plan_configs(["draft", "ngram"], ["big", "small"], [4], [])
+
+
+def test_paired_speedup_is_geometric_mean_of_per_prompt_ratios():
+    speeds = {**SPEEDS, "ngram k=4": (50, 100)}  # 0.5x and 2x: geometric mean 1, arithmetic 1.25
+    entries = [e for e in summarize(configs(), measurements(speeds), {}) if e["workload"] == "all"]
+    by_name = {e["name"]: e for e in entries}
+    assert math.isclose(by_name["ngram k=4"]["speedup"], 1.0)
+    assert math.isclose(by_name["draft[small] k=4"]["speedup"], 1.4)
+    assert by_name["target"]["speedup"] == 1.0
+    assert by_name["draft[big] k=4"]["acceptance"] == 0.78
+    assert by_name["draft[big] k=4"]["mean_accepted_len"] == 1 + 78 / 40
+    assert by_name["draft[big] k=4"]["acceptance_by_position"] == [0.76] * 4  # 19 of 25 at each position
+
+
+def test_recommends_fastest_and_names_the_higher_acceptance_loser():
+    results = measurements(SPEEDS)
+    rec = recommend(configs(), results, summarize(configs(), results, {}))
+    assert rec["name"] == "draft[small] k=4" and rec["flags"] == "--spec draft -md small --draft-max 4"
+    assert rec["text"].startswith("--spec draft -md small --draft-max 4: 1.40x")
+    assert "draft[big] k=4 accepts more (78% vs 70%) but is 1.10x end-to-end" in rec["reason"]
+
+
+def test_recommends_target_alone_when_nothing_beats_it():
+    slow = {name: (90, 45) if name != "target" else (100, 50) for name in SPEEDS}
+    results = measurements(slow)
+    rec = recommend(configs(), results, summarize(configs(), results, {}))
+    assert rec["flags"] == "--spec none" and "no configuration beats it" in rec["reason"]
+
+
+def test_plan_configs_order_and_flags():
+    names = [(c.name, c.flags) for c in plan_configs(["draft", "ngram", "auto"], ["/m/small.gguf"], [2, 8],
+                                                      ["http://h:1"])]
+    assert names == [
+        ("target", "--spec none"),
+        ("draft[small] k=2", "--spec draft -md /m/small.gguf --draft-max 2"),
+        ("ngram k=2", "--spec ngram --draft-max 2"),
+        ("draft[small] k=8", "--spec draft -md /m/small.gguf --draft-max 8"),
+        ("ngram k=8", "--spec ngram --draft-max 8"),
+        ("auto[small] k<=8", "--spec auto -md /m/small.gguf --draft-max 8"),
+        ("endpoint http://h:1", "--endpoint http://h:1"),
+    ]
+
+
+def test_draft_names_stay_unique():
+    names = [c.name for c in plan_configs(["draft"], ["a/m.gguf", "b/m.gguf"], [4], [])]
+    assert names == ["target", "draft[a/m.gguf] k=4", "draft[b/m.gguf] k=4"]
+
+
+def test_seeds_fixed_per_prompt():
+    prompts = load_workload("code-edit", 3)
+    plan = BenchPlan(plan_configs([], [], [1], []), prompts, [0.8], 64, seed=5)
+    seeds = [plan.sampling(0.8, p).seed for p in prompts]
+    assert len(set(seeds)) == 3  # different prompts, different seeds
+    assert seeds == [BenchPlan(plan.configs, prompts, [0.8], 64, seed=5).sampling(0.8, p).seed for p in prompts]
+    assert seeds != [BenchPlan(plan.configs, prompts, [0.8], 64, seed=6).sampling(0.8, p).seed for p in prompts]
+
+
+@pytest.mark.parametrize("name", BUILTIN_WORKLOADS)
+def test_builtin_workloads_load(name):
+    prompts = load_workload(name, 10)
+    assert len(prompts) == 10 and all(p.messages[-1]["role"] == "user" and p.text for p in prompts)
+    if name in SPEC_BENCH_CATEGORIES:
+        assert {p.category for p in prompts} == {name}
+
+
+def test_code_edit_is_input_grounded():
+    prompts = load_workload("code-edit", 100)
+    assert 10 <= len(prompts) <= 20
+    assert all("```" in p.text and p.category == "code-edit" for p in prompts)
+
+
+def test_spec_bench_mix_spreads_over_categories():
+    assert len({p.category for p in load_workload("spec-bench", 13)}) == 13
+
+
+def test_jsonl_workload(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    rows = [{"prompt": "a"}, {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "b"}],
+                              "temperature": 0.5, "max_tokens": 7, "category": "x"}, {"prompt": "c"}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    prompts = load_workload(str(path), 10)
+    assert [p.text for p in prompts] == ["a", "b", "c"] and prompts[0].workload == "mine"
+    assert (prompts[1].temperature, prompts[1].max_tokens, prompts[1].category) == (0.5, 7, "x")
+    plan = BenchPlan(plan_configs([], [], [1], []), prompts, None, None)
+    assert [t for t, _ in plan.jobs] == [0.0, 0.5, 0.0]  # the file's own temperature without --temp
+    assert plan.sampling(0.5, prompts[1]).max_tokens == 7 and plan.sampling(0.0, prompts[0]).max_tokens == 128
+    assert [p.text for p in load_workload(str(path), 2)] == ["a", "b"]
+
+
+@pytest.mark.parametrize("line, message", [
+    ("not json", "not JSON"), ('{"text": "x"}', "needs a non-empty 'prompt'"),
+    ('{"prompt": "x", "temperature": -1}', "temperature must be"), ('{"prompt": "x", "max_tokens": 0}', "max_tokens"),
+])
+def test_jsonl_errors_name_the_line(tmp_path, line, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(line + "\n")
+    with pytest.raises(ValueError, match=message):
+        load_workload(str(path), 5)

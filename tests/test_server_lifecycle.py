@@ -1,0 +1,120 @@
+"""The server's life: the bounded queue, draining on SIGTERM, bad flags, the load test script.
+
+Each test starts its own `specserve serve` subprocess (tiny models, one thread).
+"""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from server_fixtures import ServerProcess, serve_args, tiny_models_dir  # noqa: E402,F401
+
+C = "/v1/completions"
+LONG = {"prompt": "the cat", "max_tokens": 4000, "ignore_eos": True, "stream": True, "speculative": {"mode": "none"}}
+
+
+def _wait_for(predicate, timeout: float = 30) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_queue_bound_then_sigterm_drains(tiny_models_dir, tmp_path):
+    """One slot, a queue of one: the third request is refused; SIGTERM lets both finish, then exits 0."""
+    srv = ServerProcess(serve_args(tiny_models_dir, "-c", "4096", "--parallel", "1", "--queue", "1"),
+                        tmp_path / "serve.log")
+    try:
+        results, first = {}, threading.Event()
+
+        def long_stream():
+            with httpx.Client(base_url=srv.url, timeout=120) as c, c.stream("POST", C, json=LONG) as r:
+                events = []
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        first.set()
+                        events.append(line[6:])
+                results["long"] = events
+
+        def queued():
+            results["queued"] = httpx.post(srv.url + C, json={"prompt": "the dog", "max_tokens": 16}, timeout=120)
+
+        a = threading.Thread(target=long_stream)
+        a.start()
+        assert first.wait(30)
+        b = threading.Thread(target=queued)
+        b.start()
+        assert _wait_for(lambda: httpx.get(srv.url + "/health").json()["queue_depth"] == 1)
+
+        full = httpx.post(srv.url + C, json={"prompt": "x", "max_tokens": 4})
+        assert full.status_code == 503 and full.headers["retry-after"]
+        assert full.json()["error"]["code"] == "queue_full"
+
+        srv.proc.send_signal(signal.SIGTERM)
+        assert _wait_for(lambda: httpx.get(srv.url + "/health").status_code == 503)
+        late = httpx.post(srv.url + C, json={"prompt": "x", "max_tokens": 4})
+        assert late.status_code == 503 and late.json()["error"]["code"] == "draining"
+        assert srv.proc.poll() is None, "exited before the requests in flight finished"
+
+        a.join(120)
+        b.join(120)
+        long_events = results["long"]
+        assert long_events[-1] == "[DONE]"
+        final = json.loads(long_events[-2])
+        assert final["choices"][0]["finish_reason"] == "length" and final["usage"]["completion_tokens"] == 4000
+        assert results["queued"].status_code == 200
+        assert results["queued"].json()["usage"]["completion_tokens"] == 16
+        assert srv.proc.wait(30) == 0
+        assert "draining" in srv.log()
+    finally:
+        srv.stop()
+
+
+def test_idle_server_exits_0_on_sigterm(tiny_models_dir, tmp_path):
+    srv = ServerProcess(serve_args(tiny_models_dir, "-c", "256"), tmp_path / "serve.log")
+    assert srv.stop(timeout=30) == 0
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--profile", "code=warp=9"], "unknown option"),
+    (["--profile", "code=spec=fast"], "speculative mode"),
+    (["--profile", "nameonly"], "NAME=key=value"),
+    (["--profile", "a=spec=none", "--profile", "a=spec=ngram"], "used twice"),
+    (["--parallel", "0"], "--parallel"),
+    (["--queue", "-1"], "--queue"),
+])
+def test_bad_flags_exit_2_before_loading(tiny_models_dir, flags, message):
+    r = subprocess.run([sys.executable, "-m", "specserve", "serve", *serve_args(tiny_models_dir), *flags],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def test_loadtest_script_runs_against_a_server(tiny_models_dir, tmp_path):
+    srv = ServerProcess(serve_args(tiny_models_dir, "-c", "4096", "--alias", "tiny"), tmp_path / "serve.log",
+                        api_key="k")
+    try:
+        out = tmp_path / "load.json"
+        r = subprocess.run([sys.executable, "-m", "specserve.server.loadtest", "--url", srv.url, "--api-key", "k",
+                            "--clients", "3", "--duration", "3", "--max-tokens", "16", "--cancel-share", "0.3",
+                            "--pid", str(srv.proc.pid), "--json", str(out)],
+                           capture_output=True, text=True, timeout=120)
+        report = json.loads(out.read_text())
+        assert report["completed"] > 0 and report["requests_per_s"] > 0 and report["tokens_per_s"] > 0
+        assert report["errors"] == 0 or set(report["error_kinds"]) == {"400 context_length_exceeded"}, r.stdout
+        assert report["rss_before_mib"] > 0 and report["latency_p95_s"] >= report["latency_p50_s"] > 0
+        assert r.returncode in (0, 3)
+        health = httpx.get(srv.url + "/health").json()
+        assert _wait_for(lambda: httpx.get(srv.url + "/health").json()["slots_processing"] == 0, 10), health
+    finally:
+        assert srv.stop() == 0
