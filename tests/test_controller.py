@@ -108,7 +108,7 @@ def share(run: Run, pred) -> float:
 
 SCENARIOS = {
     # F16 target, same-size draft at 30%, prose: the n-gram matches a third of the time, rarely right
-    "cpu_f16_low": Scenario(CPU_F16, {"draft": const(0.3), "ngram": const(0.2)}, const(0.3)),
+    "cpu_f16_low": Scenario(CPU_F16, {"draft": const(0.3), "ngram": const(0.1)}, const(0.3)),
     # Q4_1 target: verifying costs nearly as much per token as decoding; a 13 ms/token draft
     # cannot pay even at 97% acceptance
     "cpu_q41_high": Scenario(CPU_Q41, {"draft": const(0.97), "ngram": const(0.2)}, const(0.3)),
@@ -117,9 +117,9 @@ SCENARIOS = {
     # GPU: verifying 9 tokens costs about as much as 1, cheap draft
     "gpu_high": Scenario(GPU, {"draft": const(0.9), "ngram": const(0.3)}, const(0.2),
                          draft_tok=0.001, catchup=0.0001),
-    # GPU, acceptance switches from 0.05 to 0.95 halfway through each request
-    "gpu_switch": Scenario(GPU, {"draft": lambda p: 0.05 if p < 250 else 0.95, "ngram": const(0.05)},
-                           const(0.1), draft_tok=0.001, catchup=0.0001),
+    # GPU, draft acceptance switches from 0.02 to 0.95 halfway through each request
+    "gpu_switch": Scenario(GPU, {"draft": lambda p: 0.02 if p < 250 else 0.95, "ngram": const(0.02)},
+                           const(0.1), draft_tok=0.002, catchup=0.0001),
     # F16 target, expensive draft at 70%, text the n-gram predicts well when it matches
     "cpu_ngram": Scenario(CPU_F16, {"draft": const(0.7), "ngram": const(0.9)}, const(0.6)),
     # Q4_1 target, prose with a repeated passage (positions 200-350): only the n-gram can pay
@@ -148,8 +148,8 @@ def test_auto_near_best_fixed_and_never_below_target_alone(results, name):
 def test_off_when_acceptance_too_low_or_verifying_too_dear(results):
     for name in ("cpu_f16_low", "cpu_q41_high"):
         auto, _ = results[name]
-        assert share(auto, lambda st: st[1] is None) > 0.9, name
-        assert share(auto, lambda st: st[1] == "draft") < 0.02, name  # a few exploring steps at most
+        assert share(auto, lambda st: st[1] is None) > 0.9, name  # no draft token verified
+        assert share(auto, lambda st: st[1] == "draft") < 0.01, name  # a few exploring steps at most
 
 
 def test_long_drafts_when_acceptance_high_and_verifying_cheap(results):
@@ -161,12 +161,12 @@ def test_long_drafts_when_acceptance_high_and_verifying_cheap(results):
 def test_comes_back_on_after_probes_succeed(results):
     auto, _ = results["gpu_switch"]
     steps = auto.steps
-    assert share(Run(0, [st for st in steps if st[0] < 250]), lambda st: st[1] is None) > 0.8
+    assert share(Run(0, [st for st in steps if st[0] < 250]), lambda st: st[1] == "draft") < 0.1
     # first steps past the switch in each request
     starts = [i for i, st in enumerate(steps) if st[0] >= 250 and (i == 0 or steps[i - 1][0] < 250)]
     for i in starts:
         on = next(j for j in range(i, len(steps)) if steps[j][1] == "draft" and steps[j][2] >= 4)
-        assert on - i <= _PROBE_MAX + 8
+        assert on - i <= 2 * _PROBE_MAX
 
 
 def test_prefers_the_ngram_when_it_matches_and_the_draft_is_dear(results):

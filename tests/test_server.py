@@ -35,6 +35,7 @@ def server(tiny_models_dir, tmp_path_factory):
                                    "--profile", "plain=spec=none"), log, api_key=API_KEY)
     yield srv
     assert srv.stop() == 0
+    assert "Traceback" not in srv.log() and "internal error" not in srv.log()
 
 
 @pytest.fixture(scope="module")

@@ -122,16 +122,20 @@ class CostModel:
         self._cnt: dict[int, int] = {}
         self._keys: list[int] = []  # measured n, sorted
         self._table: list[float] | None = None
+        self.batching = 1.0  # (seconds per extra token) / (seconds of a 1-token pass)
 
     def add(self, n: int, t: float) -> None:
         e = self._ema.get(n)
         if e is None:
             bisect.insort(self._keys, n)
             self._ema[n], self._cnt[n] = t, 1
-        else:
-            c = self._cnt[n] = self._cnt[n] + 1
-            self._ema[n] = e + (min(t, 3 * e) - e) * max(0.05, 1 / c)  # clipped: a preempted pass
-        self._table = None
+            self._table = None
+            return
+        c = self._cnt[n] = self._cnt[n] + 1
+        e = self._ema[n] = e + (min(t, 3 * e) - e) * max(0.05, 1 / c)  # clipped: a preempted pass
+        tab = self._table
+        if tab is not None and (n >= len(tab) or abs(e - tab[n]) > 0.005 * tab[n]):
+            self._table = None  # rebuilt when an estimate moved by more than 0.5%
 
     def table(self, n_max: int) -> list[float] | None:
         """[n_max + 1] seconds of a pass over n tokens (index 0 unused); None before any pass."""
@@ -162,6 +166,7 @@ class CostModel:
                 lo, hi = keys[j - 1], keys[j]
                 tab[n] = ema[lo] + (ema[hi] - ema[lo]) * (n - lo) / (hi - lo)
         self._table = tab
+        self.batching = (tab[n_max] - tab[1]) / ((n_max - 1) * tab[1]) if n_max > 1 else 1.0
         return tab
 
 
@@ -194,9 +199,7 @@ class Controller:
     def draft_coef(self, name: str, V: list[float]) -> list[float]:
         """(a, b, c): seconds to draft n tokens after catching up on lag = a + b n + c lag."""
         b = 0.0 if name in _FREE else 0.25 * V[1]
-        # batching is assumed to help the drafter as much as it helps the target
-        n = len(V) - 1
-        r = (V[n] - V[1]) / ((n - 1) * V[1]) if n > 1 else 1.0
+        r = self.verify.batching  # assumed to help the drafter as much as it helps the target
         fit = self.draft.get(name)
         return fit.coef(b, r) if fit is not None else [0.0, b, r * b]
 
@@ -215,8 +218,10 @@ class AutoPolicy:
         self.used_step = dict.fromkeys(names, -(1 << 30))
         self.step = self.generated = 0
         self.probing: tuple[str, bool] | None = None  # (drafter, whether it displaced a drafter)
+        self.follow_up: str | None = None  # a drafter whose last probe succeeded: probe it again
         self.pred_tokens = self.pred_time = 0.0
         self._choices: dict[tuple[str, int], Choice] = {}
+        self._probe_cost: dict[str, float] = {}  # seconds a probe of the drafter was last expected to lose
 
     @property
     def predicted_tokens_per_s(self) -> float:
@@ -271,12 +276,19 @@ class AutoPolicy:
         ctl = self.ctl
         if self.step - self.used_step[name] < ctl.interval.get(name, _PROBE_MIN):
             return None
+        budget = _EPS * (ctl.clock - ctl.last_used.get(name, float("-inf")))
         k = self.kmin[name]
-        # seconds a probe that drafts loses against the best choice making its expected tokens
-        _, _, e, t = self._plan(name, V, kmin=k, kmax=k, found=True)
-        if _EPS * (ctl.clock - ctl.last_used.get(name, float("-inf"))) < self._catchup(name, V) + t - e / best_rate:
-            return None
+        if name != self.follow_up:
+            if budget < self._probe_cost.get(name, 0.0):
+                return None  # below the cost last computed (a lagging cache only adds to it)
+            # seconds a probe that drafts loses against the best choice making its expected tokens
+            _, _, e, t = self._plan(name, V, kmin=k, kmax=k, found=True)
+            cost = self._probe_cost[name] = self._catchup(name, V) + t - e / best_rate
+            if budget < cost:
+                return None
         if self._plan(name, V, acc=[1.0] * self.cap, kmin=self.kmin[name])[0] <= 1.0 / V[1]:
+            self._probe_cost[name] = 2 * budget  # look again when the budget has doubled
+            self.follow_up = None
             return None  # could not pay even if every token were accepted
         return self._plan(name, V, kmin=k, kmax=k)
 
@@ -330,6 +342,7 @@ class AutoPolicy:
         if n:
             self.acc[used].add(min(n, acc + 1), acc)
         self.lag[used] = 2 if n and acc == n else 1  # it holds all but the bonus (and last draft)
+        self._probe_cost.pop(used, None)
         self.fresh.discard(used)
         if self.probing is None:
             self.used_step[used] = self.step
@@ -342,5 +355,4 @@ class AutoPolicy:
             ok = acc == n or self._best(ctl.verify.table(self.cap + 1))[1] == probed
             iv = ctl.interval.get(probed, _PROBE_MIN)
             ctl.interval[probed] = 1 if ok else min(max(2 * iv, _PROBE_MIN), _PROBE_MAX)
-            if ok:  # follow a success up at once: the budget applies again after a failure
-                ctl.last_used[probed] = float("-inf")
+            self.follow_up = probed if ok else None  # a success is followed up outside the budget

@@ -41,6 +41,17 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
+def _model_name(given: str | None, target_path: str) -> str:
+    """What clients call the served model without --alias: the packaged name, else the file's stem."""
+    from ..models import DEFAULT_TARGET
+
+    if given is None:
+        return DEFAULT_TARGET
+    if not given.endswith(".gguf") and "/" not in given:
+        return given  # a packaged model name, e.g. smollm2-f16
+    return Path(target_path).stem
+
+
 def settings_from(args, target_path: str):
     """ServerSettings from the flags; raises CliError(2) on bad values, before any model loads."""
     from ..server import ServerSettings
@@ -52,7 +63,7 @@ def settings_from(args, target_path: str):
         raise CliError(f"--queue must be >= 0, got {args.queue}", 2)
     if not 0 <= args.port <= 65535:
         raise CliError(f"--port must be in [0, 65535], got {args.port}", 2)
-    name = args.alias or Path(target_path).stem
+    name = args.alias or _model_name(args.model, target_path)
     spec = dataclasses.asdict(spec_params(args))
     try:
         profiles = build_profiles(Profile(name, spec=spec, verify=args.verify), args.profile)
@@ -103,6 +114,8 @@ def run(args) -> int:
             for p in settings.profiles.values():
                 if p.spec.get("mode") == "draft":
                     raise CliError(f"profile {p.name} uses spec=draft but there is no draft model (-md)", 2)
+        if args.host not in ("127.0.0.1", "localhost", "::1") and not settings.api_key:
+            log.warning("listening on %s without --api-key: anyone who can reach it can use it", args.host)
         app = create_app(engine, settings)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None, access_log=False,
                                 lifespan="on", timeout_keep_alive=5)

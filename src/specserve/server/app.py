@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..engine import Engine
+from ..memory import fmt_bytes
 from . import llama_api, openai_api
 from .errors import ApiError, error_response, install_handlers
 from .state import ServerSettings, ServerState
@@ -62,8 +63,9 @@ def create_app(engine: Engine, settings: ServerSettings) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        log.info("serving %s (profiles: %s) with %d slots, queue %d", settings.model_name,
-                 ", ".join(settings.profiles), settings.parallel, settings.queue)
+        log.info("serving %s (profiles: %s) with %d slots (%s of KV cache and compute buffers each), queue %d",
+                 settings.model_name, ", ".join(settings.profiles), settings.parallel,
+                 fmt_bytes(state.scheduler.slot_bytes()), settings.queue)
         try:
             yield
         finally:

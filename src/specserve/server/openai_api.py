@@ -65,7 +65,7 @@ def sse_response(request: Request, job: Job, events: Callable[[Job], AsyncIterat
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-async def _request(request: Request, endpoint: str) -> tuple[dict, GenRequest]:
+async def _request(request: Request, endpoint: str) -> GenRequest:
     state = request.app.state.server
     body = await read_json(request, state.settings.max_body)
     profile = resolve_profile(body, state.profiles, state.settings.model_name)
@@ -81,7 +81,7 @@ async def _request(request: Request, endpoint: str) -> tuple[dict, GenRequest]:
     req = GenRequest(endpoint, profile.name, sampling, spec, verify, stream=get(body, "stream", bool, False),
                      prompt=None if chat else completion_prompt(body), messages=messages,
                      include_usage=get(options, "include_usage", bool, False, "stream_options.include_usage"))
-    return body, req
+    return req
 
 
 def _head(kind: str, req: GenRequest) -> dict:
@@ -91,7 +91,7 @@ def _head(kind: str, req: GenRequest) -> dict:
 
 
 async def completions(request: Request) -> Response:
-    _, req = await _request(request, "completions")
+    req = await _request(request, "completions")
     job = await start(request.app.state.server, req)
     head = _head("text_completion", req)
     if req.stream:
@@ -119,7 +119,7 @@ async def completions(request: Request) -> Response:
 
 
 async def chat_completions(request: Request) -> Response:
-    _, req = await _request(request, "chat")
+    req = await _request(request, "chat")
     job = await start(request.app.state.server, req)
     if req.stream:
         head = _head("chat.completion.chunk", req)

@@ -110,6 +110,12 @@ class Scheduler:
         self.closed = False
         self.active = 0  # requests accepted and not yet answered (drain waits for 0)
 
+    def slot_bytes(self) -> int:
+        """KV cache and compute buffers of one slot (target and draft contexts), as allocated at start."""
+        slot = self.pool.slots[0]
+        ctxs = [c for c in (slot.ctx, slot.draft_ctx) if c is not None]
+        return sum(c.memory().kv_cache + c.memory().compute for c in ctxs)
+
     @property
     def idle(self) -> bool:
         return self.active == 0
