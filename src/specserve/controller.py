@@ -1,31 +1,28 @@
 """The adaptive policy behind `--spec auto`: speculate only while it pays.
 
-Each step picks the drafter and draft length k with the highest expected tokens per
-second, plain decoding (k = 0: 1 token in verify(1)) included:
+Each step picks the drafter and draft length k (k = 0: plain decoding, 1 token in
+verify(1)) with the highest E[tokens] / E[seconds]:
 
     E[tokens](k)  = 1 + sum_{i=1..k} prod_{j<=i} d_j a_j
     E[seconds](k) = sum_{l<=k} P(len = l) (draft(l) + verify(1 + l)),  P(len >= i) = prod_{j<=i} d_j
 
 a_j = P(draft token j accepted | 1..j-1 accepted); d_j = P(the drafter returns a j-th
-token | it returned j - 1): the n-gram's match rate is d_1. An empty n-gram proposal
-costs a dict lookup and leaves a plain step, so the n-gram is used whenever a match pays.
+token | it returned j - 1), so d_1 is the n-gram's match rate: an unmatched n-gram costs
+a dict lookup and a plain step, and the n-gram is used whenever a match pays.
 
-Costs are measured on this engine, never assumed (a CPU verifies 8 tokens at 2-4x the
-cost of one, a GPU at ~1x). `Controller`, one per engine and shared by its requests,
-keeps: seconds of a target pass over n tokens (EMA per n, interpolated between measured
-n, extrapolated with a least-squares slope); per drafter, seconds to draft as a decayed
-ridge regression a + b * drafted + c * lag (lag: tokens its cache must catch up on, as
-after steps the draft model sat out), plus the catch-up at its first use in a request
-(the prompt); and pooled acceptance of recent steps, the prior of new requests.
-`AutoPolicy`, one per request, keeps decayed per-position counts of acceptance and
-delivery, shrunk toward the request's pooled rate, itself shrunk toward the engine's.
-Switching on a lagging drafter charges its catch-up, spread over the tokens the request
-is still expected to make (from the mean length of recent requests).
+Costs are measured, never assumed (a CPU verifies 8 tokens at 2-4x the cost of one, a
+GPU at ~1x). `Controller`, one per engine and shared by its requests, holds: verify(n),
+an EMA per n made non-decreasing, interpolated and extrapolated; draft(l) + catch-up as
+a decayed ridge regression a + b l + c (lag - 1) per drafter (lag: tokens its cache missed,
+many after it sat out; at its first use in a request, the prompt too); pooled acceptance,
+the prior of new requests. `AutoPolicy`, one per request, keeps decayed per-position
+counts shrunk toward its pooled rate. Switching on a lagging drafter charges its
+catch-up over the tokens the request is still expected to make.
 
 A drafter not in use is probed with a short draft once the steps since its last use
-reach an interval (4 after a success is followed up, doubled after a failure, up to 32) and the
-probe's expected loss fits in _EPS of the engine's decode time since the drafter last
-ran. One that could not pay even at 100% acceptance on the measured costs is not probed.
+reach an interval (doubled after a failure, up to 32; 1 after a success, followed up at
+once) and the probe's expected loss fits in _EPS of the decode time since the drafter
+last ran. One that could not pay even at 100% acceptance is not probed.
 """
 from __future__ import annotations
 
@@ -43,14 +40,13 @@ _SHRINK = 2.0  # pseudo-trials pulling a position's rate toward the pooled rate
 _PRIOR_W = 10.0  # pseudo-trials pulling a request's pooled rate toward the engine's
 _EPS = 0.01  # share of decode time that probes may lose
 _PROBE_MIN, _PROBE_MAX = 4, 32  # steps between probes of an unused drafter
+_FOLLOW_UPS = 6  # successful probes in a row that may bypass the budget
 _PRIORS = {"ngram": (0.6, 0.6)}  # (acceptance, delivery) before any data; others (0.7, 1.0)
-_FREE = frozenset({"ngram"})  # drafters assumed free to query before their cost is measured
+_FREE = frozenset({"ngram"})  # drafters with no model: nearly free to query or to catch up
 
 
 class _Rates:
     """P(success at draft position i | success at 1..i-1), i = 1..cap, as decayed counts."""
-
-    __slots__ = ("hit", "tried", "h", "t", "_cache")
 
     def __init__(self, cap: int):
         self.hit, self.tried = [0.0] * cap, [0.0] * cap  # [cap] decayed counts per position
@@ -58,15 +54,13 @@ class _Rates:
         self._cache: list[float] | None = None
 
     def add(self, n_tried: int, n_hit: int) -> None:
-        hit, tried = self.hit, self.tried
         for i in range(n_tried):
-            hit[i] = hit[i] * _G_POS + (i < n_hit)
-            tried[i] = tried[i] * _G_POS + 1.0
-        self.h = self.h * _G_POOL + n_hit
-        self.t = self.t * _G_POOL + n_tried
-        self._cache = None
+            self.hit[i] = self.hit[i] * _G_POS + (i < n_hit)
+            self.tried[i] = self.tried[i] * _G_POS + 1.0
+        self.h, self.t, self._cache = self.h * _G_POOL + n_hit, self.t * _G_POOL + n_tried, None
 
     def rates(self, prior: float) -> list[float]:
+        """[cap], each shrunk toward the pooled rate, itself shrunk toward `prior`."""
         if self._cache is None:
             pooled = (self.h + _PRIOR_W * prior) / (self.t + _PRIOR_W)
             self._cache = [(h + _SHRINK * pooled) / (t + _SHRINK) for h, t in zip(self.hit, self.tried)]
@@ -74,98 +68,123 @@ class _Rates:
 
 
 class _DraftCost:
-    """Seconds to draft: a + b * n + c * lag by decayed least squares, ridge toward a prior."""
+    """Seconds to draft n tokens after `lag` missed ones: a + b n + c (lag - 1), by decayed ridge regression.
 
-    __slots__ = ("xx", "xy", "_coef")
+    The draft model evaluates the missed tokens in one batch (its first draft token comes
+    from it), then one token at a time; a is what the first evaluation costs beyond the
+    others (its caches went cold during the target's pass). With one draft length a and b
+    cannot be told apart: the prior splits them evenly.
+    """
 
     def __init__(self):
-        self.xx = [[0.0] * 3 for _ in range(3)]  # [3, 3] sum of x x^T, x = (1, n, lag)
-        self.xy = [0.0] * 3  # [3] sum of x * seconds
-        self._coef: list[float] | None = None
+        self.xx, self.xy, self._coef = [[0.0] * 3 for _ in range(3)], [0.0] * 3, None  # [3, 3], [3]
 
     def add(self, n: int, lag: int, t: float) -> None:
-        x = (1.0, float(n), float(lag))
+        x = (1.0, n, lag - 1)
         for i in range(3):
             self.xy[i] = self.xy[i] * _G_COST + x[i] * t
-            row = self.xx[i]
             for j in range(3):
-                row[j] = row[j] * _G_COST + x[i] * x[j]
+                self.xx[i][j] = self.xx[i][j] * _G_COST + x[i] * x[j]
         self._coef = None
 
+    def lag_known(self) -> bool:
+        """Whether the catch-up lags seen varied enough to tell c (else c is the prior's)."""
+        s1, sm, smm = self.xx[0][0], self.xx[0][2], self.xx[2][2]
+        return s1 > 0 and smm / s1 - (sm / s1) ** 2 > 0.25
+
     def coef(self, b: float, r: float) -> list[float]:
-        """(a, b, c), pulled toward (0, b, r b); with data, b is their proportional fit."""
+        """[a, b, c], pulled toward (b / 2, b / 2, r b) by one pseudo-observation each; b from the data."""
         if self._coef is None:
-            x0 = self.xx[0]
-            if x0[1] + r * x0[2] > 0:  # seconds per token-equivalent: t = b (n + r lag)
-                b = self.xy[0] / (x0[1] + r * x0[2])
-            prior = (0.0, b, r * b)
-            # (X^T X + I) w = X^T y + prior: one pseudo-observation per coefficient
-            m = [[*self.xx[i], self.xy[i] + prior[i]] for i in range(3)]
-            for i in range(3):
-                m[i][i] += 1.0
-            for i in range(3):  # Gauss-Jordan; the ridge keeps the pivots positive
-                piv = m[i][i]
-                m[i] = [v / piv for v in m[i]]
-                for r in range(3):
-                    if r != i and m[r][i]:
-                        f = m[r][i]
-                        m[r] = [v - f * w for v, w in zip(m[r], m[i])]
-            self._coef = [max(m[i][3], 0.0) for i in range(3)]
+            (s1, sn, sm), (_, snn, snm), (_, _, smm) = self.xx
+            x2 = snn + 2 * sn + s1 + 2 * r * (snm + sm) + r * r * smm
+            if x2 > 0:  # least squares of t = b (n + 1 + r m) / 2: seconds per token, proportionally
+                b = 2 * (self.xy[1] + self.xy[0] + r * self.xy[2]) / x2
+            prior, keep = (b / 2, b / 2, r * b), [0, 1, 2]
+            while True:  # (X^T X + I) w = X^T y + prior over the kept coefficients, none negative
+                w = _solve([[self.xx[i][j] + (i == j) for j in keep] for i in keep],
+                           [self.xy[i] + prior[i] for i in keep])
+                if min(w) >= 0 or len(keep) == 1:
+                    break
+                keep.pop(w.index(min(w)))
+            self._coef = [0.0] * 3
+            for i, v in zip(keep, w):
+                self._coef[i] = max(v, 0.0)
         return self._coef
 
 
+def _solve(m: list[list[float]], y: list[float]) -> list[float]:
+    """m w = y for a small positive definite m (Gauss-Jordan, no pivoting needed)."""
+    m = [row + [v] for row, v in zip(m, y)]
+    for i in range(len(m)):
+        m[i] = [v / m[i][i] for v in m[i]]
+        for r in range(len(m)):
+            if r != i:
+                m[r] = [v - m[r][i] * u for v, u in zip(m[r], m[i])]
+    return [row[-1] for row in m]
+
+
+def _isotonic(y: list[float], w: list[float]) -> list[float]:
+    """The weighted least-squares non-decreasing fit to y (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, weight, size]
+    for yi, wi in zip(y, w):
+        blocks.append([yi, wi, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            m2, w2, s2 = blocks.pop()
+            m1, w1, s1 = blocks[-1]
+            blocks[-1] = [(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, s1 + s2]
+    return [m for m, _, size in blocks for _ in range(int(size))]
+
+
 class CostModel:
-    """Seconds of one target pass over n tokens, measured: EMA per n, linear in between."""
+    """Seconds of one target pass over n tokens, measured.
+
+    An EMA per n, then a fit non-decreasing in n weighted by observations that fade while
+    other n are measured (a stale or warm-up-slow estimate yields to fresh ones), then
+    interpolated between measured n and extrapolated with the slope across them.
+    """
 
     def __init__(self):
-        self._ema: dict[int, float] = {}
-        self._cnt: dict[int, int] = {}
+        self._m: dict[int, list] = {}  # n -> [EMA seconds, observations, tick of the last]
         self._keys: list[int] = []  # measured n, sorted
+        self._tick = self._built = 0  # passes measured: all, and when the table was last built
         self._table: list[float] | None = None
         self.batching = 1.0  # (seconds per extra token) / (seconds of a 1-token pass)
 
     def add(self, n: int, t: float) -> None:
-        e = self._ema.get(n)
-        if e is None:
+        self._tick += 1
+        m = self._m.get(n)
+        if m is None:
             bisect.insort(self._keys, n)
-            self._ema[n], self._cnt[n] = t, 1
-            self._table = None
+            self._m[n], self._table = [t, 1, self._tick], None
             return
-        c = self._cnt[n] = self._cnt[n] + 1
-        e = self._ema[n] = e + (min(t, 3 * e) - e) * max(0.05, 1 / c)  # clipped: a preempted pass
-        tab = self._table
-        if tab is not None and (n >= len(tab) or abs(e - tab[n]) > 0.005 * tab[n]):
-            self._table = None  # rebuilt when an estimate moved by more than 0.5%
+        m[1], m[2] = m[1] + 1, self._tick
+        m[0] += (min(t, 3 * m[0]) - m[0]) * max(0.05, 1 / m[1])  # clipped: a preempted pass
+        tab = self._table  # rebuilt when an estimate moved by more than 2%, at most every 8 passes
+        if tab is not None and self._tick - self._built >= 8 and (n >= len(tab) or abs(m[0] - tab[n]) > 0.02 * tab[n]):
+            self._table = None
 
     def table(self, n_max: int) -> list[float] | None:
         """[n_max + 1] seconds of a pass over n tokens (index 0 unused); None before any pass."""
-        tab = self._table
-        if tab is not None and len(tab) > n_max:
-            return tab
-        keys, ema = self._keys, self._ema
+        if self._table is not None and len(self._table) > n_max:
+            return self._table
+        keys = self._keys
         if not keys:
             return None
-        if len(keys) == 1:  # a guess until a second n is measured
-            slope = 0.2 * ema[keys[0]] / keys[0]
-        else:  # least squares over the measured n, weighted by how often each was seen
-            w = [min(self._cnt[n], 20) for n in keys]
-            mx = sum(wi * n for wi, n in zip(w, keys)) / sum(w)
-            my = sum(wi * ema[n] for wi, n in zip(w, keys)) / sum(w)
-            sxx = sum(wi * (n - mx) ** 2 for wi, n in zip(w, keys))
-            slope = max(sum(wi * (n - mx) * (ema[n] - my) for wi, n in zip(w, keys)) / sxx, 0.0)
+        w = [max(min(self._m[n][1], 20) * 0.99 ** (self._tick - self._m[n][2]), 1e-6) for n in keys]
+        fit = dict(zip(keys, _isotonic([self._m[n][0] for n in keys], w)))
+        lo, hi = keys[0], keys[-1]
+        slope = (fit[hi] - fit[lo]) / (hi - lo) if hi > lo else 0.4 * fit[lo] / lo  # a guess before two n
         tab = [0.0] * (n_max + 1)
         for n in range(1, n_max + 1):
             j = bisect.bisect_left(keys, n)
-            if j < len(keys) and keys[j] == n:
-                tab[n] = ema[n]
-            elif j == 0:
-                tab[n] = max(ema[keys[0]] - slope * (keys[0] - n), 0.5 * ema[keys[0]])
-            elif j == len(keys):
-                tab[n] = ema[keys[-1]] + slope * (n - keys[-1])
-            else:
-                lo, hi = keys[j - 1], keys[j]
-                tab[n] = ema[lo] + (ema[hi] - ema[lo]) * (n - lo) / (hi - lo)
-        self._table = tab
+            if j == 0:
+                tab[n] = max(fit[lo] - slope * (lo - n), 0.5 * fit[lo])
+            elif j == len(keys):  # optimistic: passes cost less a token as they grow (CPU), or
+                tab[n] = fit[hi] + 0.5 * slope * (n - hi)  # ~nothing (GPU); a pass of n corrects it
+            else:  # keys[j] may be n itself
+                a, b = keys[j - 1], keys[j]
+                tab[n] = fit[a] + (fit[b] - fit[a]) * (n - a) / (b - a)
+        self._table, self._built = tab, self._tick
         self.batching = (tab[n_max] - tab[1]) / ((n_max - 1) * tab[1]) if n_max > 1 else 1.0
         return tab
 
@@ -180,7 +199,7 @@ class Controller:
         self.start_cost: dict[str, float] = {}  # seconds of catch-up at first use in a request (EMA)
         self.pooled: dict[str, list[float]] = {}  # [accepted, tried, delivered, asked] decayed
         self.interval: dict[str, int] = {}  # probe interval, steps
-        self.last_used: dict[str, float] = {}  # self.clock when the drafter last drafted
+        self.last_used: dict[str, float] = {}  # self.clock when the drafter last drafted, any request
         self.clock = 0.0  # seconds of drafting and verifying observed, all requests
         self.requests, self.tokens = 1.0, 256.0  # decayed counts; a prior of 256 tokens a request
 
@@ -197,11 +216,11 @@ class Controller:
         return p
 
     def draft_coef(self, name: str, V: list[float]) -> list[float]:
-        """(a, b, c): seconds to draft n tokens after catching up on lag = a + b n + c lag."""
+        """[a, b, c]: seconds to draft n tokens after missing lag = a + b n + c (lag - 1)."""
         b = 0.0 if name in _FREE else 0.25 * V[1]
         r = self.verify.batching  # assumed to help the drafter as much as it helps the target
         fit = self.draft.get(name)
-        return fit.coef(b, r) if fit is not None else [0.0, b, r * b]
+        return fit.coef(b, r) if fit is not None else [b / 2, b / 2, r * b]
 
 
 class AutoPolicy:
@@ -216,47 +235,64 @@ class AutoPolicy:
         self.lag = dict.fromkeys(names, 0)  # tokens the drafter's cache is behind (after the prompt)
         self.fresh = set(names)  # not run in this request: its cache also lacks the prompt
         self.used_step = dict.fromkeys(names, -(1 << 30))
+        # the probe budget accrues with this request's own seconds, from what the engine had saved
+        self.clock = 0.0
+        self.since = {n: ctl.last_used.get(n, float("-inf")) - ctl.clock for n in names}
         self.step = self.generated = 0
-        self.probing: tuple[str, bool] | None = None  # (drafter, whether it displaced a drafter)
-        self.follow_up: str | None = None  # a drafter whose last probe succeeded: probe it again
+        self.probing: tuple | None = None  # (drafter, whether it displaced a drafter, its plan)
+        self.pending: tuple | None = None  # (drafter, plan): a probe that found nothing, to ask again
+        self.follow_up: tuple | None = None  # (drafter, successes): its last probe succeeded, probe again
         self.pred_tokens = self.pred_time = 0.0
-        self._choices: dict[tuple[str, int], Choice] = {}
         self._probe_cost: dict[str, float] = {}  # seconds a probe of the drafter was last expected to lose
+        self._plans_V: list[float] | None = None  # the cost table the cached plans were made with
+        self._plans: dict[str, dict[tuple, tuple[float, int, float, float]]] = {n: {} for n in names}
 
     @property
     def predicted_tokens_per_s(self) -> float:
         return self.pred_tokens / self.pred_time if self.pred_time > 0 else 0.0
 
-    def _plan(self, name, V, acc=None, kmin=1, kmax=None, found=False) -> tuple[float, int, float, float]:
+    def _plan(self, name, V, kmin=1, kmax=None, found=False, ceiling=False) -> tuple[float, int, float, float]:
         """Best (tokens/s, k, E[tokens], E[seconds]) of one drafter over k in [kmin, kmax].
 
-        found: given that the drafter returns a first token (the n-gram found a match).
+        found: given that the drafter returns a first token (the n-gram found a match);
+        ceiling: as if every draft token were accepted. Cached until V or the drafter's
+        estimates change.
         """
+        if V is not self._plans_V:
+            self._plans_V, self._plans = V, {n: {} for n in self.names}
+        key = (kmin, kmax, found, ceiling)
+        best = self._plans[name].get(key)
+        if best is not None:
+            return best
         p = self.ctl.prior(name)
-        acc = acc or self.acc[name].rates(p[0] / p[1])
+        acc = [1.0] * self.cap if ceiling else self.acc[name].rates(p[0] / p[1])
         dlv = self.dlv[name].rates(p[2] / p[3])
-        if found:
-            dlv = [1.0, *dlv[1:]]
         a, b, c = self.ctl.draft_coef(name, V)
-        a += 1.5 * c  # drafting on, its cache lags 1-2 tokens at each step
-        best = (0.0, 0, 1.0, V[1])
+        best_r, best_k, best_e, best_t = 0.0, 0, 1.0, V[1]
         reach, chain, e_tok, s = 1.0, 1.0, 1.0, 0.0  # P(len >= i), P(len >= i, all accepted)
         c_prev = a + V[1]  # seconds of a step whose draft came back with i - 1 tokens
+        # (the cache then misses 2 tokens instead of 1 after a fully accepted draft: + c chain)
         for i in range(1, (kmax or self.cap) + 1):
-            r = reach * dlv[i - 1]
+            d = 1.0 if found and i == 1 else dlv[i - 1]
+            r = reach * d
             s += (reach - r) * c_prev
-            reach, chain = r, chain * dlv[i - 1] * acc[i - 1]
+            reach, chain = r, chain * d * acc[i - 1]
             e_tok += chain
-            c_prev = a + b * i + V[i + 1]
+            c_prev = a + b * i + c * chain + V[i + 1]
             t = s + reach * c_prev
-            if i >= kmin and e_tok > best[0] * t:
-                best = (e_tok / t, i, e_tok, t)
-            if chain < 0.02 and i >= kmin:
-                break  # longer drafts add < 0.02 tokens a position
+            if i >= kmin:
+                if e_tok > best_r * t:
+                    best_r, best_k, best_e, best_t = e_tok / t, i, e_tok, t
+                if chain < 0.02:
+                    break  # longer drafts add < 0.02 tokens a position
+        best = (best_r, best_k, best_e, best_t)
+        self._plans[name][key] = best
         return best
 
     def _catchup(self, name: str, V) -> float:
         """Seconds the drafter will spend catching up beyond an in-step draft's."""
+        if name in _FREE:
+            return 0.0  # indexing the tokens it missed: microseconds a token
         start = self.ctl.start_cost.get(name, 0.0) if name in self.fresh else 0.0
         return start + self.ctl.draft_coef(name, V)[2] * max(self.lag[name] - 2, 0)
 
@@ -276,21 +312,26 @@ class AutoPolicy:
         ctl = self.ctl
         if self.step - self.used_step[name] < ctl.interval.get(name, _PROBE_MIN):
             return None
-        budget = _EPS * (ctl.clock - ctl.last_used.get(name, float("-inf")))
-        k = self.kmin[name]
-        if name != self.follow_up:
+        budget = _EPS * (self.clock - self.since[name])
+        k, fit = self.kmin[name], ctl.draft.get(name)
+        # what catching up costs is unknown until lags vary: look while the lag is short and cheap
+        early = name not in _FREE and fit is not None and not fit.lag_known() and self.lag[name] <= 2 * _PROBE_MIN
+        if not (early or self.follow_up and self.follow_up[0] == name):
             if budget < self._probe_cost.get(name, 0.0):
                 return None  # below the cost last computed (a lagging cache only adds to it)
             # seconds a probe that drafts loses against the best choice making its expected tokens
             _, _, e, t = self._plan(name, V, kmin=k, kmax=k, found=True)
-            cost = self._probe_cost[name] = self._catchup(name, V) + t - e / best_rate
+            cost = self._catchup(name, V) + t - e / best_rate
+            if not self._could_pay(name, V):
+                cost *= 8  # only to refresh what it costs, rarely
+            self._probe_cost[name] = cost
             if budget < cost:
                 return None
-        if self._plan(name, V, acc=[1.0] * self.cap, kmin=self.kmin[name])[0] <= 1.0 / V[1]:
-            self._probe_cost[name] = 2 * budget  # look again when the budget has doubled
-            self.follow_up = None
-            return None  # could not pay even if every token were accepted
         return self._plan(name, V, kmin=k, kmax=k)
+
+    def _could_pay(self, name: str, V) -> bool:
+        """Whether the drafter would pay if every token it drafted were accepted."""
+        return self._plan(name, V, kmin=self.kmin[name], found=True, ceiling=True)[0] > 1.0 / V[1]
 
     def choose(self) -> Choice:
         self.step += 1
@@ -299,24 +340,24 @@ class AutoPolicy:
         if V is None:
             return OFF  # the first step of a fresh engine measures a plain pass
         rate, name, k, e, t = self._best(V)
+        pending, self.pending = self.pending, None
         for other in self.names:
-            if other != name and (probe := self._probe(other, V, rate)):
-                self.probing = (other, k > 0)
+            if other == name:
+                continue
+            probe = pending[1] if pending and pending[0] == other and not k else self._probe(other, V, rate)
+            if probe:
+                self.probing = (other, k > 0, probe)
                 name, (_, k, e, t) = other, probe
                 break
         self.pred_tokens += e
         self.pred_time += t
-        if not k:
-            return OFF
-        c = self._choices.get((name, k))
-        if c is None:
-            c = self._choices[(name, k)] = Choice(name, k)
-        return c
+        return Choice(name, k) if k else OFF
 
     def observe(self, o: Outcome) -> None:
         ctl, k, n, acc = self.ctl, o.choice.k, o.n_drafted, o.n_accepted
         used = o.choice.drafter if k > 0 else None
         self.generated += acc + 1
+        self.clock += o.t_draft + o.t_verify
         with ctl.lock:
             ctl.clock += o.t_draft + o.t_verify
             ctl.tokens += acc + 1
@@ -330,9 +371,10 @@ class AutoPolicy:
                     extra = max(o.t_draft - a - b * n - c * self.lag[used], 0.0)
                     ctl.start_cost[used] = 0.7 * ctl.start_cost.get(used, extra) + 0.3 * extra
                 else:
-                    ctl.draft.setdefault(used, _DraftCost()).add(n, self.lag[used], o.t_draft)
+                    fit = ctl.draft.get(used) or ctl.draft.setdefault(used, _DraftCost())
+                    fit.add(n, self.lag[used], o.t_draft)
                 if n or not (self.probing and not self.probing[1]):
-                    ctl.last_used[used] = ctl.clock
+                    ctl.last_used[used], self.since[used] = ctl.clock, self.clock
         for other in self.names:
             if other != used:
                 self.lag[other] += acc + 1
@@ -343,16 +385,21 @@ class AutoPolicy:
             self.acc[used].add(min(n, acc + 1), acc)
         self.lag[used] = 2 if n and acc == n else 1  # it holds all but the bonus (and last draft)
         self._probe_cost.pop(used, None)
+        self._plans[used] = {}  # its estimates changed
         self.fresh.discard(used)
         if self.probing is None:
             self.used_step[used] = self.step
             return
-        probed, displaced = self.probing
+        probed, displaced, plan = self.probing
         if not n and not displaced:
-            return  # no match: nothing learnt and nothing lost, ask again next step
+            self.pending = (probed, plan)  # no match: nothing lost, ask again next step
+            return
         self.used_step[used] = self.step
         if n:
-            ok = acc == n or self._best(ctl.verify.table(self.cap + 1))[1] == probed
-            iv = ctl.interval.get(probed, _PROBE_MIN)
+            V, iv = ctl.verify.table(self.cap + 1), ctl.interval.get(probed, _PROBE_MIN)
+            done = self.follow_up[1] if self.follow_up and self.follow_up[0] == probed else 0
+            # all accepted: followed up at once, outside the budget, a few times at most
+            good = acc == n and done < _FOLLOW_UPS and self._could_pay(probed, V)
+            ok = good or self._best(V)[1] == probed
             ctl.interval[probed] = 1 if ok else min(max(2 * iv, _PROBE_MIN), _PROBE_MAX)
-            self.follow_up = probed if ok else None  # a success is followed up outside the budget
+            self.follow_up = (probed, done + 1) if good else None

@@ -15,6 +15,7 @@ import numpy as np
 
 from .backends import Model, load_model
 from .config import ModelConfig, SamplingParams, SpecParams
+from .controller import Controller
 from .drafters import EMPTY_DRAFT, Drafter
 from .drafters.draft_model import DraftModelDrafter, common_prefix
 from .drafters.ngram import NgramDrafter
@@ -55,7 +56,7 @@ class Engine:
         self.target = target
         self.draft = draft
         self.n_ctx = n_ctx
-        self.controller = controller
+        self.controller = controller if controller is not None else Controller()  # --spec auto, shared by slots
         self._greedy_drafted = 0
         self._greedy_accepted = 0
         self._pairing_warned = False

@@ -5,15 +5,10 @@ import argparse
 import logging
 import sys
 
-from . import generate, models_cmd
+from . import bench, check, generate, models_cmd, serve
 from .common import CliError
 
-_SUBCOMMANDS = [generate, models_cmd]
-for _name in ("serve", "bench", "check"):
-    try:
-        _SUBCOMMANDS.append(__import__(f"{__name__}.{_name}", fromlist=["add_parser"]))
-    except ImportError:  # a subcommand whose module is not written yet
-        pass
+_SUBCOMMANDS = (generate, serve, bench, check, models_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:
