@@ -20,9 +20,11 @@ counts shrunk toward its pooled rate. Switching on a lagging drafter charges its
 catch-up over the tokens the request is still expected to make.
 
 A drafter not in use is probed with a short draft once the steps since its last use
-reach an interval (doubled after a failure, up to 32; 1 after a success, followed up at
-once) and the probe's expected loss fits in _EPS of the decode time since the drafter
-last ran. One that could not pay even at 100% acceptance is not probed.
+reach an interval (doubled after a failure, up to 32) and the probe's expected loss,
+catch-up included, fits in _EPS of the decode time since the drafter last ran (in this
+request, plus what the engine saved before it). A fully accepted probe is followed up at
+once, a few times; one whose catch-up cost is still unknown, while its lag is short; one
+that could not pay even at 100% acceptance, at 1/8 of the budget.
 """
 from __future__ import annotations
 
@@ -73,7 +75,7 @@ class _DraftCost:
     The draft model evaluates the missed tokens in one batch (its first draft token comes
     from it), then one token at a time; a is what the first evaluation costs beyond the
     others (its caches went cold during the target's pass). With one draft length a and b
-    cannot be told apart: the prior splits them evenly.
+    cannot be told apart: the prior makes them equal.
     """
 
     def __init__(self):
@@ -92,14 +94,18 @@ class _DraftCost:
         s1, sm, smm = self.xx[0][0], self.xx[0][2], self.xx[2][2]
         return s1 > 0 and smm / s1 - (sm / s1) ** 2 > 0.25
 
-    def coef(self, b: float, r: float) -> list[float]:
-        """[a, b, c], pulled toward (b / 2, b / 2, r b) by one pseudo-observation each; b from the data."""
+    def coef(self, e: float, r: float) -> list[float]:
+        """[a, b, c], pulled toward (e, e, r e) by one pseudo-observation each.
+
+        e: seconds of one evaluation, from the data when there is some: the least-squares
+        fit of t = e (1 + n + r m); r: a batched token's cost relative to e.
+        """
         if self._coef is None:
             (s1, sn, sm), (_, snn, snm), (_, _, smm) = self.xx
-            x2 = snn + 2 * sn + s1 + 2 * r * (snm + sm) + r * r * smm
-            if x2 > 0:  # least squares of t = b (n + 1 + r m) / 2: seconds per token, proportionally
-                b = 2 * (self.xy[1] + self.xy[0] + r * self.xy[2]) / x2
-            prior, keep = (b / 2, b / 2, r * b), [0, 1, 2]
+            x2 = s1 + snn + r * r * smm + 2 * (sn + r * sm + r * snm)
+            if x2 > 0:
+                e = (self.xy[0] + self.xy[1] + r * self.xy[2]) / x2
+            prior, keep = (e, e, r * e), [0, 1, 2]
             while True:  # (X^T X + I) w = X^T y + prior over the kept coefficients, none negative
                 w = _solve([[self.xx[i][j] + (i == j) for j in keep] for i in keep],
                            [self.xy[i] + prior[i] for i in keep])
@@ -113,14 +119,19 @@ class _DraftCost:
 
 
 def _solve(m: list[list[float]], y: list[float]) -> list[float]:
-    """m w = y for a small positive definite m (Gauss-Jordan, no pivoting needed)."""
-    m = [row + [v] for row, v in zip(m, y)]
-    for i in range(len(m)):
-        m[i] = [v / m[i][i] for v in m[i]]
-        for r in range(len(m)):
-            if r != i:
-                m[r] = [v - m[r][i] * u for v, u in zip(m[r], m[i])]
-    return [row[-1] for row in m]
+    """m w = y for a symmetric positive definite m of size 1 to 3, by cofactors."""
+    if len(m) == 1:
+        return [y[0] / m[0][0]]
+    if len(m) == 2:
+        (p, q), (_, r) = m
+        det = p * r - q * q
+        return [(r * y[0] - q * y[1]) / det, (p * y[1] - q * y[0]) / det]
+    (a, b, c), (_, d, e), (_, _, f) = m
+    c00, c01, c02 = d * f - e * e, c * e - b * f, b * e - c * d
+    c11, c12, c22 = a * f - c * c, b * c - a * e, a * d - b * b
+    det = a * c00 + b * c01 + c * c02
+    return [(c00 * y[0] + c01 * y[1] + c02 * y[2]) / det, (c01 * y[0] + c11 * y[1] + c12 * y[2]) / det,
+            (c02 * y[0] + c12 * y[1] + c22 * y[2]) / det]
 
 
 def _isotonic(y: list[float], w: list[float]) -> list[float]:
@@ -217,10 +228,10 @@ class Controller:
 
     def draft_coef(self, name: str, V: list[float]) -> list[float]:
         """[a, b, c]: seconds to draft n tokens after missing lag = a + b n + c (lag - 1)."""
-        b = 0.0 if name in _FREE else 0.25 * V[1]
+        e = 0.0 if name in _FREE else 0.125 * V[1]  # before any data: a draft model 1/8 the target
         r = self.verify.batching  # assumed to help the drafter as much as it helps the target
         fit = self.draft.get(name)
-        return fit.coef(b, r) if fit is not None else [b / 2, b / 2, r * b]
+        return fit.coef(e, r) if fit is not None else [e, e, r * e]
 
 
 class AutoPolicy:

@@ -19,7 +19,7 @@ from .controller import Controller
 from .drafters import EMPTY_DRAFT, Drafter
 from .drafters.draft_model import DraftModelDrafter, common_prefix
 from .drafters.ngram import NgramDrafter
-from .policy import Choice, FixedPolicy, Outcome, Policy
+from .policy import OFF, Choice, FixedPolicy, Outcome, Policy
 from .stats import GenerationStats
 from .text import StreamDecoder
 from .verifier import verify
@@ -184,7 +184,8 @@ class Slot:
                 stats.t_draft += t_drafted - t_step
                 stats.t_verify += t_verified - t_drafted
                 stats.record_step(choice.drafter or "none", k, len(draft), verdict.n_accepted)
-                policy.observe(Outcome(choice, len(draft), verdict.n_accepted, t_drafted - t_step, t_verified - t_drafted))
+                policy.observe(Outcome(Choice(choice.drafter, k) if k > 0 else OFF, len(draft), verdict.n_accepted,
+                                       t_drafted - t_step, t_verified - t_drafted))
                 if choice.drafter == "draft" and params.greedy and draft.tokens:
                     engine.note_greedy_acceptance(len(draft), verdict.n_accepted)
 

@@ -92,6 +92,15 @@ class Job:
                 return None
         return "".join(parts), tokens
 
+    async def run_to_end(self, request: Request) -> tuple[str, list[int]] | None:
+        """Collect everything, then finish and wait until the slot is back; None if the client left."""
+        try:
+            out = await self.collect(request)
+        finally:
+            self.finish()
+        await self.finished()
+        return out
+
     def finish(self) -> None:
         """Stop (if still running), account, log and free the slot. Idempotent."""
         if self._finished:

@@ -84,11 +84,7 @@ async def completion(request: Request) -> Response:
                 yield {"content": chunk.text, "tokens": chunk.tokens, "stop": False}
             yield final(job, "", tokens)
         return sse_response(request, job, events)
-    try:
-        out = await job.collect(request)
-    finally:
-        job.finish()
-    await job.finished()
+    out = await job.run_to_end(request)
     if out is None:
         return Response(status_code=CLIENT_GONE)
     return JSONResponse(final(job, *out))

@@ -106,11 +106,7 @@ async def completions(request: Request) -> Response:
                 yield {**head, "choices": [], "usage": usage(job)}
             yield "[DONE]"
         return sse_response(request, job, events)
-    try:
-        out = await job.collect(request)
-    finally:
-        job.finish()
-    await job.finished()
+    out = await job.run_to_end(request)
     if out is None:
         return Response(status_code=CLIENT_GONE)
     text, _ = out
@@ -137,11 +133,7 @@ async def chat_completions(request: Request) -> Response:
                 yield {**head, "choices": [], "usage": usage(job)}
             yield "[DONE]"
         return sse_response(request, job, events)
-    try:
-        out = await job.collect(request)
-    finally:
-        job.finish()
-    await job.finished()
+    out = await job.run_to_end(request)
     if out is None:
         return Response(status_code=CLIENT_GONE)
     text, _ = out
