@@ -99,6 +99,16 @@ class GenerationStats:
         }
 
     def summary_line(self) -> str:
+        line = self._summary()
+        if self.predicted_tokens_per_s > 0:  # an adaptive policy ran: show what it decided
+            ks = ", ".join(f"{k}:{n}" for k, n in sorted(self.k_chosen.items()))
+            off = self.k_chosen.get(0, 0) / self.n_passes if self.n_passes else 0.0
+            line += (f"\nauto: off {100 * off:.0f}% of steps | k chosen {{{ks}}} | drafters "
+                     f"{dict(self.drafter_steps)} | predicted {self.predicted_tokens_per_s:.1f} tok/s, "
+                     f"actual {self.tokens_per_s:.1f}")
+        return line
+
+    def _summary(self) -> str:
         return (
             f"prompt {self.n_prompt} tok ({self.n_cached} cached, {self.prompt_tokens_per_s:.1f} tok/s) | "
             f"generated {self.n_generated} tok in {self.t_decode:.2f} s ({self.tokens_per_s:.1f} tok/s) | "
