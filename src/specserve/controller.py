@@ -326,7 +326,9 @@ class AutoPolicy:
         budget = _EPS * (self.clock - self.since[name])
         k, fit = self.kmin[name], ctl.draft.get(name)
         # what catching up costs is unknown until lags vary: look while the lag is short and cheap
-        early = name not in _FREE and fit is not None and not fit.lag_known() and self.lag[name] <= 2 * _PROBE_MIN
+        # (never while its cache lacks this request's prompt: that catch-up is what makes a probe costly)
+        early = (name not in _FREE and name not in self.fresh and fit is not None and not fit.lag_known()
+                 and self.lag[name] <= 2 * _PROBE_MIN)
         if not (early or self.follow_up and self.follow_up[0] == name):
             if budget < self._probe_cost.get(name, 0.0):
                 return None  # below the cost last computed (a lagging cache only adds to it)
