@@ -85,27 +85,25 @@ def test_cli_refuses_smollm2_with_gemma(real_model_paths):
     assert "Traceback" not in r.stderr
 
 
-def test_run_time_warning_when_greedy_acceptance_stays_low(tiny_models, caplog):
-    """A draft that passes the vocabulary check but rarely agrees gets a warning at run time."""
+
+def run_time_warnings(tiny_models, draft: str, caplog) -> list[str]:
+    """Greedy draft-model generation over a few prompts; the pairing warnings it logged."""
     from specserve.config import SamplingParams, SpecParams
     from specserve.engine import Engine
 
-    slot = Engine(tiny_models["target"], tiny_models["draft_far"], n_ctx=512).new_slot()
+    slot = Engine(tiny_models["target"], tiny_models[draft], n_ctx=512).new_slot()
     with caplog.at_level("WARNING", logger="specserve"):
         for text in ("the cat sat", "hello world", "once upon a time"):
             slot.generate(text, SamplingParams(max_tokens=120, ignore_eos=True), SpecParams(mode="draft", draft_max=4))
     slot.close()
-    warnings = [r.getMessage() for r in caplog.records if "may not match the target" in r.getMessage()]
+    return [r.getMessage() for r in caplog.records if "may not match the target" in r.getMessage()]
+
+
+def test_run_time_warning_when_greedy_acceptance_stays_low(tiny_models, caplog):
+    """A draft that passes the vocabulary check but rarely agrees gets a warning at run time."""
+    warnings = run_time_warnings(tiny_models, "draft_far", caplog)
     assert len(warnings) == 1 and "specserve check" in warnings[0]
 
 
 def test_no_run_time_warning_for_a_same_family_draft(tiny_models, caplog):
-    from specserve.config import SamplingParams, SpecParams
-    from specserve.engine import Engine
-
-    slot = Engine(tiny_models["target"], tiny_models["draft_close"], n_ctx=512).new_slot()
-    with caplog.at_level("WARNING", logger="specserve"):
-        for text in ("the cat sat", "hello world", "once upon a time"):
-            slot.generate(text, SamplingParams(max_tokens=120, ignore_eos=True), SpecParams(mode="draft", draft_max=4))
-    slot.close()
-    assert not [r for r in caplog.records if "may not match the target" in r.getMessage()]
+    assert not run_time_warnings(tiny_models, "draft_close", caplog)
