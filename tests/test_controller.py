@@ -311,3 +311,36 @@ def test_per_step_overhead_is_microseconds(name):
     per_step = sum(t.seconds for t in timed) / sum(t.steps for t in timed)
     print(f"{name}: choose + observe {per_step * 1e6:.1f} us per step")
     assert per_step < 200e-6  # measured 10-20 us here; a target pass takes 13 ms or more on this CPU
+
+
+def test_prefill_the_draft_model_only_while_it_is_expected_to_pay():
+    spec = SpecParams(draft_max=8)
+    ctl = Controller()
+    assert ctl.policy(spec, ["draft", "ngram"]).prefill("draft")  # untried: be ready to use it
+    assert not ctl.policy(spec, ["draft", "ngram"]).prefill("ngram")  # no cache to fill
+    low = SCENARIOS["cpu_f16_low"]  # a 30% draft on a CPU: it never pays
+    simulate(low, lambda: ctl.policy(spec, low.names))
+    assert not ctl.policy(spec, low.names).prefill("draft")
+    gpu, ctl = SCENARIOS["gpu_high"], Controller()
+    simulate(gpu, lambda: ctl.policy(spec, gpu.names))
+    assert ctl.policy(spec, gpu.names).prefill("draft")
+
+
+def test_a_prefilled_draft_model_is_not_charged_for_the_prompt():
+    spec, ctl = SpecParams(draft_max=8), Controller()
+    ctl.verify.add(1, 0.020)
+    ctl.start_cost["draft"] = 0.5  # what catching up on a long prompt cost before
+    V = ctl.verify.table(9)
+    cold, warm = ctl.policy(spec, ["draft"]), ctl.policy(spec, ["draft"])
+    assert warm.prefill("draft")
+    assert cold._catchup("draft", V) >= 0.5
+    assert warm._catchup("draft", V) == 0.0
+
+
+def test_the_draft_cost_prior_is_the_draft_models_share_of_the_target():
+    ctl = Controller()
+    ctl.verify.add(1, 0.020)
+    V = ctl.verify.table(9)
+    assert ctl.draft_coef("draft", V)[1] == pytest.approx(0.125 * 0.020)  # no hint: a guess
+    ctl.cost_ratio["draft"] = 0.36  # a Q4_1 draft of an F16 target: 92 MiB of 257
+    assert ctl.draft_coef("draft", V)[1] == pytest.approx(0.36 * 0.020)

@@ -59,6 +59,9 @@ class GpuLikeTimes:
     def observe(self, o: Outcome) -> None:
         self.policy.observe(replace(o, t_draft=2e-4 * o.n_drafted, t_verify=2e-3 + 2e-5 * o.n_drafted))
 
+    def prefill(self, drafter: str) -> bool:
+        return self.policy.prefill(drafter)
+
     @property
     def predicted_tokens_per_s(self) -> float:
         return self.policy.predicted_tokens_per_s
@@ -171,3 +174,19 @@ def test_tv_threshold_has_power(tiny_models):
     for i in draws:
         counts[keys[i]] = counts.get(keys[i], 0) + 1
     assert tv(counts, expected, N_RUNS) > tv_threshold(expected, N_RUNS)
+
+
+def test_a_draft_model_in_use_takes_the_prompt_up_front(tiny_models):
+    target, draft = tiny_models["target"], tiny_models["draft_close"]
+    engine = Engine(target, draft, n_ctx=256)
+    assert engine.controller.cost_ratio["draft"] == pytest.approx(draft.weights_bytes / target.weights_bytes)
+    slot = engine.new_slot()
+    prompt = repeating(target, "the cat sat on the mat")
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    g = slot.generate(prompt, params, SpecParams(mode="none"))
+    assert g.stats.t_prompt_draft == 0 and slot.draft_ctx.tokens == []  # no draft: left alone
+    g = slot.generate(prompt, params, SpecParams(mode="draft", draft_max=4))
+    assert g.stats.t_prompt_draft > 0
+    assert g.stats.t_prompt >= g.stats.t_prompt_draft  # counted in the prompt's time, not decoding's
+    assert slot.draft_ctx.tokens[: len(prompt)] == prompt
+    slot.close()

@@ -44,6 +44,7 @@ _EPS = 0.01  # share of decode time that probes may lose
 _PROBE_MIN, _PROBE_MAX = 4, 32  # steps between probes of an unused drafter
 _FOLLOW_UPS = 6  # successful probes in a row that may bypass the budget
 _PRIORS = {"ngram": (0.6, 0.6)}  # (acceptance, delivery) before any data; others (0.7, 1.0)
+_PREFILL_RATIO = 0.9  # prefill a model drafter whose expected speed is this share of plain decoding's
 _FREE = frozenset({"ngram"})  # drafters with no model: nearly free to query or to catch up
 
 
@@ -213,6 +214,7 @@ class Controller:
         self.last_used: dict[str, float] = {}  # self.clock when the drafter last drafted, any request
         self.clock = 0.0  # seconds of drafting and verifying observed, all requests
         self.requests, self.tokens = 1.0, 256.0  # decayed counts; a prior of 256 tokens a request
+        self.cost_ratio: dict[str, float] = {}  # a drafter's token cost / the target's, before any data
 
     def policy(self, spec: SpecParams, drafter_names: list[str]) -> "AutoPolicy":
         with self.lock:
@@ -228,7 +230,8 @@ class Controller:
 
     def draft_coef(self, name: str, V: list[float]) -> list[float]:
         """[a, b, c]: seconds to draft n tokens after missing lag = a + b n + c (lag - 1)."""
-        e = 0.0 if name in _FREE else 0.125 * V[1]  # before any data: a draft model 1/8 the target
+        # before any data: a draft model costs its share of the target's weights (memory-bound decode)
+        e = 0.0 if name in _FREE else self.cost_ratio.get(name, 0.125) * V[1]
         r = self.verify.batching  # assumed to help the drafter as much as it helps the target
         fit = self.draft.get(name)
         return fit.coef(e, r) if fit is not None else [e, e, r * e]
@@ -345,6 +348,21 @@ class AutoPolicy:
     def _could_pay(self, name: str, V) -> bool:
         """Whether the drafter would pay if every token it drafted were accepted."""
         return self._plan(name, V, kmin=self.kmin[name], found=True, ceiling=True)[0] > 1.0 / V[1]
+
+    def prefill(self, name: str) -> bool:
+        """Give a model drafter the prompt up front if it is expected to pay, or nearly, or is untried.
+
+        A prefilled drafter starts like one in use (its catch-up is a token); otherwise its
+        first use in this request pays for the prompt, which the plans charge.
+        """
+        if name in _FREE or name not in self.names:
+            return False
+        V = self.ctl.verify.table(self.cap + 1)
+        if V is not None and self._plan(name, V, kmin=self.kmin[name])[0] * V[1] < _PREFILL_RATIO:
+            return False
+        self.fresh.discard(name)
+        self.lag[name] = 1  # the prompt's last token, which every step feeds
+        return True
 
     def choose(self) -> Choice:
         self.step += 1

@@ -57,6 +57,9 @@ class Engine:
         self.draft = draft
         self.n_ctx = n_ctx
         self.controller = controller if controller is not None else Controller()  # --spec auto, shared by slots
+        weights = (getattr(target, "weights_bytes", 0), getattr(draft, "weights_bytes", 0))
+        if draft is not None and all(weights) and self.controller is not None:
+            self.controller.cost_ratio.setdefault("draft", min(weights[1] / weights[0], 1.0))
         self._greedy_drafted = 0
         self._greedy_accepted = 0
         self._pairing_warned = False
@@ -162,6 +165,11 @@ class Slot:
         stats.n_cached = keep
         if len(seq) - 1 > keep:
             ctx.eval(seq[keep:-1], logits="last")
+        # a draft model about to be used takes the prompt now, in one batch, as part of the prompt's cost
+        if "draft" in drafters and policy.prefill("draft"):
+            t_draft_prompt = time.perf_counter()
+            drafters["draft"].prefill(seq)
+            stats.t_prompt_draft = time.perf_counter() - t_draft_prompt
         stats.t_prompt = time.perf_counter() - t0
         n_out = 0
         try:

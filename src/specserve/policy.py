@@ -32,6 +32,10 @@ class Policy(Protocol):
 
     def observe(self, outcome: Outcome) -> None: ...
 
+    def prefill(self, drafter: str) -> bool:
+        """Whether the drafter's cache should take the prompt with the target's, before decoding."""
+        ...
+
 
 OFF = Choice(None, 0)
 
@@ -49,3 +53,6 @@ class FixedPolicy:
 
     def observe(self, outcome: Outcome) -> None:
         pass
+
+    def prefill(self, drafter: str) -> bool:
+        return drafter == self._choice.drafter

@@ -17,7 +17,8 @@ class GenerationStats:
     accepted_by_position: list[int] = field(default_factory=list)
     k_chosen: Counter = field(default_factory=Counter)  # draft length chosen each step (0 = plain decoding)
     drafter_steps: Counter = field(default_factory=Counter)  # steps per drafter ("none" when off)
-    t_prompt: float = 0.0
+    t_prompt: float = 0.0  # prompt processing, the draft model's share included
+    t_prompt_draft: float = 0.0  # the draft model's share of t_prompt (when it took the prompt up front)
     t_draft: float = 0.0
     t_verify: float = 0.0
     t_total: float = 0.0
@@ -64,8 +65,9 @@ class GenerationStats:
 
     @property
     def prompt_tokens_per_s(self) -> float:
-        evaluated = self.n_prompt - self.n_cached
-        return evaluated / self.t_prompt if self.t_prompt > 0 and evaluated > 0 else 0.0
+        """The target's prompt processing speed (the draft model's share of t_prompt left out)."""
+        evaluated, t = self.n_prompt - self.n_cached, self.t_prompt - self.t_prompt_draft
+        return evaluated / t if t > 0 and evaluated > 0 else 0.0
 
     def as_dict(self) -> dict:
         off = self.k_chosen.get(0, 0)
@@ -87,6 +89,7 @@ class GenerationStats:
             "share_steps_off": round(off / self.n_passes, 4) if self.n_passes else 0.0,
             "drafter_steps": dict(self.drafter_steps),
             "t_prompt_s": round(self.t_prompt, 4),
+            "t_prompt_draft_s": round(self.t_prompt_draft, 4),
             "t_draft_s": round(self.t_draft, 4),
             "t_verify_s": round(self.t_verify, 4),
             "t_python_s": round(self.t_python, 4),

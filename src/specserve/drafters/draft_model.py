@@ -44,6 +44,13 @@ class DraftModelDrafter:
         self.p_min = p_min
         self.draft_min = draft_min
 
+    def prefill(self, seq: Sequence[int]) -> None:
+        """Take the prompt (all but its last token, which the first proposal evaluates) in one batch."""
+        keep = common_prefix(self.ctx.tokens, seq[:-1])
+        self.ctx.truncate(keep)
+        if len(seq) - 1 > keep:
+            self.ctx.eval(seq[keep:-1], logits="last")
+
     def propose(self, seq: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
         k = min(k, self.ctx.n_ctx - len(seq))
         if k <= 0:
