@@ -64,6 +64,10 @@ def request(s: Scenario, policy, seed: int, r: int, noise: np.random.Generator, 
     u = {d: rng.random(s.n_tokens + s.cap + 1) for d in s.names}
     u_match = rng.random(s.n_tokens + 1)
     p, lag = 0, s.prompt
+    if "draft" in s.names and policy.prefill("draft", s.prompt, s.n_tokens):  # the prompt in one batch
+        policy.prefilled("draft", s.prompt, s.catchup * s.prompt)
+        lag = 1
+        yield s.catchup * s.prompt
     while p < s.n_tokens:
         c = policy.choose()
         k = min(c.k, s.n_tokens - p - 1)  # as the engine clips at max_tokens
@@ -297,6 +301,12 @@ class Timed:
         self.policy.observe(o)
         self.seconds += time.perf_counter() - t0
 
+    def prefill(self, drafter: str, n_missing: int, max_tokens: int) -> bool:
+        return self.policy.prefill(drafter, n_missing, max_tokens)
+
+    def prefilled(self, drafter: str, n_tokens: int, seconds: float) -> None:
+        self.policy.prefilled(drafter, n_tokens, seconds)
+
     @property
     def predicted_tokens_per_s(self):
         return self.policy.predicted_tokens_per_s
@@ -313,30 +323,37 @@ def test_per_step_overhead_is_microseconds(name):
     assert per_step < 200e-6  # measured 10-20 us here; a target pass takes 13 ms or more on this CPU
 
 
-def test_prefill_the_draft_model_only_while_it_is_expected_to_pay():
+def test_prefill_the_draft_model_only_when_it_saves_more_than_the_prompt_costs():
     spec = SpecParams(draft_max=8)
     ctl = Controller()
-    assert ctl.policy(spec, ["draft", "ngram"]).prefill("draft")  # untried: be ready to use it
-    assert not ctl.policy(spec, ["draft", "ngram"]).prefill("ngram")  # no cache to fill
-    low = SCENARIOS["cpu_f16_low"]  # a 30% draft on a CPU: it never pays
-    simulate(low, lambda: ctl.policy(spec, low.names))
-    assert not ctl.policy(spec, low.names).prefill("draft")
-    gpu, ctl = SCENARIOS["gpu_high"], Controller()
+    fresh = ctl.policy(spec, ["draft", "ngram"])
+    assert not fresh.prefill("draft", 64, 500)  # its prompt cost is unknown: catch up lazily, measure it
+    assert not fresh.prefill("ngram", 64, 500)  # no cache to fill
+    gpu = SCENARIOS["gpu_high"]  # cheap drafts at 90%: worth it whenever they have tokens to speed up
     simulate(gpu, lambda: ctl.policy(spec, gpu.names))
-    assert ctl.policy(spec, gpu.names).prefill("draft")
+    assert ctl.prompt_cost["draft"] == pytest.approx(gpu.catchup, rel=0.5)  # learnt from its first use
+    assert ctl.policy(spec, gpu.names).prefill("draft", 64, 500)
+    assert not ctl.policy(spec, gpu.names).prefill("draft", 64, 1)  # one token to make: nothing to draft
+    assert ctl.policy(spec, gpu.names).prefill("draft", 0, 500)  # its cache holds the prompt: free
+    assert not ctl.policy(spec, gpu.names).prefill("draft", 10**6, 500)  # a prompt that costs more than it saves
+    low, ctl = SCENARIOS["cpu_f16_low"], Controller()  # a 30% draft on a CPU: it never pays
+    simulate(low, lambda: ctl.policy(spec, low.names))
+    assert not ctl.policy(spec, low.names).prefill("draft", 64, 500)
 
 
 def test_a_prefilled_draft_model_is_not_charged_for_the_prompt():
     spec, ctl = SpecParams(draft_max=8), Controller()
     ctl.verify.add(1, 0.020)
-    ctl.start_cost["draft"] = 0.5  # what catching up on a long prompt cost before
+    ctl.prompt_cost["draft"] = 0.001  # seconds a prompt token, measured before
+    ctl.draft["draft"] = _DraftCost()
+    for _ in range(20):
+        ctl.draft["draft"].add(4, 1, 0.004)  # drafting is cheap: prefilling pays
     V = ctl.verify.table(9)
     cold, warm = ctl.policy(spec, ["draft"]), ctl.policy(spec, ["draft"])
-    assert warm.prefill("draft")
+    assert not cold.prefill("draft", 500, 2)  # one token to speed up: not worth 500 of prompt
+    assert warm.prefill("draft", 500, 1000)
     assert cold._catchup("draft", V) >= 0.5
     assert warm._catchup("draft", V) == 0.0
-
-
 def test_the_draft_cost_prior_is_the_draft_models_share_of_the_target():
     ctl = Controller()
     ctl.verify.add(1, 0.020)

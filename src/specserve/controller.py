@@ -44,7 +44,6 @@ _EPS = 0.01  # share of decode time that probes may lose
 _PROBE_MIN, _PROBE_MAX = 4, 32  # steps between probes of an unused drafter
 _FOLLOW_UPS = 6  # successful probes in a row that may bypass the budget
 _PRIORS = {"ngram": (0.6, 0.6)}  # (acceptance, delivery) before any data; others (0.7, 1.0)
-_PREFILL_RATIO = 0.9  # prefill a model drafter whose expected speed is this share of plain decoding's
 _FREE = frozenset({"ngram"})  # drafters with no model: nearly free to query or to catch up
 
 
@@ -208,7 +207,7 @@ class Controller:
         self.lock = threading.Lock()  # one observation at a time updates the shared state
         self.verify = CostModel()
         self.draft: dict[str, _DraftCost] = {}
-        self.start_cost: dict[str, float] = {}  # seconds of catch-up at first use in a request (EMA)
+        self.prompt_cost: dict[str, float] = {}  # seconds per prompt token a model drafter catches up (EMA)
         self.pooled: dict[str, list[float]] = {}  # [accepted, tried, delivered, asked] decayed
         self.interval: dict[str, int] = {}  # probe interval, steps
         self.last_used: dict[str, float] = {}  # self.clock when the drafter last drafted, any request
@@ -248,6 +247,8 @@ class AutoPolicy:
         self.dlv = {n: _Rates(self.cap) for n in names}
         self.lag = dict.fromkeys(names, 0)  # tokens the drafter's cache is behind (after the prompt)
         self.fresh = set(names)  # not run in this request: its cache also lacks the prompt
+        self.missing = dict.fromkeys(names, 0)  # prompt tokens a fresh drafter's cache lacks
+        self.max_tokens = 1 << 30  # the request's own cap on what it generates
         self.used_step = dict.fromkeys(names, -(1 << 30))
         # the probe budget accrues with this request's own seconds, from what the engine had saved
         self.clock = 0.0
@@ -307,13 +308,18 @@ class AutoPolicy:
         """Seconds the drafter will spend catching up beyond an in-step draft's."""
         if name in _FREE:
             return 0.0  # indexing the tokens it missed: microseconds a token
-        start = self.ctl.start_cost.get(name, 0.0) if name in self.fresh else 0.0
+        start = self.ctl.prompt_cost.get(name, 0.0) * self.missing[name] if name in self.fresh else 0.0
         return start + self.ctl.draft_coef(name, V)[2] * max(self.lag[name] - 2, 0)
+
+    def _horizon(self) -> float:
+        """Tokens this request is still expected to make: the others' mean length, within its own cap."""
+        ctl = self.ctl
+        mean = max((ctl.tokens - self.generated) / (ctl.requests - 1) - self.generated, 32.0)
+        return max(min(mean, self.max_tokens - self.generated), 1.0)
 
     def _best(self, V) -> tuple[float, str | None, int, float, float]:
         ctl, best = self.ctl, (1.0 / V[1], None, 0, 1.0, V[1])
-        # tokens this request is still expected to make, from the mean length of the others
-        horizon = max((ctl.tokens - self.generated) / (ctl.requests - 1) - self.generated, 32.0)
+        horizon = self._horizon()
         for name in self.names:
             rate, k, e, t = self._plan(name, V, kmin=self.kmin[name])
             rate = 1.0 / (1.0 / rate + self._catchup(name, V) / horizon)
@@ -349,20 +355,41 @@ class AutoPolicy:
         """Whether the drafter would pay if every token it drafted were accepted."""
         return self._plan(name, V, kmin=self.kmin[name], found=True, ceiling=True)[0] > 1.0 / V[1]
 
-    def prefill(self, name: str) -> bool:
-        """Give a model drafter the prompt up front if it is expected to pay, or nearly, or is untried.
+    def prefill(self, name: str, n_missing: int, max_tokens: int) -> bool:
+        """Whether a model drafter should take the prompt before the first step.
 
-        A prefilled drafter starts like one in use (its catch-up is a token); otherwise its
-        first use in this request pays for the prompt, which the plans charge.
+        Catching up on the prompt costs the same whenever it happens (one batch); doing it
+        up front only pays if the drafter is then expected to save more than that over the
+        request: (plain seconds per token - its seconds per token) x the tokens to come
+        > its measured seconds per prompt token x n_missing. Until that cost has been
+        measured once (at a first use, which the plans charge), nothing is prefilled.
         """
-        if name in _FREE or name not in self.names:
+        self.max_tokens = max_tokens
+        if name not in self.names or name in _FREE or max_tokens < 2:  # one token: nothing to draft
             return False
-        V = self.ctl.verify.table(self.cap + 1)
-        if V is not None and self._plan(name, V, kmin=self.kmin[name])[0] * V[1] < _PREFILL_RATIO:
-            return False
+        self.missing[name] = n_missing
+        if n_missing > 0:  # (none: its cache holds the prompt already, nothing to pay)
+            per_token = self.ctl.prompt_cost.get(name)
+            V = self.ctl.verify.table(self.cap + 1)
+            if per_token is None or V is None:
+                return False
+            rate = self._plan(name, V, kmin=self.kmin[name])[0]
+            saved = min(self._horizon(), max_tokens - 1) * (V[1] - 1.0 / rate) if rate > 0 else 0.0
+            if saved <= per_token * n_missing:
+                return False
         self.fresh.discard(name)
         self.lag[name] = 1  # the prompt's last token, which every step feeds
         return True
+
+    def prefilled(self, name: str, n_tokens: int, seconds: float) -> None:
+        """Told what a prefill cost: the prompt's catch-up rate, for the next decisions."""
+        if n_tokens > 0:
+            with self.ctl.lock:
+                self._learn_prompt_cost(name, seconds / n_tokens)
+
+    def _learn_prompt_cost(self, name: str, per_token: float) -> None:
+        old = self.ctl.prompt_cost.get(name, per_token)
+        self.ctl.prompt_cost[name] = 0.7 * old + 0.3 * per_token
 
     def choose(self) -> Choice:
         self.step += 1
@@ -399,8 +426,9 @@ class AutoPolicy:
                 p[2], p[3] = p[2] * g + n, p[3] * g + min(k, n + 1)
                 if used in self.fresh:  # the prompt's catch-up: what the regression does not explain
                     a, b, c = ctl.draft_coef(used, ctl.verify.table(self.cap + 1))
-                    extra = max(o.t_draft - a - b * n - c * self.lag[used], 0.0)
-                    ctl.start_cost[used] = 0.7 * ctl.start_cost.get(used, extra) + 0.3 * extra
+                    if self.missing[used] > 0 and used not in _FREE:
+                        extra = max(o.t_draft - a - b * n - c * self.lag[used], 0.0)
+                        self._learn_prompt_cost(used, extra / self.missing[used])
                 else:
                     fit = ctl.draft.get(used) or ctl.draft.setdefault(used, _DraftCost())
                     fit.add(n, self.lag[used], o.t_draft)

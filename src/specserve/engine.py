@@ -165,12 +165,18 @@ class Slot:
         stats.n_cached = keep
         if len(seq) - 1 > keep:
             ctx.eval(seq[keep:-1], logits="last")
-        # a draft model about to be used takes the prompt now, in one batch, as part of the prompt's cost
-        if "draft" in drafters and policy.prefill("draft"):
-            t_draft_prompt = time.perf_counter()
-            drafters["draft"].prefill(seq)
-            stats.t_prompt_draft = time.perf_counter() - t_draft_prompt
         stats.t_prompt = time.perf_counter() - t0
+        # A draft model about to be used takes the prompt now, in one batch (what it would
+        # otherwise catch up on at its first step). Its time counts as drafting, as llama-server's does.
+        draft_model = drafters.get("draft")
+        if draft_model is not None:
+            missing = draft_model.missing(seq)
+            if policy.prefill("draft", missing, params.max_tokens):
+                t_draft_prompt = time.perf_counter()
+                draft_model.prefill(seq)
+                stats.t_prompt_draft = time.perf_counter() - t_draft_prompt
+                stats.t_draft += stats.t_prompt_draft
+                policy.prefilled("draft", missing, stats.t_prompt_draft)
         n_out = 0
         try:
             while True:

@@ -32,8 +32,12 @@ class Policy(Protocol):
 
     def observe(self, outcome: Outcome) -> None: ...
 
-    def prefill(self, drafter: str) -> bool:
-        """Whether the drafter's cache should take the prompt with the target's, before decoding."""
+    def prefill(self, drafter: str, n_missing: int, max_tokens: int) -> bool:
+        """Whether the drafter's cache should take the prompt (n_missing tokens) before the first step."""
+        ...
+
+    def prefilled(self, drafter: str, n_tokens: int, seconds: float) -> None:
+        """Told what that prefill cost."""
         ...
 
 
@@ -54,5 +58,8 @@ class FixedPolicy:
     def observe(self, outcome: Outcome) -> None:
         pass
 
-    def prefill(self, drafter: str) -> bool:
-        return drafter == self._choice.drafter
+    def prefill(self, drafter: str, n_missing: int, max_tokens: int) -> bool:
+        return drafter == self._choice.drafter  # it would catch up at its first step anyway
+
+    def prefilled(self, drafter: str, n_tokens: int, seconds: float) -> None:
+        pass

@@ -17,8 +17,8 @@ class GenerationStats:
     accepted_by_position: list[int] = field(default_factory=list)
     k_chosen: Counter = field(default_factory=Counter)  # draft length chosen each step (0 = plain decoding)
     drafter_steps: Counter = field(default_factory=Counter)  # steps per drafter ("none" when off)
-    t_prompt: float = 0.0  # prompt processing, the draft model's share included
-    t_prompt_draft: float = 0.0  # the draft model's share of t_prompt (when it took the prompt up front)
+    t_prompt: float = 0.0  # the target's prompt processing
+    t_prompt_draft: float = 0.0  # the draft model's, when it took the prompt up front (part of t_draft)
     t_draft: float = 0.0
     t_verify: float = 0.0
     t_total: float = 0.0
@@ -65,9 +65,8 @@ class GenerationStats:
 
     @property
     def prompt_tokens_per_s(self) -> float:
-        """The target's prompt processing speed (the draft model's share of t_prompt left out)."""
-        evaluated, t = self.n_prompt - self.n_cached, self.t_prompt - self.t_prompt_draft
-        return evaluated / t if t > 0 and evaluated > 0 else 0.0
+        evaluated = self.n_prompt - self.n_cached
+        return evaluated / self.t_prompt if self.t_prompt > 0 and evaluated > 0 else 0.0
 
     def as_dict(self) -> dict:
         off = self.k_chosen.get(0, 0)

@@ -44,6 +44,10 @@ class DraftModelDrafter:
         self.p_min = p_min
         self.draft_min = draft_min
 
+    def missing(self, seq: Sequence[int]) -> int:
+        """Tokens of seq[:-1] its cache lacks (what a prefill would evaluate)."""
+        return len(seq) - 1 - common_prefix(self.ctx.tokens, seq[:-1])
+
     def prefill(self, seq: Sequence[int]) -> None:
         """Take the prompt (all but its last token, which the first proposal evaluates) in one batch."""
         keep = common_prefix(self.ctx.tokens, seq[:-1])
