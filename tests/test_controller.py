@@ -361,3 +361,37 @@ def test_the_draft_cost_prior_is_the_draft_models_share_of_the_target():
     assert ctl.draft_coef("draft", V)[1] == pytest.approx(0.125 * 0.020)  # no hint: a guess
     ctl.cost_ratio["draft"] = 0.36  # a Q4_1 draft of an F16 target: 92 MiB of 257
     assert ctl.draft_coef("draft", V)[1] == pytest.approx(0.36 * 0.020)
+
+
+def test_the_ngram_drafts_on_long_matches_and_not_on_short_ones():
+    """Told each step which n-gram order prompt lookup would match, auto learns that 4-gram
+    matches are right 90% of the time and 1-gram matches 5%, and drafts only on the former."""
+    ctl, spec, rng = Controller(), SpecParams(draft_max=8), np.random.default_rng(0)
+    used = {1: [0, 0], 4: [0, 0]}  # order -> [steps, steps that drafted]
+    for r in range(6):
+        policy = ctl.policy(spec, ["ngram"])
+        for _ in range(200):
+            order = 4 if rng.random() < 0.3 else 1
+            policy.see_ngram(order, 8)
+            c = policy.choose()
+            n = c.k if c.drafter == "ngram" else 0
+            acc = 0
+            while acc < n and rng.random() < (0.9 if order == 4 else 0.05):
+                acc += 1
+            policy.observe(Outcome(c, n, acc, 2e-5, CPU_F16(1 + n)))
+            if r == 5:  # after five requests of learning
+                used[order][0] += 1
+                used[order][1] += n > 0
+    assert used[4][1] / used[4][0] > 0.8
+    assert used[1][1] / used[1][0] < 0.1
+
+
+def test_no_ngram_match_means_no_ngram_draft():
+    ctl = Controller()
+    ctl.verify.add(1, 0.02)
+    policy = ctl.policy(SpecParams(draft_max=8), ["ngram"])
+    for _ in range(50):
+        policy.see_ngram(0, 0)
+        c = policy.choose()
+        assert c.k == 0
+        policy.observe(Outcome(c, 0, 0, 0.0, 0.02))

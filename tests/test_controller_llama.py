@@ -53,6 +53,11 @@ class GpuLikeTimes:
     def __init__(self, policy: AutoPolicy):
         self.policy = policy
 
+    sees_ngram = True
+
+    def see_ngram(self, order: int, available: int) -> None:
+        self.policy.see_ngram(order, available)
+
     def choose(self):
         return self.policy.choose()
 

@@ -44,6 +44,9 @@ _EPS = 0.01  # share of decode time that probes may lose
 _PROBE_MIN, _PROBE_MAX = 4, 32  # steps between probes of an unused drafter
 _FOLLOW_UPS = 6  # successful probes in a row that may bypass the budget
 _PRIORS = {"ngram": (0.6, 0.6)}  # (acceptance, delivery) before any data; others (0.7, 1.0)
+# the n-gram's acceptance given the order n of the n-gram it matched (its draft follows an
+# earlier occurrence of the last n tokens): longer matches predict better
+_NGRAM_ORDER_PRIOR = {1: 0.15, 2: 0.3, 3: 0.45}  # 4 and longer: 0.6
 _FREE = frozenset({"ngram"})  # drafters with no model: nearly free to query or to catch up
 
 
@@ -223,7 +226,10 @@ class Controller:
     def prior(self, name: str) -> list[float]:
         p = self.pooled.get(name)
         if p is None:
-            a, d = _PRIORS.get(name, (0.7, 1.0))
+            if name.startswith("ngram") and name[5:].isdigit():  # the n-gram at one match order
+                a, d = _NGRAM_ORDER_PRIOR.get(int(name[5:]), 0.6), 1.0
+            else:
+                a, d = _PRIORS.get(name, (0.7, 1.0))
             p = self.pooled[name] = [2 * a, 2.0, 2 * d, 2.0]
         return p
 
@@ -239,11 +245,16 @@ class Controller:
 class AutoPolicy:
     """One request's adaptive policy; see the module docstring."""
 
+    sees_ngram = True  # the engine tells it, each step, what the n-gram would match (see_ngram)
+
     def __init__(self, ctl: Controller, spec: SpecParams, names: list[str]):
         self.ctl, self.cap, self.names = ctl, spec.draft_max, list(names)
         # the draft model returns nothing below --draft-min under greedy: never ask for fewer
         self.kmin = {n: max(1, spec.draft_min) if n == "draft" else 1 for n in names}
         self.acc = {n: _Rates(self.cap) for n in names}
+        self.acc_order: dict[int, _Rates] = {}  # the n-gram's acceptance by the order it matched
+        self.ngram_match: tuple[int, int] | None = None  # (order, tokens available) this step, if told
+        self._step_order = 0  # the order the n-gram matched at the step being observed
         self.dlv = {n: _Rates(self.cap) for n in names}
         self.lag = dict.fromkeys(names, 0)  # tokens the drafter's cache is behind (after the prompt)
         self.fresh = set(names)  # not run in this request: its cache also lacks the prompt
@@ -275,13 +286,27 @@ class AutoPolicy:
         """
         if V is not self._plans_V:
             self._plans_V, self._plans = V, {n: {} for n in self.names}
-        key = (kmin, kmax, found, ceiling)
+        order = 0
+        if name == "ngram" and self.ngram_match is not None:  # what it would draft now is known
+            order, available = self.ngram_match
+            found, kmax = True, min(kmax or self.cap, available)
+            if not order or kmax < kmin:
+                return (0.0, 0, 1.0, V[1])  # no match: nothing to draft
+        key = (kmin, kmax, found, ceiling, order)
         best = self._plans[name].get(key)
         if best is not None:
             return best
+        if ceiling:
+            acc = [1.0] * self.cap
+        elif order:
+            p = self.ctl.prior(f"ngram{min(order, 4)}")
+            acc = self.acc_order.setdefault(min(order, 4), _Rates(self.cap)).rates(p[0] / p[1])
+        else:
+            p = self.ctl.prior(name)
+            acc = self.acc[name].rates(p[0] / p[1])
         p = self.ctl.prior(name)
-        acc = [1.0] * self.cap if ceiling else self.acc[name].rates(p[0] / p[1])
-        dlv = self.dlv[name].rates(p[2] / p[3])
+        # a known match delivers every token up to `available`, which bounds kmax
+        dlv = [1.0] * self.cap if order else self.dlv[name].rates(p[2] / p[3])
         a, b, c = self.ctl.draft_coef(name, V)
         best_r, best_k, best_e, best_t = 0.0, 0, 1.0, V[1]
         reach, chain, e_tok, s = 1.0, 1.0, 1.0, 0.0  # P(len >= i), P(len >= i, all accepted)
@@ -322,14 +347,18 @@ class AutoPolicy:
         horizon = self._horizon()
         for name in self.names:
             rate, k, e, t = self._plan(name, V, kmin=self.kmin[name])
+            if not k:
+                continue  # nothing to draft (no n-gram match)
             rate = 1.0 / (1.0 / rate + self._catchup(name, V) / horizon)
-            if k and rate > best[0]:
+            if rate > best[0]:
                 best = (rate, name, k, e, t)
         return best
 
     def _probe(self, name: str, V, best_rate: float) -> tuple[float, int, float, float] | None:
         """The plan of a short probe of `name`, if one is due now."""
         ctl = self.ctl
+        if name == "ngram" and self.ngram_match is not None and not self.ngram_match[0]:
+            return None  # nothing to probe with
         if self.step - self.used_step[name] < ctl.interval.get(name, _PROBE_MIN):
             return None
         budget = _EPS * (self.clock - self.since[name])
@@ -391,9 +420,14 @@ class AutoPolicy:
         old = self.ctl.prompt_cost.get(name, per_token)
         self.ctl.prompt_cost[name] = 0.7 * old + 0.3 * per_token
 
+    def see_ngram(self, order: int, available: int) -> None:
+        """What the n-gram would draft this step: the order of its match (0: none), tokens available."""
+        self.ngram_match = (order, available)  # plans are cached by order and length: nothing to clear
+
     def choose(self) -> Choice:
         self.step += 1
         self.probing = None
+        self._step_order = self.ngram_match[0] if self.ngram_match else 0
         V = self.ctl.verify.table(self.cap + 1)  # [cap + 2] seconds per pass over n tokens
         if V is None:
             return OFF  # the first step of a fresh engine measures a plain pass
@@ -442,6 +476,12 @@ class AutoPolicy:
         self.dlv[used].add(min(k, n + 1), n)
         if n:
             self.acc[used].add(min(n, acc + 1), acc)
+            if used == "ngram" and self._step_order:
+                o = min(self._step_order, 4)
+                self.acc_order.setdefault(o, _Rates(self.cap)).add(min(n, acc + 1), acc)
+                with ctl.lock:
+                    q = ctl.prior(f"ngram{o}")
+                    q[0], q[1] = q[0] * _G_ENGINE + acc, q[1] * _G_ENGINE + min(n, acc + 1)
         self.lag[used] = 2 if n and acc == n else 1  # it holds all but the bonus (and last draft)
         self._probe_cost.pop(used, None)
         self._plans[used] = {}  # its estimates changed

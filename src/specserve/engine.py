@@ -184,6 +184,8 @@ class Slot:
                 if room <= 0:
                     stats.finish_reason = "length"
                     break
+                if policy.sees_ngram:  # what prompt lookup would draft now: a dict lookup
+                    policy.see_ngram(*drafters["ngram"].match(seq))
                 choice = policy.choose()
                 k = min(choice.k, room - 1, params.max_tokens - n_out - 1)
                 t_step = time.perf_counter()

@@ -27,6 +27,7 @@ class Outcome:
 
 class Policy(Protocol):
     predicted_tokens_per_s: float
+    sees_ngram: bool  # whether to call see_ngram(order, available) before each choose()
 
     def choose(self) -> Choice: ...
 
@@ -48,6 +49,7 @@ class FixedPolicy:
     """Always the same drafter and draft length."""
 
     predicted_tokens_per_s = 0.0
+    sees_ngram = False
 
     def __init__(self, drafter: str | None, k: int):
         self._choice = Choice(drafter, k) if drafter and k > 0 else OFF

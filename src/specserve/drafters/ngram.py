@@ -45,19 +45,32 @@ class NgramDrafter:
                 self._index[n][tuple(s[e - n : e])] = e
         self._indexed_to = max(self._indexed_to, end)
 
-    def propose(self, seq: Sequence[int], k: int, params: SamplingParams | None = None,
-                rng: np.random.Generator | None = None) -> Draft:
+    def _lookup(self, seq: Sequence[int]) -> tuple[int, int]:
+        """(n, end): the longest n whose last-n-gram occurred before, ending at end; (0, -1) if none."""
         self._sync(seq)
         n_seq = len(self._seq)
-        if k <= 0 or n_seq < self.n_min + 1:
-            return EMPTY_DRAFT
+        if n_seq < self.n_min + 1:
+            return 0, -1
         # index n-grams ending before the current suffix, so a match is always an earlier one
         self._index_until(n_seq)
         for n in range(min(self.n_max, n_seq - 1), self.n_min - 1, -1):
             end = self._index[n].get(tuple(self._seq[n_seq - n :]))
             if end is not None and end < n_seq:
-                return Draft(tokens=self._seq[end : end + k])
-        return EMPTY_DRAFT
+                return n, end
+        return 0, -1
+
+    def match(self, seq: Sequence[int]) -> tuple[int, int]:
+        """(order, available): the n of the n-gram a proposal would follow now (0: none) and how
+        many tokens follow its earlier occurrence. A dict lookup: cheap enough for every step."""
+        n, end = self._lookup(seq)
+        return (n, len(self._seq) - end) if n else (0, 0)
+
+    def propose(self, seq: Sequence[int], k: int, params: SamplingParams | None = None,
+                rng: np.random.Generator | None = None) -> Draft:
+        if k <= 0:
+            return EMPTY_DRAFT
+        n, end = self._lookup(seq)
+        return Draft(tokens=self._seq[end : end + k]) if n else EMPTY_DRAFT
 
     def accepted(self, n: int) -> None:
         pass
