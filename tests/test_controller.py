@@ -395,3 +395,13 @@ def test_no_ngram_match_means_no_ngram_draft():
         c = policy.choose()
         assert c.k == 0
         policy.observe(Outcome(c, 0, 0, 0.0, 0.02))
+
+
+def test_acceptance_learnt_at_one_temperature_is_not_the_prior_at_another():
+    ctl, spec = Controller(), SpecParams(draft_max=8)
+    s = SCENARIOS["cpu_f16_high"]  # a draft accepted 97% of the time, greedy
+    simulate(s, lambda: ctl.policy(spec, s.names, temperature=0.0))
+    greedy = ctl.prior("draft", 0, ctl.policy(spec, s.names, 0.0).regime)
+    hot = ctl.prior("draft", 0, ctl.policy(spec, s.names, 0.8).regime)
+    assert greedy[0] / greedy[1] > 0.9
+    assert hot[0] / hot[1] == pytest.approx(0.7)  # untouched: the default prior

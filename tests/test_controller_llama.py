@@ -76,8 +76,8 @@ class GpuLikeTimes:
 
 
 class GpuLikeController(Controller):
-    def policy(self, spec, drafter_names):
-        return GpuLikeTimes(super().policy(spec, drafter_names))
+    def policy(self, spec, drafter_names, temperature=0.0):
+        return GpuLikeTimes(super().policy(spec, drafter_names, temperature))
 
 
 CONTROLLERS = {"measured": Controller, "gpu_like": GpuLikeController}

@@ -7,8 +7,10 @@ verify(1)) with the highest E[tokens] / E[seconds]:
     E[seconds](k) = sum_{l<=k} P(len = l) (draft(l) + verify(1 + l)),  P(len >= i) = prod_{j<=i} d_j
 
 a_j = P(draft token j accepted | 1..j-1 accepted); d_j = P(the drafter returns a j-th
-token | it returned j - 1), so d_1 is the n-gram's match rate: an unmatched n-gram costs
-a dict lookup and a plain step, and the n-gram is used whenever a match pays.
+token | it returned j - 1). The engine tells the policy each step what prompt lookup
+would match (`see_ngram`: the order n of the matched n-gram and the tokens after it), so
+the n-gram is planned only when it has a match (d = 1 up to what is available), with
+acceptance learnt per match order: a 4-gram match predicts a copy far better than a 1-gram.
 
 Costs are measured, never assumed (a CPU verifies 8 tokens at 2-4x the cost of one, a
 GPU at ~1x). `Controller`, one per engine and shared by its requests, holds: verify(n),
@@ -18,6 +20,11 @@ many after it sat out; at its first use in a request, the prompt too); pooled ac
 the prior of new requests. `AutoPolicy`, one per request, keeps decayed per-position
 counts shrunk toward its pooled rate. Switching on a lagging drafter charges its
 catch-up over the tokens the request is still expected to make.
+
+A draft model takes the prompt before the first step (`prefill`) only if it is expected
+to save more over the request than the prompt costs it (its measured seconds per prompt
+token x the tokens its cache lacks): on a CPU a Q4_1 draft processes a long prompt at
+half the F16 target's speed, which a short answer never wins back.
 
 A drafter not in use is probed with a short draft once the steps since its last use
 reach an interval (doubled after a failure, up to 32) and the probe's expected loss,
@@ -211,26 +218,26 @@ class Controller:
         self.verify = CostModel()
         self.draft: dict[str, _DraftCost] = {}
         self.prompt_cost: dict[str, float] = {}  # seconds per prompt token a model drafter catches up (EMA)
-        self.pooled: dict[str, list[float]] = {}  # [accepted, tried, delivered, asked] decayed
+        self.pooled: dict[tuple, list[float]] = {}  # (drafter, order, regime) -> decayed counts
         self.interval: dict[str, int] = {}  # probe interval, steps
         self.last_used: dict[str, float] = {}  # self.clock when the drafter last drafted, any request
         self.clock = 0.0  # seconds of drafting and verifying observed, all requests
         self.requests, self.tokens = 1.0, 256.0  # decayed counts; a prior of 256 tokens a request
         self.cost_ratio: dict[str, float] = {}  # a drafter's token cost / the target's, before any data
 
-    def policy(self, spec: SpecParams, drafter_names: list[str]) -> "AutoPolicy":
+    def policy(self, spec: SpecParams, drafter_names: list[str], temperature: float = 0.0) -> "AutoPolicy":
         with self.lock:
             self.requests, self.tokens = 0.9 * self.requests + 1, 0.9 * self.tokens
-        return AutoPolicy(self, spec, drafter_names)
+        return AutoPolicy(self, spec, drafter_names, temperature)
 
-    def prior(self, name: str) -> list[float]:
-        p = self.pooled.get(name)
+    def prior(self, name: str, order: int = 0, regime: float = 0.0) -> list[float]:
+        """Pooled [accepted, tried, delivered, asked] of a drafter (at one n-gram match order) at one
+        temperature regime: acceptance at temperature 0 says little about acceptance at 0.8."""
+        key = (name, order, regime)
+        p = self.pooled.get(key)
         if p is None:
-            if name.startswith("ngram") and name[5:].isdigit():  # the n-gram at one match order
-                a, d = _NGRAM_ORDER_PRIOR.get(int(name[5:]), 0.6), 1.0
-            else:
-                a, d = _PRIORS.get(name, (0.7, 1.0))
-            p = self.pooled[name] = [2 * a, 2.0, 2 * d, 2.0]
+            a, d = (_NGRAM_ORDER_PRIOR.get(order, 0.6), 1.0) if order else _PRIORS.get(name, (0.7, 1.0))
+            p = self.pooled[key] = [2 * a, 2.0, 2 * d, 2.0]
         return p
 
     def draft_coef(self, name: str, V: list[float]) -> list[float]:
@@ -247,8 +254,9 @@ class AutoPolicy:
 
     sees_ngram = True  # the engine tells it, each step, what the n-gram would match (see_ngram)
 
-    def __init__(self, ctl: Controller, spec: SpecParams, names: list[str]):
+    def __init__(self, ctl: Controller, spec: SpecParams, names: list[str], temperature: float = 0.0):
         self.ctl, self.cap, self.names = ctl, spec.draft_max, list(names)
+        self.regime = min(round(temperature * 4) / 4, 2.0)  # pooled priors per 0.25 of temperature
         # the draft model returns nothing below --draft-min under greedy: never ask for fewer
         self.kmin = {n: max(1, spec.draft_min) if n == "draft" else 1 for n in names}
         self.acc = {n: _Rates(self.cap) for n in names}
@@ -299,12 +307,12 @@ class AutoPolicy:
         if ceiling:
             acc = [1.0] * self.cap
         elif order:
-            p = self.ctl.prior(f"ngram{min(order, 4)}")
+            p = self.ctl.prior(name, min(order, 4), self.regime)
             acc = self.acc_order.setdefault(min(order, 4), _Rates(self.cap)).rates(p[0] / p[1])
         else:
-            p = self.ctl.prior(name)
+            p = self.ctl.prior(name, 0, self.regime)
             acc = self.acc[name].rates(p[0] / p[1])
-        p = self.ctl.prior(name)
+        p = self.ctl.prior(name, 0, self.regime)
         # a known match delivers every token up to `available`, which bounds kmax
         dlv = [1.0] * self.cap if order else self.dlv[name].rates(p[2] / p[3])
         a, b, c = self.ctl.draft_coef(name, V)
@@ -455,7 +463,7 @@ class AutoPolicy:
             ctl.tokens += acc + 1
             ctl.verify.add(1 + n, o.t_verify)
             if used:
-                p, g = ctl.prior(used), _G_ENGINE
+                p, g = ctl.prior(used, 0, self.regime), _G_ENGINE
                 p[0], p[1] = p[0] * g + acc, p[1] * g + min(n, acc + 1)
                 p[2], p[3] = p[2] * g + n, p[3] * g + min(k, n + 1)
                 if used in self.fresh:  # the prompt's catch-up: what the regression does not explain
@@ -480,7 +488,7 @@ class AutoPolicy:
                 o = min(self._step_order, 4)
                 self.acc_order.setdefault(o, _Rates(self.cap)).add(min(n, acc + 1), acc)
                 with ctl.lock:
-                    q = ctl.prior(f"ngram{o}")
+                    q = ctl.prior("ngram", o, self.regime)
                     q[0], q[1] = q[0] * _G_ENGINE + acc, q[1] * _G_ENGINE + min(n, acc + 1)
         self.lag[used] = 2 if n and acc == n else 1  # it holds all but the bonus (and last draft)
         self._probe_cost.pop(used, None)

@@ -77,7 +77,7 @@ class Engine:
     def new_slot(self) -> "Slot":
         return Slot(self)
 
-    def policy_for(self, spec: SpecParams) -> Policy:
+    def policy_for(self, spec: SpecParams, temperature: float = 0.0) -> Policy:
         if spec.mode == "none" or spec.draft_max == 0:
             return FixedPolicy(None, 0)
         if spec.mode == "draft":
@@ -87,7 +87,7 @@ class Engine:
         if spec.mode == "ngram":
             return FixedPolicy("ngram", spec.draft_max)
         if self.controller is not None:
-            return self.controller.policy(spec, self.drafter_names)
+            return self.controller.policy(spec, self.drafter_names, temperature)
         return FixedPolicy(self.drafter_names[0], spec.draft_max)
 
     def note_greedy_acceptance(self, n_drafted: int, n_accepted: int) -> None:
@@ -151,7 +151,7 @@ class Slot:
             raise ValueError("empty prompt")
         if len(seq) >= engine.n_ctx:
             raise ContextOverflow(f"prompt is {len(seq)} tokens but the context holds {engine.n_ctx}")
-        policy = engine.policy_for(spec)
+        policy = engine.policy_for(spec, params.temperature)
         rng = np.random.default_rng(params.seed)
         decoder = StreamDecoder(engine.target.token_bytes, params.stop)
         eog = frozenset() if params.ignore_eos else engine.target.vocab.eog
