@@ -304,15 +304,14 @@ class AutoPolicy:
         best = self._plans[name].get(key)
         if best is not None:
             return best
+        p = self.ctl.prior(name, 0, self.regime)
         if ceiling:
             acc = [1.0] * self.cap
         elif order:
-            p = self.ctl.prior(name, min(order, 4), self.regime)
-            acc = self.acc_order.setdefault(min(order, 4), _Rates(self.cap)).rates(p[0] / p[1])
+            q = self.ctl.prior(name, min(order, 4), self.regime)
+            acc = self.acc_order.setdefault(min(order, 4), _Rates(self.cap)).rates(q[0] / q[1])
         else:
-            p = self.ctl.prior(name, 0, self.regime)
             acc = self.acc[name].rates(p[0] / p[1])
-        p = self.ctl.prior(name, 0, self.regime)
         # a known match delivers every token up to `available`, which bounds kmax
         dlv = [1.0] * self.cap if order else self.dlv[name].rates(p[2] / p[3])
         a, b, c = self.ctl.draft_coef(name, V)

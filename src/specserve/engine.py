@@ -17,7 +17,7 @@ from .backends import Model, load_model
 from .config import ModelConfig, SamplingParams, SpecParams
 from .controller import Controller
 from .drafters import EMPTY_DRAFT, Drafter
-from .drafters.draft_model import DraftModelDrafter, common_prefix
+from .drafters.draft_model import DraftModelDrafter, sync_prefix
 from .drafters.ngram import NgramDrafter
 from .policy import OFF, Choice, FixedPolicy, Outcome, Policy
 from .stats import GenerationStats
@@ -160,11 +160,7 @@ class Slot:
         t0 = time.perf_counter()
 
         # Prompt: the target's cache holds everything but the last token, which each step feeds.
-        keep = common_prefix(ctx.tokens, seq[:-1])
-        ctx.truncate(keep)
-        stats.n_cached = keep
-        if len(seq) - 1 > keep:
-            ctx.eval(seq[keep:-1], logits="last")
+        stats.n_cached = sync_prefix(ctx, seq[:-1])
         stats.t_prompt = time.perf_counter() - t0
         # A draft model about to be used takes the prompt now, in one batch (what it would
         # otherwise catch up on at its first step). Its time counts as drafting, as llama-server's does.

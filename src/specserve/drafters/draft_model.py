@@ -24,6 +24,15 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
+def sync_prefix(ctx: Context, tokens: Sequence[int]) -> int:
+    """Make ctx hold exactly `tokens`, reusing its cached prefix; return how many were cached."""
+    keep = common_prefix(ctx.tokens, tokens)
+    ctx.truncate(keep)
+    if len(tokens) > keep:
+        ctx.eval(tokens[keep:], logits="last")
+    return keep
+
+
 def sync_and_eval(ctx: Context, seq: Sequence[int]) -> np.ndarray:
     """Make ctx hold exactly seq and return the logits after its last token, [n_vocab].
 
@@ -50,10 +59,7 @@ class DraftModelDrafter:
 
     def prefill(self, seq: Sequence[int]) -> None:
         """Take the prompt (all but its last token, which the first proposal evaluates) in one batch."""
-        keep = common_prefix(self.ctx.tokens, seq[:-1])
-        self.ctx.truncate(keep)
-        if len(seq) - 1 > keep:
-            self.ctx.eval(seq[keep:-1], logits="last")
+        sync_prefix(self.ctx, seq[:-1])
 
     def propose(self, seq: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
         k = min(k, self.ctx.n_ctx - len(seq))

@@ -90,6 +90,23 @@ def _head(kind: str, req: GenRequest) -> dict:
             "model": req.model}
 
 
+async def _stream_end(head: dict, last: dict, job: Job, req: GenRequest) -> AsyncIterator:
+    """The final chunk with usage, a usage-only chunk if asked (stream_options.include_usage), [DONE]."""
+    yield {**last, "usage": usage(job)}
+    if req.include_usage:
+        yield {**head, "choices": [], "usage": usage(job)}
+    yield "[DONE]"
+
+
+async def _respond(request: Request, job: Job, body: Callable[[str], dict]) -> Response:
+    """A non-streamed response: the whole text, or CLIENT_GONE if the client left while it waited."""
+    out = await job.run_to_end(request)
+    if out is None:
+        return Response(status_code=CLIENT_GONE)
+    text, _ = out
+    return JSONResponse({**body(text), "usage": usage(job)})
+
+
 async def completions(request: Request) -> Response:
     req = await _request(request, "completions")
     job = await start(request.app.state.server, req)
@@ -100,18 +117,12 @@ async def completions(request: Request) -> Response:
                 if chunk.text:
                     yield {**head, "choices": [{"text": chunk.text, "index": 0, "logprobs": None,
                                                 "finish_reason": None}]}
-            yield {**head, "choices": [{"text": "", "index": 0, "logprobs": None,
-                                        "finish_reason": job.finish_reason}], "usage": usage(job)}
-            if req.include_usage:
-                yield {**head, "choices": [], "usage": usage(job)}
-            yield "[DONE]"
+            last = {**head, "choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": job.finish_reason}]}
+            async for event in _stream_end(head, last, job, req):
+                yield event
         return sse_response(request, job, events)
-    out = await job.run_to_end(request)
-    if out is None:
-        return Response(status_code=CLIENT_GONE)
-    text, _ = out
-    return JSONResponse({**head, "choices": [{"text": text, "index": 0, "logprobs": None,
-                                              "finish_reason": job.finish_reason}], "usage": usage(job)})
+    return await _respond(request, job, lambda text: {**head, "choices": [{
+        "text": text, "index": 0, "logprobs": None, "finish_reason": job.finish_reason}]})
 
 
 async def chat_completions(request: Request) -> Response:
@@ -128,18 +139,12 @@ async def chat_completions(request: Request) -> Response:
             async for chunk in job.chunks():
                 if chunk.text:
                     yield choice({"content": chunk.text})
-            yield {**choice({}, job.finish_reason), "usage": usage(job)}
-            if req.include_usage:
-                yield {**head, "choices": [], "usage": usage(job)}
-            yield "[DONE]"
+            async for event in _stream_end(head, choice({}, job.finish_reason), job, req):
+                yield event
         return sse_response(request, job, events)
-    out = await job.run_to_end(request)
-    if out is None:
-        return Response(status_code=CLIENT_GONE)
-    text, _ = out
-    return JSONResponse({**_head("chat.completion", req), "choices": [{
+    return await _respond(request, job, lambda text: {**_head("chat.completion", req), "choices": [{
         "index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-        "finish_reason": job.finish_reason}], "usage": usage(job)})
+        "finish_reason": job.finish_reason}]})
 
 
 async def models(request: Request) -> Response:
