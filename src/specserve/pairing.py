@@ -53,6 +53,15 @@ def _show(text: str) -> str:
     return repr(text if len(text) <= 40 else text[:37] + "...")
 
 
+def _where_differs(a: str, b: str) -> str:
+    """Where two texts part: the line and a window around the first differing character."""
+    i = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    line = a.count("\n", 0, i) + 1
+    lo = max(i - 12, 0)
+    return (f"from character {i} (line {line}) on: target {_show(a[lo:i + 24])}, draft {_show(b[lo:i + 24])} "
+            f"({len(a)} vs {len(b)} characters)")
+
+
 def check_pairing(target: Model, draft: Model) -> PairingReport:
     r = PairingReport()
     tv, dv = target.vocab, draft.vocab
@@ -108,7 +117,7 @@ def _compare_subtle(target: Model, draft: Model, r: PairingReport) -> None:
     for key, what in _METADATA_KEYS:
         a, b = target.metadata.get(key), draft.metadata.get(key)
         if a != b:
-            r.warnings.append(f"{what} differs: target {_show(str(a))}, draft {_show(str(b))}")
+            r.warnings.append(f"{what} differs: {_where_differs(str(a), str(b))}")
     merges_t, merges_d = _merges_digest(target), _merges_digest(draft)
     if merges_t != merges_d:
         r.warnings.append(f"BPE merges differ (target {merges_t}, draft {merges_d})")

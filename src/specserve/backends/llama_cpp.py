@@ -69,6 +69,27 @@ def _init_backend() -> None:
         _BACKEND_READY.set()
 
 
+def cpu_has_amx() -> bool:
+    """Whether this CPU has Intel AMX tiles (Linux: /proc/cpuinfo flags)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " amx_tile" in line for line in f)
+    except OSError:
+        return False
+
+
+def use_extra_buffers() -> bool:
+    """Whether llama.cpp may put weights in its CPU "extra" buffers (AMX, CPU_REPACK).
+
+    Not on a CPU with AMX: llama.cpp's AMX matmul (as built by llama-cpp-python 0.3.36)
+    crashes there with a segmentation fault on Q4_K/Q6_K drafts, and on F16 weights it makes
+    9- to 33-token passes 1.5-1.8x slower, the passes speculation verifies with.
+    SPECSERVE_EXTRA_BUFFERS=1/0 overrides.
+    """
+    env = os.environ.get("SPECSERVE_EXTRA_BUFFERS")
+    return env != "0" if env else not cpu_has_amx()
+
+
 def _mib_sum(pattern: str, log: str) -> int:
     """Sum every 'NAME ... = X MiB' figure matching pattern in a llama.cpp log, in bytes."""
     return int(sum(float(m) for m in re.findall(pattern + r"[^\n]*?=\s*([0-9.]+) MiB", log)) * 1024 * 1024)
@@ -85,6 +106,7 @@ class LlamaCppModel:
         self.n_threads = n_threads or max(1, os.cpu_count() or 1)
         params = C.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
+        params.use_extra_bufts = use_extra_buffers()
         model, self.load_log = _LoadLog.capture(lambda: C.llama_model_load_from_file(path.encode(), params))
         if not model:
             raise ValueError(f"llama.cpp could not load {path} (not a GGUF model it supports?)")
@@ -92,6 +114,8 @@ class LlamaCppModel:
         self._vocab = C.llama_model_get_vocab(model)
         self.n_ctx_train = C.llama_model_n_ctx_train(model)
         self.weights_bytes = _mib_sum(r"model buffer size", self.load_log) or C.llama_model_size(model)
+        # the CPU backend's repacked copy of some matrices (part of weights_bytes)
+        self.repacked_bytes = _mib_sum(r"(?:CPU_REPACK|AMX) model buffer size", self.load_log)
         self.metadata = self._read_metadata()
         self.vocab = self._read_vocab()
         self._piece_cache: dict[int, bytes] = {}

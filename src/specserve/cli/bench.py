@@ -42,7 +42,7 @@ def add_parser(sub) -> None:
     d = p.add_argument_group("draft models")
     d.add_argument("-md", "--model-draft", nargs="+", action="extend", default=[], metavar="DRAFT",
                    help="draft model(s), GGUF path or packaged name; several to compare them "
-                        "(default with no -m: the packaged smollm2-q4_1)")
+                        "(default with no -m: the --pair's draft)")
     d.add_argument("-ngld", "--n-gpu-layers-draft", type=int, default=0, metavar="N", help="draft layers on the GPU")
     g = p.add_argument_group("what to run")
     g.add_argument("--spec", type=_comma_list(str, _SPECS), default=None, metavar="LIST",
@@ -92,8 +92,9 @@ def _model_paths(args) -> tuple[str, dict[str, str]]:
 
     try:
         if args.model is None:
-            target = models.ensure(models.DEFAULT_TARGET)
-            drafts = args.model_draft or [models.DEFAULT_DRAFT]
+            pair_target, pair_draft = models.PAIRS[args.pair]
+            target = models.ensure(pair_target)
+            drafts = args.model_draft or [pair_draft]
         else:
             target, drafts = models.resolve(args.model), args.model_draft
         return str(target), {d: str(models.resolve(d)) for d in dict.fromkeys(drafts)}

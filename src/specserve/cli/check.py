@@ -132,7 +132,10 @@ def _render(paths, report, mem: dict, shapes, measured) -> str:
     for role, shape in shapes.items():
         est, got = estimate(shape, n_ctx, _KV_TYPE), measured.get(role)
         per_token = fmt_bytes(est.kv_per_token) + "/token"
-        for label, field in (("weights", "weights"), (f"KV cache ({per_token})", "kv"),
+        rows = [("weights", "weights")]
+        if est.repacked or (got and got.repacked):
+            rows.append(("weights: repacked copy", "repacked"))
+        for label, field in (*rows, (f"KV cache ({per_token})", "kv"),
                              ("compute buffer", "compute"), ("total", "total")):
             a = getattr(est, field)
             b = getattr(got, field) if got else None
@@ -142,6 +145,9 @@ def _render(paths, report, mem: dict, shapes, measured) -> str:
     measured_total = mem["measured"]["total_bytes"] if mem["measured"] else None
     lines.append(f"  {'total':<40} {fmt_bytes(mem['total_bytes']):>12} "
                  f"{fmt_bytes(measured_total) if measured_total else '-':>11}")
+    if any(estimate(shape, n_ctx, _KV_TYPE).repacked for shape in shapes.values()):
+        lines.append("  (repacked copy: llama.cpp's CPU backend keeps Q4_0/Q4_K/IQ4_NL matrices a second time,")
+        lines.append("   interleaved for its faster batched kernels, beside the memory-mapped file)")
     lines.append("")
     if mem["n_ctx_train"] and n_ctx > mem["n_ctx_train"]:
         lines.append(f"note: context {n_ctx} exceeds the target's training context {mem['n_ctx_train']}")

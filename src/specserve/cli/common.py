@@ -5,6 +5,7 @@ import argparse
 import sys
 
 from ..config import SPEC_MODES, ModelConfig, SamplingParams, SpecParams
+from ..models import PAIRS
 
 
 class CliError(Exception):
@@ -18,10 +19,14 @@ class CliError(Exception):
 def add_model_args(p: argparse.ArgumentParser, draft: bool = True) -> None:
     g = p.add_argument_group("models")
     g.add_argument("-m", "--model", metavar="TARGET", help="target GGUF path or packaged model name "
-                   "(default: the packaged smollm2-f16)")
+                   "(default: the --pair's target)")
     if draft:
         g.add_argument("-md", "--model-draft", metavar="DRAFT", help="draft GGUF path or packaged name "
-                       "(default with no -m: the packaged smollm2-q4_1)")
+                       "(default with no -m: the --pair's draft)")
+    g.add_argument("--pair", choices=tuple(PAIRS), default="qwen",
+                   help="packaged target/draft pair used where -m/-md are not given: qwen = Qwen2.5-Coder 1.5B "
+                        "F16 target + 0.5B draft, the reference pair (default); smollm2 = SmolLM2-135M F16 "
+                        "target + its Q4_1, the fast testbed")
     g.add_argument("-c", "--ctx-size", type=int, default=4096, metavar="N", help="context size (default 4096)")
     g.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, metavar="N", help="target layers on the GPU")
     if draft:
@@ -66,11 +71,12 @@ def model_config(args) -> ModelConfig:
     from .. import models
 
     target, draft = args.model, getattr(args, "model_draft", None)
+    pair_target, pair_draft = PAIRS[getattr(args, "pair", "qwen")]
     try:
         if target is None:
-            target = models.ensure(models.DEFAULT_TARGET)
+            target = models.ensure(pair_target)
             if draft is None and hasattr(args, "model_draft"):
-                draft = models.ensure(models.DEFAULT_DRAFT)
+                draft = models.ensure(pair_draft)
         else:
             target = models.resolve(target)
         if draft is not None:
