@@ -201,3 +201,41 @@ def test_greedy_speculation_equals_target_alone_real_smollm2(real_pair, mode):
         assert_greedy_equal(target, prompt, reference, g.tokens, EPS_F16, f"{mode} on {text!r}")
     slot.close()
     assert accepted > 0
+
+
+EPS_QWEN_F16 = 0.02  # same rule as SmolLM2's F16: a divergence must sit on a near-tie of the target's logits
+QWEN_EDIT_PROMPT = (
+    "Rename the function `area` to `rectangle_area` and return the whole file.\n\n```python\n"
+    "def area(width, height):\n    \"\"\"Area of a rectangle.\"\"\"\n    if width < 0 or height < 0:\n"
+    "        raise ValueError(\"negative size\")\n    return width * height\n\n\n"
+    "def total_area(rectangles):\n    return sum(area(w, h) for w, h in rectangles)\n```\n")
+
+
+@pytest.fixture(scope="module")
+def qwen_pair():
+    """The reference pair: Qwen2.5-Coder-1.5B F16 target (from the Q4_K_M weights) and the 0.5B draft."""
+    from specserve import models
+    from specserve.backends import load_model
+
+    target = load_model(str(models.ensure("qwen2.5-coder-1.5b-f16")))
+    draft = load_model(str(models.ensure("qwen2.5-coder-0.5b")))
+    yield target, draft
+    target.close()
+    draft.close()
+
+
+def test_greedy_speculation_equals_target_alone_qwen_reference_pair(qwen_pair):
+    """A few hundred tokens of a code edit: the draft model and prompt lookup give the target's own text."""
+    from specserve.prompt import prompt_tokens
+
+    target, draft = qwen_pair
+    slot = Engine(target, draft, n_ctx=1024).new_slot()
+    prompt = prompt_tokens(target, QWEN_EDIT_PROMPT, chat=True)
+    params = SamplingParams(max_tokens=200)
+    reference = slot.generate(prompt, params, SpecParams(mode="none")).tokens
+    assert len(reference) >= 60  # the whole file comes back
+    for mode in ("draft", "ngram"):
+        g = slot.generate(prompt, params, SpecParams(mode=mode, draft_max=8))
+        assert g.stats.n_accepted > len(reference) // 3, mode  # a copy-heavy edit: most of it is drafted
+        assert_greedy_equal(target, prompt, reference, g.tokens, EPS_QWEN_F16, f"{mode} on the code edit")
+    slot.close()

@@ -107,3 +107,21 @@ def test_run_time_warning_when_greedy_acceptance_stays_low(tiny_models, caplog):
 
 def test_no_run_time_warning_for_a_same_family_draft(tiny_models, caplog):
     assert not run_time_warnings(tiny_models, "draft_close", caplog)
+
+
+def test_qwen_reference_pair_compatible_and_says_where_the_templates_differ():
+    from specserve import models
+    from specserve.backends import load_model
+
+    target = load_model(str(models.ensure("qwen2.5-coder-1.5b-f16")), n_threads=1)
+    draft = load_model(str(models.ensure("qwen2.5-coder-0.5b")), n_threads=1)
+    try:
+        report = check_pairing(target, draft)
+    finally:
+        target.close()
+        draft.close()
+    assert report.compatible, report.problems
+    # the 0.5B's template escapes one JSON example differently ({{ vs {): a warning that shows where
+    (template,) = [w for w in report.warnings if w.startswith("chat template differs")]
+    assert "line 13" in template and "<function-nam" in template
+    assert not [w for w in report.warnings if "merges" in w or "probe text" in w]
