@@ -72,6 +72,11 @@ def test_plan_configs_order_and_flags():
     ]
 
 
+def test_ngram_lengths_of_their_own():
+    names = [c.name for c in plan_configs(["draft", "ngram", "auto"], ["small"], [2, 4], [], ngram_maxes=[32])]
+    assert names == ["target", "draft[small] k=2", "draft[small] k=4", "ngram k=32", "auto[small] k<=32"]
+
+
 def test_draft_names_stay_unique():
     names = [c.name for c in plan_configs(["draft"], ["a/m.gguf", "b/m.gguf"], [4], [])]
     assert names == ["target", "draft[a/m.gguf] k=4", "draft[b/m.gguf] k=4"]

@@ -45,19 +45,21 @@ class BenchConfig:
 
 
 def plan_configs(specs: list[str], drafts: list[str], draft_maxes: list[int],
-                 endpoints: list[str]) -> list[BenchConfig]:
-    """The target alone, then each drafter x each draft length, auto at the largest, then endpoints."""
+                 endpoints: list[str], ngram_maxes: list[int] | None = None) -> list[BenchConfig]:
+    """The target alone, then each drafter x each draft length (prompt lookup's own lengths if
+    given), auto at the largest, then endpoints."""
+    ngram_maxes = draft_maxes if ngram_maxes is None else ngram_maxes
     label = {d: _short(d) for d in drafts}
     if len(set(label.values())) < len(label):  # same file name in two folders: names must stay unique
         label = {d: d for d in drafts}
     configs = [BenchConfig("target", "none")]
-    for k in draft_maxes:
-        if "draft" in specs:
+    for k in sorted(set(draft_maxes) | set(ngram_maxes)):
+        if "draft" in specs and k in draft_maxes:
             configs += [BenchConfig(f"draft[{label[d]}] k={k}", "draft", d, k) for d in drafts]
-        if "ngram" in specs:
+        if "ngram" in specs and k in ngram_maxes:
             configs.append(BenchConfig(f"ngram k={k}", "ngram", None, k))
     if "auto" in specs:
-        cap = max(draft_maxes)
+        cap = max(draft_maxes + ngram_maxes)
         configs += [BenchConfig(f"auto[{label[d]}] k<={cap}", "auto", d, cap) for d in drafts] or \
                    [BenchConfig(f"auto k<={cap}", "auto", None, cap)]
     return configs + [BenchConfig(f"endpoint {url}", "endpoint", endpoint=url) for url in endpoints]

@@ -49,6 +49,8 @@ def add_parser(sub) -> None:
                    help="drafters to try: draft,ngram,auto (default: all that apply); the target alone always runs")
     g.add_argument("--draft-max", type=_comma_list(int), default=[1, 2, 4, 8], metavar="LIST",
                    help="draft lengths to try (default 1,2,4,8); auto runs at the largest")
+    g.add_argument("--ngram-max", type=_comma_list(int), default=None, metavar="LIST",
+                   help="prompt lookup's draft lengths, where they should differ from --draft-max")
     g.add_argument("--workload", nargs="+", action="extend", metavar="NAME|FILE.jsonl",
                    help=f"built-in ({', '.join(BUILTIN_WORKLOADS)}) or a JSONL file of "
                         "{prompt|messages, temperature, max_tokens, category} (default: code-edit spec-bench)")
@@ -79,7 +81,8 @@ def _validate(args) -> None:
               (args.prompts_per_workload > 0, "--prompts-per-workload must be > 0"),
               (args.repeat > 0, "--repeat must be > 0"),
               (args.n_predict is None or args.n_predict > 0, "-n must be > 0"),
-              (all(1 <= k <= 64 for k in args.draft_max), "--draft-max values must be in [1, 64]"),
+              (all(1 <= k <= 64 for k in args.draft_max + (args.ngram_max or [])),
+               "--draft-max and --ngram-max values must be in [1, 64]"),
               (all(t >= 0 for t in args.temp or []), "--temp values must be >= 0")]
     for ok, message in checks:
         if not ok:
@@ -148,7 +151,7 @@ def run(args) -> int:
     if args.spec is not None and "draft" in args.spec and not draft_paths:
         raise CliError("--spec draft needs a draft model (-md)", 2)
     specs = args.spec or list(_SPECS)
-    configs = plan_configs(specs, list(draft_paths), args.draft_max, args.endpoint)
+    configs = plan_configs(specs, list(draft_paths), args.draft_max, args.endpoint, args.ngram_max)
     local, loaded = _load(args, target_path, draft_paths)
     endpoints = {url: EndpointClient(url, api_key=args.endpoint_api_key) for url in args.endpoint}
     try:
