@@ -1,10 +1,15 @@
 """Shared fixtures: tiny GGUF models the suite writes itself, and the packaged real models."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
+
+# What --spec auto learnt in one test must not steer another (or the user's next run):
+# the suite keeps no auto profile; test_learned.py turns it on in a folder of its own.
+os.environ["SPECSERVE_AUTO_PROFILE"] = "0"
 
 sys.path.insert(0, str(Path(__file__).parent))
 

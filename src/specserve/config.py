@@ -79,6 +79,7 @@ class ModelConfig:
     n_gpu_layers: int = 0
     n_gpu_layers_draft: int = 0
     n_threads: int | None = None
+    auto_profile: bool = True  # keep what --spec auto learns across processes (learned.py)
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -211,10 +211,17 @@ class CostModel:
 
 
 class Controller:
-    """Engine-level state shared by the requests of one engine: costs, priors, probe pacing."""
+    """Engine-level state shared by the requests of one engine: costs, priors, probe pacing.
 
-    def __init__(self):
+    What it learns can be kept across processes (`learned.ProfileStore`): `state_dict()`
+    and `load_state_dict()` carry the measured costs and the pooled acceptance, not the
+    probe pacing of the moment.
+    """
+
+    def __init__(self, store=None):
         self.lock = threading.Lock()  # one observation at a time updates the shared state
+        self.store = store  # a learned.ProfileStore, or None: nothing kept across processes
+        self.n_requests = 0
         self.verify = CostModel()
         self.draft: dict[str, _DraftCost] = {}
         self.prompt_cost: dict[str, float] = {}  # seconds per prompt token a model drafter catches up (EMA)
@@ -228,7 +235,73 @@ class Controller:
     def policy(self, spec: SpecParams, drafter_names: list[str], temperature: float = 0.0) -> "AutoPolicy":
         with self.lock:
             self.requests, self.tokens = 0.9 * self.requests + 1, 0.9 * self.tokens
+            self.n_requests += 1
+            if self.store is not None and self.store.due(self.n_requests):
+                self.store.save(self._state(), self.n_requests)
         return AutoPolicy(self, spec, drafter_names, temperature)
+
+    # --- kept across processes ---------------------------------------------------------------
+
+    def load(self) -> bool:
+        """Take up the store's saved state, if it has one for these models; whether it did."""
+        state = self.store.load() if self.store is not None else None
+        if state is None:
+            return False
+        try:
+            self.load_state_dict(state)
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            import logging
+
+            logging.getLogger("specserve").warning("ignoring a malformed auto profile (%s)", e)
+            self.__init__(self.store)
+            return False
+        return True
+
+    def save(self) -> None:
+        if self.store is not None:
+            with self.lock:
+                self.store.save(self._state(), self.n_requests)
+
+    def state_dict(self) -> dict:
+        with self.lock:
+            return self._state()
+
+    def _state(self) -> dict:
+        v = self.verify
+        return {
+            "verify": {"passes": [[n, *v._m[n]] for n in v._keys], "tick": v._tick},
+            "draft_cost": {name: {"xx": fit.xx, "xy": fit.xy} for name, fit in self.draft.items()},
+            "prompt_cost": dict(self.prompt_cost),
+            "pooled": [[name, order, regime, *counts] for (name, order, regime), counts in self.pooled.items()],
+            "requests": self.requests, "tokens": self.tokens,
+        }
+
+    def load_state_dict(self, state: dict, weight: float = 0.5) -> None:
+        """Restore a saved state, its evidence scaled by `weight` so that this process's own
+        measurements soon outweigh it (the machine may be busier or quieter than it was)."""
+        v = CostModel()
+        for n, ema, obs, tick in state["verify"]["passes"]:
+            n = int(n)
+            v._m[n] = [float(ema), max(1, min(int(obs), 20)), int(tick)]
+            bisect.insort(v._keys, n)
+        v._tick = int(state["verify"]["tick"])
+        draft = {}
+        for name, fit in state["draft_cost"].items():
+            d = _DraftCost()
+            d.xx = [[float(x) * weight for x in row] for row in fit["xx"]]
+            d.xy = [float(x) * weight for x in fit["xy"]]
+            if len(d.xx) != 3 or any(len(row) != 3 for row in d.xx) or len(d.xy) != 3:
+                raise ValueError("draft cost regression of the wrong shape")
+            draft[str(name)] = d
+        pooled = {}
+        for name, order, regime, *counts in state["pooled"]:
+            if len(counts) != 4 or min(counts) < 0:
+                raise ValueError("pooled acceptance counts of the wrong shape")
+            pooled[(str(name), int(order), float(regime))] = [float(c) * weight for c in counts]
+        with self.lock:
+            self.verify, self.draft, self.pooled = v, draft, pooled
+            self.prompt_cost = {str(k): float(x) for k, x in state["prompt_cost"].items()}
+            self.requests, self.tokens = float(state["requests"]), float(state["tokens"])
 
     def prior(self, name: str, order: int = 0, regime: float = 0.0) -> list[float]:
         """Pooled [accepted, tried, delivered, asked] of a drafter (at one n-gram match order) at one

@@ -68,7 +68,7 @@ class Engine:
     def load(cls, cfg: ModelConfig) -> "Engine":
         target = load_model(cfg.target_path, cfg.n_gpu_layers, cfg.n_threads)
         draft = load_model(cfg.draft_path, cfg.n_gpu_layers_draft, cfg.n_threads) if cfg.draft_path else None
-        return cls(target, draft, cfg.n_ctx)
+        return cls(target, draft, cfg.n_ctx, controller=learning_controller(cfg, target))
 
     @property
     def drafter_names(self) -> list[str]:
@@ -106,9 +106,29 @@ class Engine:
             )
 
     def close(self) -> None:
+        if self.controller is not None:
+            self.controller.save()
         for m in (self.target, self.draft):
             if m is not None:
                 m.close()
+
+
+def learning_controller(cfg: ModelConfig, target: Model) -> Controller:
+    """The `--spec auto` controller, starting from what it learnt last time on these models here."""
+    from . import learned
+
+    if not (cfg.auto_profile and learned.enabled()):
+        return Controller()
+    try:
+        store = learned.ProfileStore.for_models(cfg.target_path, cfg.draft_path,
+                                                getattr(target, "n_threads", cfg.n_threads or 0))
+    except OSError as e:
+        log.warning("auto profile off: %s", e)
+        return Controller()
+    controller = Controller(store)
+    if controller.load():
+        log.info("auto: loaded what it learnt before from %s", store.path)
+    return controller
 
 
 class Slot:

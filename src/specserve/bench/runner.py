@@ -113,14 +113,17 @@ class LocalModels:
     """The target and draft models, one Engine per draft sharing the target, one slot per engine.
 
     Each engine has its own `--spec auto` controller, as a server would: it learns the
-    engine's costs and acceptance over the warm-up and the prompts before.
+    engine's costs and acceptance over the warm-up and the prompts before. With
+    auto_profile, it starts from what auto learnt on these models before (as `generate`
+    and `serve` do) and keeps what it learns here.
     """
 
-    def __init__(self, target, drafts: dict[str, object], n_ctx: int):
+    def __init__(self, target, drafts: dict[str, object], n_ctx: int, auto_profile: bool = False):
         self.target, self.drafts, self.n_ctx = target, drafts, n_ctx
-        self.slots = {None: Engine(target, None, n_ctx, controller=Controller()).new_slot()}
+        self.slots = {None: Engine(target, None, n_ctx, controller=self._controller(None, auto_profile)).new_slot()}
         for name, draft in drafts.items():
-            self.slots[name] = Engine(target, draft, n_ctx, controller=Controller()).new_slot()
+            engine = Engine(target, draft, n_ctx, controller=self._controller(draft, auto_profile))
+            self.slots[name] = engine.new_slot()
         self._tokens: dict[tuple[str, int], list[int]] = {}
 
     def tokens(self, prompt: BenchPrompt) -> list[int]:
@@ -155,8 +158,17 @@ class LocalModels:
             out["drafts"][name] = entry(draft, self.slots[name].draft_ctx)
         return out
 
+    def _controller(self, draft, auto_profile: bool) -> Controller:
+        from ..config import ModelConfig
+        from ..engine import learning_controller
+
+        cfg = ModelConfig(self.target.path, getattr(draft, "path", None), self.n_ctx,
+                          n_threads=getattr(self.target, "n_threads", None), auto_profile=auto_profile)
+        return learning_controller(cfg, self.target)
+
     def close(self) -> None:
         for slot in self.slots.values():
+            slot.engine.controller.save()
             slot.close()
 
 

@@ -66,6 +66,9 @@ def add_parser(sub) -> None:
     g.add_argument("--ignore-eos", action="store_true", help="always generate N tokens")
     g.add_argument("--verify", choices=("rejection", "exact"), default="rejection",
                    help="sampled verification: rejection sampling (default) or llama.cpp's exact match")
+    g.add_argument("--no-auto-profile", action="store_true",
+                   help="auto starts from its priors (a fresh process's first requests) and keeps nothing; by "
+                        "default it starts from, and adds to, what it learnt on these models before")
     g.add_argument("--endpoint", nargs="+", action="extend", default=[], metavar="URL",
                    help="also run the prompts against OpenAI-compatible server(s), e.g. http://127.0.0.1:8080")
     g.add_argument("--endpoint-api-key", metavar="KEY", help="API key sent to the endpoints")
@@ -123,7 +126,7 @@ def _load(args, target_path: str, draft_paths: dict[str, str]):
                 raise CliError(f"draft model {name} refused: " + "; ".join(report.problems), 2)
             for w in report.warnings:
                 print(f"warning: {name}: {w}", file=sys.stderr)
-        return LocalModels(target, drafts, args.ctx_size), loaded
+        return LocalModels(target, drafts, args.ctx_size, auto_profile=not args.no_auto_profile), loaded
     except (FileNotFoundError, ValueError, MemoryError) as e:
         for m in loaded:
             m.close()

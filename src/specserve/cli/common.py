@@ -47,6 +47,9 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                    metavar="P", help="stop drafting where the draft's top probability is below P (default 0)")
     g.add_argument("--verify", choices=("rejection", "exact"), default="rejection",
                    help="sampled verification: rejection sampling (default) or llama.cpp's exact match")
+    g.add_argument("--no-auto-profile", action="store_true",
+                   help="start --spec auto from its priors: neither read nor write what it learnt on these "
+                        "models before (kept in ~/.cache/specserve/auto)")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -85,7 +88,8 @@ def model_config(args) -> ModelConfig:
         raise CliError(str(e)) from None
     return _config(ModelConfig, target_path=str(target), draft_path=str(draft) if draft else None,
                    n_ctx=args.ctx_size, n_gpu_layers=args.n_gpu_layers,
-                   n_gpu_layers_draft=getattr(args, "n_gpu_layers_draft", 0), n_threads=args.threads)
+                   n_gpu_layers_draft=getattr(args, "n_gpu_layers_draft", 0), n_threads=args.threads,
+                   auto_profile=not getattr(args, "no_auto_profile", False))
 
 
 def spec_params(args) -> SpecParams:
