@@ -39,7 +39,7 @@ def tiny_pair(directory: Path) -> tuple[Path, Path]:
 class ServerProcess:
     """`python -m specserve serve ARGS --port FREE`, its stderr kept in a file."""
 
-    def __init__(self, args: list[str], log_path: Path, api_key: str | None = None):
+    def __init__(self, args: list[str], log_path: Path, api_key: str | None = None, env: dict | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
@@ -48,7 +48,8 @@ class ServerProcess:
         if api_key:
             cmd += ["--api-key", api_key]
         self._log = open(log_path, "wb")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**{k: v for k, v in os.environ.items() if k != "SPECSERVE_API_KEY"}, "PYTHONUNBUFFERED": "1",
+               **(env or {})}
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         self._wait_ready()
 

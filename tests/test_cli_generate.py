@@ -48,7 +48,7 @@ def test_same_seed_same_output(tiny_paths):
     "args, message",
     [
         (["-m", "/nonexistent/model.gguf", "-p", "x"], "is neither a model name"),
-        (["--temp", "-1", "-p", "x"], "temperature must be >= 0"),
+        (["--temp", "-1", "-p", "x"], "temperature must be in [0, 100]"),
         (["--top-p", "1.5", "-p", "x"], "top_p must be in (0, 1]"),
         (["--draft-max", "-2", "-p", "x"], "draft_max must be in"),
         (["-n", "0", "-p", "x"], "max_tokens must be > 0"),

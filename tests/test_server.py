@@ -212,7 +212,7 @@ def test_prompt_longer_than_the_context_names_both_numbers(http):
 def test_oversized_body_is_413(http, chunked):
     big = b'{"prompt": "' + b"x" * (5 << 20) + b'"}'
     content = (big[i:i + (1 << 20)] for i in range(0, len(big), 1 << 20)) if chunked else big
-    r = http.post(C, content=content)
+    r = http.post(C, content=content, headers={"Content-Type": "application/json"})
     assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
 
 

@@ -93,6 +93,13 @@ def test_idle_server_exits_0_on_sigterm(tiny_models_dir, tmp_path):
     (["--profile", "a=spec=none", "--profile", "a=spec=ngram"], "used twice"),
     (["--parallel", "0"], "--parallel"),
     (["--queue", "-1"], "--queue"),
+    # issue 15: a profile that every request would have failed on refuses to start
+    (["--profile", "p=seed=-1"], "seed must be in [0, 2^64)"),
+    (["--profile", "p=temperature=inf"], "temperature must be in [0, 100]"),
+    (["--api-key-file", "/nonexistent/keys"], "--api-key-file"),
+    (["--read-timeout", "0"], "read_timeout"),
+    (["--drain-timeout", "nan"], "drain_timeout"),
+    (["--max-connections", "3"], "max_connections"),
 ])
 def test_bad_flags_exit_2_before_loading(tiny_models_dir, flags, message):
     r = subprocess.run([sys.executable, "-m", "specserve", "serve", *serve_args(tiny_models_dir), *flags],

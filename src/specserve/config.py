@@ -6,14 +6,22 @@ that can be shown to a user as it is.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 SPEC_MODES = ("auto", "draft", "ngram", "none")
+# Below this a temperature is greedy: dividing float32 logits by ~1e-40 overflows to inf and the
+# distribution becomes NaN. llama.cpp's cut is `temp <= 0`; vLLM's is 1e-5 (_SAMPLING_EPS), taken here.
+GREEDY_TEMPERATURE = 1e-5
+# Past this a distribution is uniform for any real logits; bigger values are refused, not clamped
+# (OpenAI allows [0, 2]; llama-server takes anything, including inf).
+MAX_TEMPERATURE = 100.0
+SEED_LIMIT = 2**64
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Token selection for one request. temperature == 0 means greedy."""
+    """Token selection for one request. temperature < GREEDY_TEMPERATURE (0 included) means greedy."""
 
     temperature: float = 0.0
     top_k: int = 0  # 0 = disabled
@@ -25,8 +33,8 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (math.isfinite(self.temperature) and 0 <= self.temperature <= MAX_TEMPERATURE):
+            raise ValueError(f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not 0 < self.top_p <= 1:
@@ -35,10 +43,12 @@ class SamplingParams:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.max_tokens <= 0:
             raise ValueError(f"max_tokens must be > 0, got {self.max_tokens}")
+        if self.seed is not None and not 0 <= self.seed < SEED_LIMIT:
+            raise ValueError(f"seed must be in [0, 2^64), got {self.seed}")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_TEMPERATURE
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,22 @@
 """`specserve serve`: the OpenAI-compatible HTTP server.
 
 Loads the models once, then serves until SIGTERM/SIGINT. The first signal drains:
-requests in flight finish, new ones get 503, then the process exits 0. A second
-signal stops at once.
+requests in flight finish (for at most --drain-timeout seconds), new ones get 503,
+then the process exits 0. A second signal ends the drain at once.
 """
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import logging
+import os
 from pathlib import Path
 
 from .common import CliError, add_model_args, add_spec_args, load_engine, model_config, spec_params
 
 log = logging.getLogger("specserve.server")
+API_KEY_ENV = "SPECSERVE_API_KEY"
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def add_parser(sub) -> None:
@@ -25,7 +29,11 @@ def add_parser(sub) -> None:
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     g.add_argument("--port", type=int, default=8080, help="port (default 8080)")
-    g.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' (not on /health)")
+    g.add_argument("--api-key", metavar="KEY", default=os.environ.get(API_KEY_ENV),
+                   help=f"require 'Authorization: Bearer KEY' or 'X-Api-Key: KEY' (not on /health); default: "
+                        f"${API_KEY_ENV}, which, unlike the command line, other users cannot see in ps")
+    g.add_argument("--api-key-file", metavar="FILE",
+                   help="read keys from FILE, one per line ('#' starts a comment); any of them is accepted")
     g.add_argument("--alias", metavar="NAME", help="the served model's name (default: the target file's stem)")
     g.add_argument("--profile", action="append", default=[], metavar="NAME=OPTIONS",
                    help="a named preset requests select with 'model': e.g. code=spec=draft,draft_max=8 or "
@@ -38,6 +46,21 @@ def add_parser(sub) -> None:
                    help="requests waiting for a slot before new ones get 503 (default 16)")
     g.add_argument("--max-body-mib", type=float, default=4.0, metavar="MIB",
                    help="largest request body; bigger ones get 413 (default 4)")
+    g = p.add_argument_group("connections and browsers")
+    g.add_argument("--read-timeout", type=float, default=30.0, metavar="S",
+                   help="seconds a client has to send a request's headers (else the connection is closed), "
+                        "then again its body (else 408) (default 30)")
+    g.add_argument("--max-connections", type=int, default=256, metavar="N",
+                   help="connections served at once; requests on more get 503 (default 256)")
+    g.add_argument("--drain-timeout", type=float, default=20.0, metavar="S",
+                   help="on SIGTERM, seconds the requests in flight may take to finish before streams end with "
+                        "an error event and queued requests get 503 (default 20)")
+    g.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="a host name clients may reach the server by, besides IP addresses, localhost and "
+                        "--host (repeatable; '*' allows any: turns off the DNS-rebinding check)")
+    g.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a web origin (e.g. http://localhost:3000) whose pages may call the server; off by "
+                        "default (repeatable; '*' allows any)")
     p.set_defaults(run=run)
 
 
@@ -50,6 +73,33 @@ def _model_name(given: str | None, target_path: str) -> str:
     if not given.endswith(".gguf") and "/" not in given:
         return given  # a packaged model name, e.g. smollm2-f16
     return Path(target_path).stem
+
+
+def api_keys(args) -> tuple[str, ...]:
+    """The keys from --api-key (or $SPECSERVE_API_KEY) and --api-key-file. Raises CliError(2)."""
+    keys = [args.api_key] if args.api_key else []
+    if args.api_key_file:
+        try:
+            lines = Path(args.api_key_file).read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise CliError(f"--api-key-file: {e}", 2) from None
+        found = [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+        if not found:
+            raise CliError(f"--api-key-file {args.api_key_file} holds no key", 2)
+        keys += found
+    if args.api_key == "" and not keys:
+        log.warning("--api-key (or $%s) is empty: authentication is off", API_KEY_ENV)
+    return tuple(dict.fromkeys(keys))
+
+
+def allowed_hosts(bind: str, extra: list[str]) -> frozenset[str]:
+    """Host names the server answers to besides IP addresses and localhost: the bound name and --allowed-host."""
+    names = {h.strip().lower().rstrip(".") for h in extra if h.strip()}
+    try:
+        ipaddress.ip_address(bind)
+    except ValueError:
+        names.add(bind.lower())
+    return frozenset(names)
 
 
 def settings_from(args, target_path: str):
@@ -68,43 +118,20 @@ def settings_from(args, target_path: str):
     try:
         profiles = build_profiles(Profile(name, spec=spec, verify=args.verify), args.profile)
         return ServerSettings(model_name=name, profiles=profiles, parallel=args.parallel, queue=args.queue,
-                              api_key=args.api_key or None, max_body=int(args.max_body_mib * (1 << 20)))
+                              api_keys=api_keys(args), max_body=int(args.max_body_mib * (1 << 20)),
+                              allowed_hosts=allowed_hosts(args.host, args.allowed_host),
+                              cors_origins=frozenset(o.strip().rstrip("/") for o in args.cors_origin if o.strip()),
+                              read_timeout=args.read_timeout, drain_timeout=args.drain_timeout,
+                              max_connections=args.max_connections)
     except ValueError as e:
         raise CliError(str(e), 2) from None
 
 
-def _server_class():
-    import uvicorn
-
-    class DrainingServer(uvicorn.Server):
-        """uvicorn, with the first signal draining through the scheduler instead of closing at once."""
-
-        def __init__(self, config, scheduler):
-            super().__init__(config)
-            self.scheduler = scheduler
-
-        def handle_exit(self, sig, frame) -> None:
-            # Not uvicorn's: it would re-raise the signal at exit, and the exit status must be 0.
-            if self.scheduler.draining:
-                log.warning("second signal: stopping now")
-                self.should_exit = self.force_exit = True
-                return
-            self.scheduler.draining = True
-            log.info("draining: %d request(s) in flight; new requests get 503", self.scheduler.active)
-
-        async def on_tick(self, counter: int) -> bool:
-            if self.scheduler.draining and self.scheduler.idle:
-                self.should_exit = True
-            return await super().on_tick(counter)
-
-    return DrainingServer
-
-
 def run(args) -> int:
-    import uvicorn
+    from ..server import create_app, logsafe
+    from ..server.listener import serve
 
-    from ..server import create_app
-
+    logsafe.install()  # clients' strings reach log lines: escape them
     cfg = model_config(args)
     settings = settings_from(args, cfg.target_path)
     engine = load_engine(cfg)
@@ -114,12 +141,10 @@ def run(args) -> int:
             for p in settings.profiles.values():
                 if p.spec.get("mode") == "draft":
                     raise CliError(f"profile {p.name} uses spec=draft but there is no draft model (-md)", 2)
-        if args.host not in ("127.0.0.1", "localhost", "::1") and not settings.api_key:
+        if args.host not in _LOOPBACK and not settings.api_keys:
             log.warning("listening on %s without --api-key: anyone who can reach it can use it", args.host)
         app = create_app(engine, settings)
-        config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None, access_log=False,
-                                lifespan="on", timeout_keep_alive=5)
-        _server_class()(config, app.state.server.scheduler).run()  # a failed bind exits with status 1
+        serve(app, args.host, args.port, settings)
     finally:
         if app is not None:
             app.state.server.scheduler.close()  # the engine thread must stop before the models are freed

@@ -1,4 +1,4 @@
-"""The ASGI app: routes, API-key check, error shapes, lifespan.
+"""The ASGI app: routes, access checks, error shapes, lifespan.
 
 `create_app(engine, settings)` is the whole server minus the HTTP listener; the
 engine is passed in (loaded by `specserve serve` or a test) and stays the caller's
@@ -7,11 +7,11 @@ to close. Each app gets its own scheduler, slots and metrics registry.
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -19,32 +19,11 @@ from starlette.routing import Route
 from ..engine import Engine
 from ..memory import fmt_bytes
 from . import llama_api, openai_api
-from .errors import ApiError, error_response, install_handlers
+from .errors import CatchAll, install_handlers
+from .guard import ApiKeyMiddleware, HostOriginGuard
 from .state import ServerSettings, ServerState
 
 log = logging.getLogger("specserve.server")
-OPEN_PATHS = frozenset({"/health"})  # answered without an API key (load balancers probe it)
-
-
-class ApiKeyMiddleware:
-    """401 unless `Authorization: Bearer KEY`, except on OPEN_PATHS."""
-
-    def __init__(self, app, key: str, on_error):
-        self.app = app
-        self.expected = b"Bearer " + key.encode()
-        self.on_error = on_error
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                self.on_error(401)
-                message = "missing API key" if not given else "invalid API key"
-                err = ApiError(401, f"{message}: send 'Authorization: Bearer <key>'", code="invalid_api_key",
-                               headers={"WWW-Authenticate": "Bearer"})
-                await error_response(err)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 async def health(request: Request) -> Response:
@@ -79,9 +58,18 @@ def create_app(engine: Engine, settings: ServerSettings) -> Starlette:
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    middleware = [Middleware(ApiKeyMiddleware, key=settings.api_key, on_error=state.metrics.error)] \
-        if settings.api_key else []
+    on_error = state.metrics.error
+    # Outermost first: bugs answered cleanly, then who may call (a CORS preflight carries no key).
+    middleware = [Middleware(CatchAll, on_error=on_error),
+                  Middleware(HostOriginGuard, allowed_hosts=settings.allowed_hosts,
+                             cors_origins=settings.cors_origins, on_error=on_error)]
+    if settings.cors_origins:
+        middleware.append(Middleware(CORSMiddleware, allow_origins=sorted(settings.cors_origins),
+                                     allow_methods=["GET", "POST"],
+                                     allow_headers=["Authorization", "Content-Type", "X-Api-Key"], max_age=600))
+    if settings.api_keys:
+        middleware.append(Middleware(ApiKeyMiddleware, keys=settings.api_keys, on_error=on_error))
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
     app.state.server = state
-    install_handlers(app, state.metrics.error)
+    install_handlers(app, on_error)
     return app

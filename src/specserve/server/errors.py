@@ -1,7 +1,8 @@
 """Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
 
 Every failure the server answers, from a bad field to an unexpected bug, goes out
-in this one shape so that OpenAI clients raise their usual exception types.
+in this one shape so that OpenAI clients raise their usual exception types. A bug
+is answered by `CatchAll`, which leaves the keep-alive connection usable.
 """
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from starlette.responses import JSONResponse
 
 log = logging.getLogger("specserve.server")
 
-_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
-          405: "invalid_request_error", 413: "invalid_request_error", 503: "server_error"}
+_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 403: "invalid_request_error",
+          404: "invalid_request_error", 405: "invalid_request_error", 408: "invalid_request_error",
+          413: "invalid_request_error", 415: "invalid_request_error", 503: "server_error"}
 
 
 class ApiError(Exception):
@@ -47,7 +49,7 @@ def error_response(err: ApiError) -> JSONResponse:
 
 
 def install_handlers(app, on_error) -> None:
-    """Route every exception to an OpenAI-shaped response; `on_error(status)` counts them."""
+    """Route refusals to OpenAI-shaped responses; `on_error(status)` counts them. Bugs go to CatchAll."""
 
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
         on_error(exc.status)
@@ -59,13 +61,40 @@ def install_handlers(app, on_error) -> None:
         return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))
 
-    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        # The last resort: a bug, never a bad input. Logged with its traceback by Starlette.
-        on_error(500)
-        log.error("internal error on %s %s: %r", request.method, request.url.path, exc)
-        return JSONResponse(error_body(500, f"internal server error: {type(exc).__name__}", code="internal_error"),
-                            status_code=500)
-
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(HTTPException, http_error)
-    app.add_exception_handler(Exception, unexpected)
+
+
+class CatchAll:
+    """The last resort for a bug (never a bad input): a 500 in OpenAI's shape, logged with its traceback.
+
+    Starlette's own handler for `Exception` answers and then re-raises, and uvicorn, seeing
+    an exception after a complete response, drops the keep-alive connection without
+    `Connection: close`: the client's next request on it fails. Here the exception ends
+    with the answer, so the connection stays usable. Once a response has started (a
+    stream), nothing clean can be sent: the exception goes on and the connection closes.
+    """
+
+    def __init__(self, app, on_error):
+        self.app = app
+        self.on_error = on_error
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def tracking_send(message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            if started:
+                raise
+            self.on_error(500)
+            log.error("internal error on %s %s", scope["method"], scope["path"], exc_info=exc)
+            body = error_body(500, f"internal server error: {type(exc).__name__}", code="internal_error")
+            await JSONResponse(body, status_code=500)(scope, receive, send)

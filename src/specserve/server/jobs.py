@@ -2,10 +2,12 @@
 
 `start` does everything that can fail with a client error before any byte of the
 answer is sent (tokenize, check the context, wait for a slot, run the prompt and the
-first step), so a streaming request still gets a proper 400 or 503. `Job.finish`
-runs exactly once however the request ends: it closes the slot's stream on the
-engine thread (which stops generation at once), records metrics, logs the request's
-line and gives the slot back.
+first step), so a streaming request still gets a proper 400 or 503; a client that
+hangs up while it waits in the queue is dropped at once. `Job.finish` runs exactly
+once however the request ends: it closes the slot's stream on the engine thread
+(which stops generation at once), records metrics, logs the request's line and gives
+the slot back. When a drain's deadline passes, the next step of every job raises
+`stopping()` instead.
 """
 from __future__ import annotations
 
@@ -24,9 +26,10 @@ from ..stats import GenerationStats
 from .errors import ApiError, bad_request
 from .metrics import log_request
 from .params import GenRequest
-from .scheduler import QueueFull
+from .scheduler import QueueFull, SlotPool
 
 log = logging.getLogger("specserve.server")
+CLIENT_GONE = 499  # nginx's "client closed request": nobody reads it, the log and metrics do
 
 
 def _next(it: Iterator[Chunk]) -> Chunk | None:
@@ -73,6 +76,8 @@ class Job:
             return self._pending.pop(0)
         if self._done or self._finished:
             return None
+        if self.state.scheduler.stopping:
+            raise stopping()
         chunk = await self.state.scheduler.worker.run(_next, self._it)
         self._done = chunk is None
         return chunk
@@ -116,11 +121,15 @@ class Job:
             except Exception:
                 log.exception("while closing a request")
 
+        pool = state.scheduler.pool
+
         def release() -> None:  # back on the event loop
-            state.scheduler.pool.release(self.slot)
+            pool.releasing -= 1
+            pool.release(self.slot)
             state.scheduler.leave()
 
         loop = asyncio.get_running_loop()
+        pool.releasing += 1
         try:
             self._closing = state.scheduler.worker.submit(close_and_account)
         except RuntimeError:  # the engine thread is gone (forced shutdown): nothing left to stop
@@ -140,12 +149,56 @@ def _queue_full(pool) -> ApiError:
                          "retry later", code="queue_full", headers={"Retry-After": "1"})
 
 
-async def start(state, req: GenRequest) -> Job:
-    """Validate the prompt, wait for a slot, run the prompt and first step. Raises ApiError."""
+def draining() -> ApiError:
+    return ApiError(503, "the server is shutting down", code="draining", headers={"Retry-After": "5"})
+
+
+def stopping() -> ApiError:
+    """What a request still running or queued when the drain's deadline passes gets."""
+    return ApiError(503, "the server is shutting down and stopped this request at its drain deadline",
+                    code="draining", headers={"Retry-After": "5"})
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client has gone. Only after the body is read: later messages are disconnects."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _acquire(pool: SlotPool, tokens: list[int], request: Request | None):
+    """A slot; while waiting for one, ApiError(CLIENT_GONE) as soon as the client hangs up,
+    so that a client that gave up neither holds a queue place nor later runs its prompt."""
+    if request is None or pool.available:
+        return await pool.acquire(tokens)
+    acquire = asyncio.ensure_future(pool.acquire(tokens))
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait((acquire, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not acquire.done():
+            acquire.cancel()  # gives up its queue place (or passes on a slot handed to it meanwhile)
+        await asyncio.gather(acquire, gone, return_exceptions=True)
+    if acquire.cancelled():
+        raise ApiError(CLIENT_GONE, "the client closed the connection while the request waited for a slot",
+                       code="client_gone")
+    return acquire.result()
+
+
+def _forget_cache(slot) -> None:
+    """Empty the slot's caches: the next prompt is evaluated from its first token (cache_prompt=false)."""
+    slot.ctx.truncate(0)
+    if slot.draft_ctx is not None:
+        slot.draft_ctx.truncate(0)
+
+
+async def start(state, req: GenRequest, request: Request | None = None) -> Job:
+    """Validate the prompt, wait for a slot, run the prompt and first step. Raises ApiError.
+    With `request`, a client that disconnects while queued is dropped (ApiError(CLIENT_GONE))."""
     t_arrival = time.perf_counter()
     scheduler, engine = state.scheduler, state.engine
     if scheduler.draining:
-        raise ApiError(503, "the server is shutting down", code="draining", headers={"Retry-After": "5"})
+        raise draining()
     if scheduler.pool.full:  # refuse now rather than after tokenizing
         raise _queue_full(scheduler.pool)
     scheduler.enter()  # from here the request counts as in flight: a drain waits for it
@@ -158,7 +211,7 @@ async def start(state, req: GenRequest) -> Job:
                               f"(it must leave room for at least one generated token)", "prompt",
                               "context_length_exceeded")
         t_queued = time.perf_counter()
-        slot = await scheduler.pool.acquire(tokens)
+        slot = await _acquire(scheduler.pool, tokens, request)
     except QueueFull:
         scheduler.leave()
         raise _queue_full(scheduler.pool) from None
@@ -167,6 +220,8 @@ async def start(state, req: GenRequest) -> Job:
         raise
     job = Job(state, req, slot, tokens, t_arrival, time.perf_counter() - t_queued)
     try:
+        if not req.cache_prompt:
+            await scheduler.worker.run(_forget_cache, slot)
         first = await job.step()
     except ValueError as e:  # bad sampling/speculation values the checks above did not catch
         job.finish()

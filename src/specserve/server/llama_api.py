@@ -1,7 +1,7 @@
 """llama-server's native POST /completion, for scripts written against llama.cpp.
 
-Fields: prompt, n_predict, temperature, top_k, top_p, min_p, seed, stream, stop,
-ignore_eos, and speculation as llama-server spells it (`speculative.n_max`,
+Fields: prompt, n_predict, temperature, top_k, top_p, min_p, seed (-1: random, as in
+llama-server), stream, stop, ignore_eos, cache_prompt, and speculation as llama-server spells it (`speculative.n_max`,
 `speculative.n_min`, `speculative.p_min`) or as our `speculative` object. The answer
 carries `content`, `tokens_predicted`, `tokens_evaluated`, `stop` and `timings`
 (with `draft_n` and `draft_n_accepted`). Streams send one `data:` object per chunk,
@@ -13,9 +13,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from .errors import bad_request
-from .jobs import Job, start
-from .openai_api import CLIENT_GONE, speculative_usage, sse_response
-from .params import GenRequest, completion_prompt, get, read_json, resolve_profile, sampling_params, spec_params
+from .jobs import CLIENT_GONE, Job, start
+from .openai_api import speculative_usage, sse_response
+from .params import GenRequest, check_unsupported, completion_prompt, get, read_json, resolve_profile, \
+    sampling_params, spec_params
 
 _LLAMA_SPEC_KEYS = {"speculative.n_max": "draft_max", "speculative.n_min": "draft_min",
                     "speculative.p_min": "draft_p_min"}
@@ -60,22 +61,23 @@ def final(job: Job, content: str, tokens: list[int]) -> dict:
 
 async def _request(request: Request) -> GenRequest:
     state = request.app.state.server
-    body = await read_json(request, state.settings.max_body)
+    body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
     profile = resolve_profile(body, state.profiles, state.settings.model_name)
+    check_unsupported(body)
     spec_obj = get(body, "speculative", dict)
     flat = {field: body[key] for key, field in _LLAMA_SPEC_KEYS.items() if body.get(key) is not None}
     if flat and spec_obj is not None:
         raise bad_request("give either the speculative object or speculative.n_max/n_min/p_min, not both",
                           "speculative")
     spec, verify = spec_params(flat if spec_obj is None else spec_obj, profile, state.engine.draft is not None)
-    sampling = sampling_params(body, profile, state.engine.n_ctx, ("n_predict", "max_tokens"))
+    sampling = sampling_params(body, profile, state.engine.n_ctx, ("n_predict", "max_tokens"), random_seed=-1)
     return GenRequest("llama", profile.name, sampling, spec, verify, stream=get(body, "stream", bool, False),
-                      prompt=completion_prompt(body))
+                      prompt=completion_prompt(body), cache_prompt=get(body, "cache_prompt", bool, True))
 
 
 async def completion(request: Request) -> Response:
     req = await _request(request)
-    job = await start(request.app.state.server, req)
+    job = await start(request.app.state.server, req, request)
     if req.stream:
         async def events(job: Job):
             tokens = []

@@ -10,19 +10,19 @@ import json
 import logging
 import time
 import uuid
+from pathlib import Path
 from typing import AsyncIterator, Callable
 
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from .errors import bad_request, error_body
-from .jobs import Job, start
-from .params import GenRequest, check_unsupported, completion_prompt, get, read_json, resolve_profile, \
-    sampling_params, spec_params
+from .errors import ApiError, bad_request, error_body
+from .jobs import CLIENT_GONE, Job, start
+from .params import GenRequest, check_content_parts, check_unsupported, completion_prompt, get, read_json, \
+    resolve_profile, sampling_params, spec_params
 
 log = logging.getLogger("specserve.server")
-CLIENT_GONE = 499  # nginx's "client closed request": nobody reads it, the log does
 
 
 def speculative_usage(job: Job) -> dict:
@@ -46,7 +46,9 @@ def sse(obj) -> str:
 
 def sse_response(request: Request, job: Job, events: Callable[[Job], AsyncIterator]) -> StreamingResponse:
     """Stream `events(job)` as server-sent events. However the stream ends (done, client
-    gone, error), the job is finished: generation stops and its slot is freed."""
+    gone, drain deadline, error), the job is finished: generation stops and its slot is freed.
+    After the headers an error can only be an event: `{"error": ...}` in OpenAI's shape, which
+    OpenAI's clients raise, and no `[DONE]`."""
     state = request.app.state.server
 
     async def body():
@@ -54,6 +56,10 @@ def sse_response(request: Request, job: Job, events: Callable[[Job], AsyncIterat
             async for obj in events(job):
                 yield sse(obj)
             await job.finished()  # the stream's end means the request is accounted for
+        except ApiError as e:  # a refusal mid-stream: the drain's deadline
+            state.metrics.error(e.status)
+            log.info("%d %s %s mid-stream: %s", e.status, request.method, request.url.path, e.message)
+            yield sse(e.body())
         except Exception as e:  # headers are sent: the error goes in the stream
             log.exception("error while streaming")
             state.metrics.error(500)
@@ -67,7 +73,7 @@ def sse_response(request: Request, job: Job, events: Callable[[Job], AsyncIterat
 
 async def _request(request: Request, endpoint: str) -> GenRequest:
     state = request.app.state.server
-    body = await read_json(request, state.settings.max_body)
+    body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
     profile = resolve_profile(body, state.profiles, state.settings.model_name)
     check_unsupported(body)
     chat = endpoint == "chat"
@@ -78,9 +84,12 @@ async def _request(request: Request, endpoint: str) -> GenRequest:
     messages = get(body, "messages", list) if chat else None
     if chat and not messages:
         raise bad_request("messages must be a non-empty array", "messages")
+    if chat:
+        check_content_parts(messages)
     req = GenRequest(endpoint, profile.name, sampling, spec, verify, stream=get(body, "stream", bool, False),
                      prompt=None if chat else completion_prompt(body), messages=messages,
-                     include_usage=get(options, "include_usage", bool, False, "stream_options.include_usage"))
+                     include_usage=get(options, "include_usage", bool, False, "stream_options.include_usage"),
+                     cache_prompt=get(body, "cache_prompt", bool, True))
     return req
 
 
@@ -109,7 +118,7 @@ async def _respond(request: Request, job: Job, body: Callable[[str], dict]) -> R
 
 async def completions(request: Request) -> Response:
     req = await _request(request, "completions")
-    job = await start(request.app.state.server, req)
+    job = await start(request.app.state.server, req, request)
     head = _head("text_completion", req)
     if req.stream:
         async def events(job: Job):
@@ -127,7 +136,7 @@ async def completions(request: Request) -> Response:
 
 async def chat_completions(request: Request) -> Response:
     req = await _request(request, "chat")
-    job = await start(request.app.state.server, req)
+    job = await start(request.app.state.server, req, request)
     if req.stream:
         head = _head("chat.completion.chunk", req)
 
@@ -150,9 +159,11 @@ async def chat_completions(request: Request) -> Response:
 async def models(request: Request) -> Response:
     state = request.app.state.server
     created = int(time.time())
+    draft = state.engine.draft
+    # File names, not paths: a path tells a client about the host's directories and user names.
     data = [{"id": name, "object": "model", "created": created, "owned_by": "specserve",
-             "specserve": {"target": state.engine.target.path,
-                           "draft": state.engine.draft.path if state.engine.draft is not None else None,
+             "specserve": {"target": Path(state.engine.target.path).name,
+                           "draft": Path(draft.path).name if draft is not None else None,
                            "n_ctx": state.engine.n_ctx, **p.describe()}}
             for name, p in state.profiles.items()]
     return JSONResponse({"object": "list", "data": data})

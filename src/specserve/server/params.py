@@ -5,8 +5,10 @@ Everything a client sends is checked here, field by field, so a bad input is a 4
 """
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
+from typing import Callable
 
 from starlette.requests import Request
 
@@ -16,13 +18,36 @@ from .profiles import VERIFY_METHODS, Profile
 
 MAX_STOP = 16  # stop strings per request
 MAX_STOP_LEN = 256  # characters per stop string
-_SEED_LIMIT = 2**64
 _SPEC_FIELDS = {"mode": str, "draft_max": int, "draft_min": int, "draft_p_min": float,
                 "ngram_min": int, "ngram_max": int, "verify": str}
-# Fields we do not implement: refused unless absent, null, or neutral (1 for the counts, falsy for the rest).
-_ONE_ONLY = ("n", "best_of")
-_OFF_ONLY = ("echo", "logprobs", "top_logprobs", "suffix", "logit_bias", "presence_penalty", "frequency_penalty",
-             "tools")
+
+
+def _one_of(*values) -> Callable[[object], bool]:
+    return lambda v: not isinstance(v, bool) and v in values
+
+
+def _off(v) -> bool:
+    return not v
+
+
+# Fields we do not implement (OpenAI's and llama-server's): refused with `unsupported_parameter`
+# unless absent, null, or neutral (what the field means when it is left out). Answering
+# while ignoring them would hand back output the client did not ask for.
+_UNSUPPORTED: dict[str, Callable[[object], bool]] = {
+    "n": _one_of(1), "best_of": _one_of(1),
+    "echo": _off, "logprobs": _off, "top_logprobs": _off, "suffix": _off, "logit_bias": _off,
+    "presence_penalty": _off, "frequency_penalty": _off,
+    "tools": _off, "functions": _off, "tool_choice": _one_of("none", "auto"),
+    "function_call": _one_of("none", "auto"),
+    "response_format": lambda v: v == {"type": "text"},
+    "audio": _off, "modalities": lambda v: v == ["text"], "prediction": _off,
+    # llama-server's sampling and constraint fields
+    "grammar": _off, "json_schema": _off, "n_probs": _off, "image_data": _off, "multimodal_data": _off,
+    "repeat_penalty": _one_of(1), "typical_p": _one_of(1), "mirostat": _off, "dry_multiplier": _off,
+    "xtc_probability": _off, "dynatemp_range": _off, "top_n_sigma": lambda v: _one_of(-1)(v) or not v,
+    "lora": _off,
+}
+_CONTENT_PARTS = ("text",)  # chat content part types understood; images, audio and files are not
 
 
 @dataclass(frozen=True)
@@ -38,18 +63,30 @@ class GenRequest:
     prompt: str | list[int] | None = None
     messages: list | None = None
     include_usage: bool = False
+    cache_prompt: bool = True  # reuse the slot's cached prefix of the prompt (llama-server's field)
 
 
-async def read_json(request: Request, limit: int) -> dict:
-    """The body as a JSON object: 413 past `limit` bytes, 400 for bad UTF-8 or JSON."""
+async def read_json(request: Request, limit: int, timeout: float) -> dict:
+    """The body as a JSON object: 413 past `limit` bytes, 415 unless sent as JSON (a browser cannot
+    send that cross-origin without a preflight), 408 if it takes over `timeout` seconds, 400 for
+    bad UTF-8 or JSON."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"request body is {declared} bytes; the limit is {limit}", code="body_too_large")
+    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media_type != "application/json":
+        raise ApiError(415, f"the body must be sent as 'Content-Type: application/json', not {media_type or 'none'} "
+                            "(curl: --json, or -H 'Content-Type: application/json')", code="unsupported_media_type")
     body = bytearray()
-    async for part in request.stream():
-        body += part
-        if len(body) > limit:
-            raise ApiError(413, f"request body exceeds the limit of {limit} bytes", code="body_too_large")
+    try:
+        async with asyncio.timeout(timeout):
+            async for part in request.stream():
+                body += part
+                if len(body) > limit:
+                    raise ApiError(413, f"request body exceeds the limit of {limit} bytes", code="body_too_large")
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {timeout:g} s", code="request_timeout",
+                       headers={"Connection": "close"}) from None
     try:
         obj = json.loads(body.decode("utf-8"))
     except UnicodeDecodeError as e:
@@ -83,12 +120,26 @@ def get(body: dict, key: str, kind: type, default=None, param: str | None = None
 
 
 def check_unsupported(body: dict) -> None:
-    for key in _ONE_ONLY + _OFF_ONLY:
+    """400 `unsupported_parameter` for the first field we do not implement that is set to a non-neutral value."""
+    for key, neutral in _UNSUPPORTED.items():
         value = body.get(key)
-        if value is None or (value == 1 if key in _ONE_ONLY else not value):
+        if value is None or neutral(value):
             continue
         raise bad_request(f"{key}={json.dumps(value)[:40]} is not supported by this server", key,
                           "unsupported_parameter")
+
+
+def check_content_parts(messages: list) -> None:
+    """400 `unsupported_parameter` for a chat content part that is not text (an image would be dropped)."""
+    for i, m in enumerate(messages):
+        content = m.get("content") if isinstance(m, dict) else None
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind not in _CONTENT_PARTS:
+                raise bad_request(f"content parts of type {json.dumps(kind)[:40]} are not supported: this server "
+                                  "reads text only", f"messages[{i}].content[{j}]", "unsupported_parameter")
 
 
 def resolve_profile(body: dict, profiles: dict[str, Profile], default: str) -> Profile:
@@ -113,8 +164,9 @@ def _stop(body: dict) -> tuple[str, ...]:
 
 
 def sampling_params(body: dict, profile: Profile, n_ctx: int,
-                    max_keys: tuple[str, ...] = ("max_tokens",)) -> SamplingParams:
-    """SamplingParams from the body over the profile's defaults. Without a limit, generate until the context fills."""
+                    max_keys: tuple[str, ...] = ("max_tokens",), random_seed: int | None = None) -> SamplingParams:
+    """SamplingParams from the body over the profile's defaults. Without a limit, generate until the context fills.
+    `random_seed`: a seed value that means "no seed" (llama-server's -1)."""
     kw = dict(profile.sampling)
     for key in ("temperature", "top_p", "min_p"):
         if body.get(key) is not None:
@@ -122,6 +174,8 @@ def sampling_params(body: dict, profile: Profile, n_ctx: int,
     for key in ("top_k", "seed"):
         if body.get(key) is not None:
             kw[key] = get(body, key, int)
+    if random_seed is not None and body.get("seed") == random_seed:
+        kw["seed"] = None
     if body.get("ignore_eos") is not None:
         kw["ignore_eos"] = get(body, "ignore_eos", bool)
     for key in max_keys:
@@ -135,8 +189,6 @@ def sampling_params(body: dict, profile: Profile, n_ctx: int,
             kw["max_tokens"] = n
             break
     kw.setdefault("max_tokens", n_ctx)
-    if kw.get("seed") is not None and not 0 <= kw["seed"] < _SEED_LIMIT:
-        raise bad_request(f"seed must be in [0, 2^64), got {kw['seed']}", "seed")
     if kw.get("max_tokens", 1) <= 0:
         raise bad_request(f"{max_keys[0]} must be > 0, got {kw['max_tokens']}", max_keys[0])
     kw["stop"] = _stop(body)

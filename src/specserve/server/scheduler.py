@@ -8,6 +8,9 @@ the worker's FIFO queue interleaves the active requests step by step, so all the
 streams progress and none waits for another to finish.
 
 Requests beyond the slots wait in a bounded FIFO queue; beyond that they are refused.
+A slot being given back (its request ended, its cache not yet closed on the engine
+thread) counts as free for that bound, so a client that drops a stream and at once
+sends its next request is queued, not refused.
 """
 from __future__ import annotations
 
@@ -50,6 +53,7 @@ class SlotPool:
     def __init__(self, slots: Sequence[Slot], max_waiting: int):
         self.slots = list(slots)
         self.max_waiting = max_waiting
+        self.releasing = 0  # slots whose request has ended, on their way back
         self._free = list(slots)
         self._waiters: collections.deque[asyncio.Future] = collections.deque()
 
@@ -64,11 +68,16 @@ class SlotPool:
     @property
     def full(self) -> bool:
         """No free slot and no room in the queue: a new request would be refused."""
-        return not self._free and len(self._waiters) >= self.max_waiting
+        return not self._free and len(self._waiters) >= self.max_waiting + self.releasing
+
+    @property
+    def available(self) -> bool:
+        """A slot can be taken now, without waiting."""
+        return bool(self._free) and not self._waiters
 
     async def acquire(self, tokens: Sequence[int]) -> Slot:
         """A free slot (the one whose cache shares the longest prefix with `tokens`), or wait."""
-        if self._free and not self._waiters:
+        if self.available:
             best = max(self._free, key=lambda s: common_prefix(s.ctx.tokens, tokens))
             self._free.remove(best)
             return best
@@ -79,8 +88,8 @@ class SlotPool:
         try:
             return await fut
         except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():  # handed a slot just as we gave up: pass it on
-                self.release(fut.result())
+            if fut.done() and not fut.cancelled() and fut.exception() is None:  # handed a slot as we gave up
+                self.release(fut.result())  # pass it on
             elif fut in self._waiters:
                 self._waiters.remove(fut)
             raise
@@ -94,6 +103,13 @@ class SlotPool:
                 return
         self._free.append(slot)
 
+    def fail_waiters(self, make_error: Callable[[], Exception]) -> None:
+        """Wake every waiter with its own `make_error()`: nobody will get a slot."""
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_exception(make_error())
+
 
 class Scheduler:
     """The engine thread, the slot pool, and the draining flag, for one server."""
@@ -106,7 +122,8 @@ class Scheduler:
         self.engine = engine
         self.worker = EngineWorker()
         self.pool = SlotPool([engine.new_slot() for _ in range(parallel)], max_waiting)
-        self.draining = False
+        self.draining = False  # refuse new requests; those in flight go on
+        self.stopping = False  # the drain's deadline passed: requests in flight end at their next step
         self.closed = False
         self.active = 0  # requests accepted and not yet answered (drain waits for 0)
 
@@ -125,6 +142,12 @@ class Scheduler:
 
     def leave(self) -> None:
         self.active -= 1
+
+    def stop_requests(self, make_error: Callable[[], Exception]) -> None:
+        """End the drain: queued requests fail with `make_error()` now, running ones at their next step.
+        Event-loop thread only."""
+        self.draining = self.stopping = True
+        self.pool.fail_waiters(make_error)
 
     def close(self) -> None:
         """Stop the engine thread (after its current step), then free the slots' caches. Idempotent."""

@@ -10,6 +10,9 @@ from .profiles import Profile
 from .scheduler import Scheduler
 
 MAX_BODY_BYTES = 4 << 20
+READ_TIMEOUT_S = 30.0
+DRAIN_TIMEOUT_S = 20.0
+MAX_CONNECTIONS = 256
 
 
 @dataclass(frozen=True)
@@ -20,14 +23,27 @@ class ServerSettings:
     profiles: dict[str, Profile] = field(default_factory=dict)  # name -> profile, the served model's first
     parallel: int = 2  # slots: requests generating at once
     queue: int = 16  # requests waiting for a slot before 503
-    api_key: str | None = None
+    api_keys: tuple[str, ...] = ()  # none: no authentication
     max_body: int = MAX_BODY_BYTES
+    allowed_hosts: frozenset[str] = frozenset()  # Host names served besides IPs and localhost; "*": any
+    cors_origins: frozenset[str] = frozenset()  # origins allowed cross-origin; "*": any
+    read_timeout: float = READ_TIMEOUT_S  # seconds for a request's headers, then again for its body
+    drain_timeout: float = DRAIN_TIMEOUT_S  # seconds a drain waits before it ends the requests in flight
+    max_connections: int = MAX_CONNECTIONS  # connections served at once; requests on more get 503
 
     def __post_init__(self) -> None:
         if self.model_name not in self.profiles:
             object.__setattr__(self, "profiles", {self.model_name: Profile(self.model_name), **self.profiles})
         if self.max_body < 1024:
             raise ValueError(f"max_body must be >= 1024 bytes, got {self.max_body}")
+        if any(not k or k != k.strip() for k in self.api_keys):
+            raise ValueError("an API key must be non-empty and have no surrounding whitespace")
+        for name, value in (("read_timeout", self.read_timeout), ("drain_timeout", self.drain_timeout)):
+            if not 0 < value < 1e6:  # also refuses NaN
+                raise ValueError(f"{name} must be > 0 seconds, got {value}")
+        if self.max_connections < self.parallel + self.queue + 1:
+            raise ValueError(f"max_connections must exceed parallel + queue ({self.parallel + self.queue}), "
+                             f"got {self.max_connections}")
 
 
 class ServerState:
