@@ -53,8 +53,18 @@ _FOLLOW_UPS = 6  # successful probes in a row that may bypass the budget
 _PRIORS = {"ngram": (0.6, 0.6)}  # (acceptance, delivery) before any data; others (0.7, 1.0)
 # the n-gram's acceptance given the order n of the n-gram it matched (its draft follows an
 # earlier occurrence of the last n tokens): longer matches predict better
-_NGRAM_ORDER_PRIOR = {1: 0.15, 2: 0.3, 3: 0.45}  # 4 and longer: 0.6
-_FREE = frozenset({"ngram"})  # drafters with no model: nearly free to query or to catch up
+_NGRAM_ORDER_PRIOR = {1: 0.15, 2: 0.3, 3: 0.45, 4: 0.6, 8: 0.7, 16: 0.8, 32: 0.85}
+# drafters with no model, which copy what follows an earlier occurrence of the text's end:
+# nearly free to query or to catch up, and their offer (match length, tokens available) is known
+_FREE = frozenset({"ngram", "suffix"})
+LOOKUP_MAX = 64  # how far a lookup drafter may draft under auto where the user set no --draft-max
+
+
+def match_bucket(order: int) -> int:
+    """Match lengths pooled for acceptance: 1, 2, 3, 4-7, 8-15, 16-31, 32+."""
+    if order < 4:
+        return order
+    return 4 if order < 8 else 8 if order < 16 else 16 if order < 32 else 32
 
 
 class _Rates:
@@ -309,7 +319,7 @@ class Controller:
         key = (name, order, regime)
         p = self.pooled.get(key)
         if p is None:
-            a, d = (_NGRAM_ORDER_PRIOR.get(order, 0.6), 1.0) if order else _PRIORS.get(name, (0.7, 1.0))
+            a, d = (_NGRAM_ORDER_PRIOR[order], 1.0) if order else _PRIORS.get(name, (0.7, 1.0))
             p = self.pooled[key] = [2 * a, 2.0, 2 * d, 2.0]
         return p
 
@@ -325,18 +335,26 @@ class Controller:
 class AutoPolicy:
     """One request's adaptive policy; see the module docstring."""
 
-    sees_ngram = True  # the engine tells it, each step, what the n-gram would match (see_ngram)
+    # the engine tells it, each step, what each lookup drafter would match: see(name, offer)
+    # (see_ngram(order, available) where the engine speaks only of the n-gram)
+    sees_offers = True
+    sees_ngram = True
 
     def __init__(self, ctl: Controller, spec: SpecParams, names: list[str], temperature: float = 0.0):
-        self.ctl, self.cap, self.names = ctl, spec.draft_max, list(names)
+        self.ctl, self.names = ctl, list(names)
+        # a model drafter stops at --draft-max; a lookup drafter at its own, longer cap (which a
+        # --draft-max the user set lowers: SpecParams.suffix_max)
+        lookup_cap = getattr(spec, "suffix_max", LOOKUP_MAX) or spec.draft_max
+        self.caps = {n: lookup_cap if n in _FREE else spec.draft_max for n in names}
+        self.cap = max(self.caps.values(), default=spec.draft_max)
         self.regime = min(round(temperature * 4) / 4, 2.0)  # pooled priors per 0.25 of temperature
         # the draft model returns nothing below --draft-min under greedy: never ask for fewer
         self.kmin = {n: max(1, spec.draft_min) if n == "draft" else 1 for n in names}
-        self.acc = {n: _Rates(self.cap) for n in names}
-        self.acc_order: dict[int, _Rates] = {}  # the n-gram's acceptance by the order it matched
-        self.ngram_match: tuple[int, int] | None = None  # (order, tokens available) this step, if told
-        self._step_order = 0  # the order the n-gram matched at the step being observed
-        self.dlv = {n: _Rates(self.cap) for n in names}
+        self.acc = {n: _Rates(self.caps[n]) for n in names}
+        self.acc_order: dict[tuple[str, int], _Rates] = {}  # a lookup drafter's acceptance by match bucket
+        self.offers: dict[str, tuple[int, int]] = {}  # lookup drafter -> (match length, tokens available)
+        self._step_order = 0  # the match bucket of the drafter used at the step being observed
+        self.dlv = {n: _Rates(self.caps[n]) for n in names}
         self.lag = dict.fromkeys(names, 0)  # tokens the drafter's cache is behind (after the prompt)
         self.fresh = set(names)  # not run in this request: its cache also lacks the prompt
         self.missing = dict.fromkeys(names, 0)  # prompt tokens a fresh drafter's cache lacks
@@ -345,6 +363,7 @@ class AutoPolicy:
         # the probe budget accrues with this request's own seconds, from what the engine had saved
         self.clock = 0.0
         self.since = {n: ctl.last_used.get(n, float("-inf")) - ctl.clock for n in names}
+        self._step_offers: dict[str, tuple[int, int]] = {}
         self.step = self.generated = 0
         self.probing: tuple | None = None  # (drafter, whether it displaced a drafter, its plan)
         self.pending: tuple | None = None  # (drafter, plan): a probe that found nothing, to ask again
@@ -367,32 +386,34 @@ class AutoPolicy:
         """
         if V is not self._plans_V:
             self._plans_V, self._plans = V, {n: {} for n in self.names}
-        order = 0
-        if name == "ngram" and self.ngram_match is not None:  # what it would draft now is known
-            order, available = self.ngram_match
-            found, kmax = True, min(kmax or self.cap, available)
+        order, cap = 0, self.caps[name]
+        kmax = min(kmax or cap, cap)
+        if name in self.offers:  # what it would draft now is known
+            order, available = self.offers[name]
+            found, kmax = True, min(kmax, available)
             if not order or kmax < kmin:
                 return (0.0, 0, 1.0, V[1])  # no match: nothing to draft
+            order = match_bucket(order)
         key = (kmin, kmax, found, ceiling, order)
         best = self._plans[name].get(key)
         if best is not None:
             return best
         p = self.ctl.prior(name, 0, self.regime)
         if ceiling:
-            acc = [1.0] * self.cap
+            acc = [1.0] * cap
         elif order:
-            q = self.ctl.prior(name, min(order, 4), self.regime)
-            acc = self.acc_order.setdefault(min(order, 4), _Rates(self.cap)).rates(q[0] / q[1])
+            q = self.ctl.prior(name, order, self.regime)
+            acc = self.acc_order.setdefault((name, order), _Rates(cap)).rates(q[0] / q[1])
         else:
             acc = self.acc[name].rates(p[0] / p[1])
         # a known match delivers every token up to `available`, which bounds kmax
-        dlv = [1.0] * self.cap if order else self.dlv[name].rates(p[2] / p[3])
+        dlv = [1.0] * cap if order else self.dlv[name].rates(p[2] / p[3])
         a, b, c = self.ctl.draft_coef(name, V)
         best_r, best_k, best_e, best_t = 0.0, 0, 1.0, V[1]
         reach, chain, e_tok, s = 1.0, 1.0, 1.0, 0.0  # P(len >= i), P(len >= i, all accepted)
         c_prev = a + V[1]  # seconds of a step whose draft came back with i - 1 tokens
         # (the cache then misses 2 tokens instead of 1 after a fully accepted draft: + c chain)
-        for i in range(1, (kmax or self.cap) + 1):
+        for i in range(1, kmax + 1):
             d = 1.0 if found and i == 1 else dlv[i - 1]
             r = reach * d
             s += (reach - r) * c_prev
@@ -437,7 +458,7 @@ class AutoPolicy:
     def _probe(self, name: str, V, best_rate: float) -> tuple[float, int, float, float] | None:
         """The plan of a short probe of `name`, if one is due now."""
         ctl = self.ctl
-        if name == "ngram" and self.ngram_match is not None and not self.ngram_match[0]:
+        if name in self.offers and not self.offers[name][0]:
             return None  # nothing to probe with
         if self.step - self.used_step[name] < ctl.interval.get(name, _PROBE_MIN):
             return None
@@ -500,14 +521,18 @@ class AutoPolicy:
         old = self.ctl.prompt_cost.get(name, per_token)
         self.ctl.prompt_cost[name] = 0.7 * old + 0.3 * per_token
 
+    def see(self, name: str, offer: tuple[int, int]) -> None:
+        """What a lookup drafter would draft this step: its match length (0: none), tokens available."""
+        if name in self.caps:
+            self.offers[name] = (int(offer[0]), int(offer[1]))  # plans are cached by match and length
+
     def see_ngram(self, order: int, available: int) -> None:
-        """What the n-gram would draft this step: the order of its match (0: none), tokens available."""
-        self.ngram_match = (order, available)  # plans are cached by order and length: nothing to clear
+        self.see("ngram", (order, available))
 
     def choose(self) -> Choice:
         self.step += 1
         self.probing = None
-        self._step_order = self.ngram_match[0] if self.ngram_match else 0
+        self._step_offers = dict(self.offers)
         V = self.ctl.verify.table(self.cap + 1)  # [cap + 2] seconds per pass over n tokens
         if V is None:
             return OFF  # the first step of a fresh engine measures a plain pass
@@ -556,11 +581,12 @@ class AutoPolicy:
         self.dlv[used].add(min(k, n + 1), n)
         if n:
             self.acc[used].add(min(n, acc + 1), acc)
-            if used == "ngram" and self._step_order:
-                o = min(self._step_order, 4)
-                self.acc_order.setdefault(o, _Rates(self.cap)).add(min(n, acc + 1), acc)
+            order = self._step_offers.get(used, (0, 0))[0]
+            if order:
+                o = match_bucket(order)
+                self.acc_order.setdefault((used, o), _Rates(self.caps[used])).add(min(n, acc + 1), acc)
                 with ctl.lock:
-                    q = ctl.prior("ngram", o, self.regime)
+                    q = ctl.prior(used, o, self.regime)
                     q[0], q[1] = q[0] * _G_ENGINE + acc, q[1] * _G_ENGINE + min(n, acc + 1)
         self.lag[used] = 2 if n and acc == n else 1  # it holds all but the bonus (and last draft)
         self._probe_cost.pop(used, None)
