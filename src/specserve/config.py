@@ -9,6 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 SPEC_MODES = ("auto", "draft", "ngram", "none")
+# How sampled drafts are verified (verifier.py): gumbel keeps the text a function of the seed
+# whatever is speculated; rejection accepts more of a draft model's tokens.
+VERIFY_METHODS = ("gumbel", "rejection")
+DEFAULT_VERIFY = "gumbel"
 
 
 @dataclass(frozen=True)
