@@ -13,17 +13,21 @@ os.environ["SPECSERVE_AUTO_PROFILE"] = "0"
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tiny_models import write_tiny_model  # noqa: E402
+from tiny_models import write_tiny_mamba, write_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def tiny_paths(tmp_path_factory) -> dict[str, Path]:
-    """A tiny target and drafts of controlled similarity to it."""
+    """A tiny target and drafts of controlled similarity to it; padded variants (64 more tokens, the
+    first rows of every weight unchanged, as Qwen2.5-7B's 152064 against 0.5B's 151936); a recurrent model."""
     d = tmp_path_factory.mktemp("tiny")
     return {
         "target": write_tiny_model(d / "target.gguf", seed=1),
         "draft_close": write_tiny_model(d / "draft_close.gguf", seed=1, noise=0.05, noise_seed=7),
         "draft_far": write_tiny_model(d / "draft_far.gguf", seed=2),
+        "target_padded": write_tiny_model(d / "target_padded.gguf", seed=1, extra_tokens=64),
+        "draft_padded": write_tiny_model(d / "draft_padded.gguf", seed=1, noise=0.05, noise_seed=7, extra_tokens=64),
+        "mamba": write_tiny_mamba(d / "mamba.gguf", seed=1),
     }
 
 

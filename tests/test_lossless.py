@@ -2,7 +2,9 @@
 
 Sampling: over thousands of seeded runs, the joint distribution of the first two
 generated tokens with speculation matches the target's own, computed exactly from
-the target's logits (no sampling noise on that side). Chi-square at p = 0.001.
+the target's logits (no sampling noise on that side). Chi-square at p = 0.001. Both
+verify methods; under gumbel the runs also test the keyed noise itself (seeds 0..N-1
+must give independent draws).
 
 Greedy: speculative output equals target-alone output token for token. llama.cpp's
 batched and single-token logits can differ in the last bits and flip a near-tie, so
@@ -66,18 +68,23 @@ def chi_square_pvalue(counts: dict, expected_p: dict, n: int) -> float:
 
 
 @pytest.mark.parametrize(
-    "draft, mode, sampling",
+    "target, draft, mode, sampling, method",
     [
-        ("draft_close", "draft", dict(temperature=0.7)),
-        ("draft_far", "draft", dict(temperature=1.5)),  # a poor draft: mostly the residual path
-        ("draft_close", "draft", dict(temperature=1.0, top_p=0.8)),
-        ("draft_close", "ngram", dict(temperature=0.7)),
-        ("draft_close", "ngram", dict(temperature=1.5, top_p=0.9)),
-        ("draft_close", "draft", dict(temperature=0.9, top_k=20, min_p=0.05)),
+        ("target", "draft_close", "draft", dict(temperature=0.7), "rejection"),
+        ("target", "draft_close", "draft", dict(temperature=0.7), "gumbel"),
+        ("target", "draft_far", "draft", dict(temperature=1.5), "rejection"),  # a poor draft: mostly the residual
+        ("target", "draft_far", "draft", dict(temperature=1.5), "gumbel"),
+        ("target", "draft_close", "draft", dict(temperature=1.0, top_p=0.8), "rejection"),
+        ("target", "draft_close", "ngram", dict(temperature=0.7), "rejection"),
+        ("target", "draft_close", "ngram", dict(temperature=1.5, top_p=0.9), "gumbel"),
+        ("target", "draft_close", "draft", dict(temperature=0.9, top_k=20, min_p=0.05), "rejection"),
+        # vocabularies that differ by padding, either way round
+        ("target_padded", "draft_close", "draft", dict(temperature=1.0), "rejection"),
+        ("target", "draft_padded", "draft", dict(temperature=1.0), "rejection"),
     ],
 )
-def test_sampled_speculation_matches_target_distribution(tiny_models, draft, mode, sampling):
-    target = tiny_models["target"]
+def test_sampled_speculation_matches_target_distribution(tiny_models, target, draft, mode, sampling, method):
+    target = tiny_models[target]
     engine = Engine(target, tiny_models[draft], n_ctx=256)
     slot = engine.new_slot()
     prompt = repeating_prompt(engine, slot)
@@ -87,7 +94,7 @@ def test_sampled_speculation_matches_target_distribution(tiny_models, draft, mod
     drafted = accepted = 0
     for seed in range(N_RUNS):
         params = SamplingParams(max_tokens=3, seed=seed, ignore_eos=True, **sampling)
-        g = slot.generate(prompt, params, SpecParams(mode=mode, draft_max=2))
+        g = slot.generate(prompt, params, SpecParams(mode=mode, draft_max=2), method)
         key = (g.tokens[0], g.tokens[1])
         counts[key] = counts.get(key, 0) + 1
         drafted += g.stats.n_drafted

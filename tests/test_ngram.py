@@ -32,3 +32,9 @@ def test_index_follows_a_growing_sequence_and_a_new_request():
 
 def test_min_n_respected():
     assert NgramDrafter(n_min=2, n_max=3).propose([1, 5, 1], 2).tokens == []  # only a 1-gram repeats
+
+
+def test_peek_tells_the_match_before_proposing():
+    d = NgramDrafter(n_min=1, n_max=3)
+    assert d.peek([1, 2, 3, 4, 1, 2]) == (2, 4)  # [1, 2] seen before; 4 tokens follow it (3, 4, 1, 2)
+    assert d.peek([1, 2, 3]) == (0, 0)  # nothing repeats: nothing to draft

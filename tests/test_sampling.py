@@ -14,12 +14,12 @@ def test_temperature_one_is_softmax():
     x = np.array([1.0, 2.0, 3.0])
     p = process(x, SamplingParams(temperature=1.0))
     e = np.exp(x - 3)
-    assert np.allclose(p, e / e.sum())
+    assert np.allclose(p, e / e.sum(), atol=1e-7)  # float32, like the logits
 
 
 def test_top_k_keeps_k_largest():
     p = process(np.array([1.0, 4.0, 3.0, 2.0]), SamplingParams(temperature=1.0, top_k=2))
-    assert p[0] == 0 and p[3] == 0 and abs(p.sum() - 1) < 1e-12 and p[1] > p[2] > 0
+    assert p[0] == 0 and p[3] == 0 and abs(p.sum() - 1) < 1e-6 and p[1] > p[2] > 0
 
 
 def test_top_p_keeps_smallest_set_reaching_p():

@@ -8,7 +8,7 @@ PIECES = {i: bytes([i]) for i in range(256)}
 
 def stream(chunks, stop=()):
     d = StreamDecoder(PIECES.__getitem__, stop)
-    out = "".join(d.push(c) for c in chunks)
+    out = "".join(d.push(c)[0] for c in chunks)
     return out + d.flush(), d.stopped
 
 

@@ -3,12 +3,13 @@ import numpy as np
 import pytest
 
 from specserve.config import SamplingParams
-from specserve.sampling import process
+from specserve.sampling import Sampler, candidates
 from specserve.verifier import verify, verify_greedy
 
 V = 6
 GREEDY = SamplingParams(temperature=0.0)
 T1 = SamplingParams(temperature=1.0)
+METHODS = ("gumbel", "rejection")
 
 
 def logits_peaked(*argmaxes, margin=5.0):
@@ -26,6 +27,21 @@ def logp(probs):
         return np.log(p).astype(np.float32)
 
 
+def sampler(seed, method="rejection", params=T1):
+    return Sampler(SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                                  seed=seed), method)
+
+
+def q_rows(*rows):
+    """One one-row q per draft position, from probability vectors."""
+    return [candidates(logp(r), T1) for r in rows]
+
+
+def draw_coupled(q, s: Sampler, pos):
+    """The draft token a draft model with distribution q proposes at position pos (same noise as the target)."""
+    return int(s.draw(candidates(logp(q), T1), pos)[0])
+
+
 @pytest.mark.parametrize(
     "draft, target_argmax, n_accepted, tokens",
     [
@@ -39,73 +55,108 @@ def logp(probs):
 def test_greedy_table(draft, target_argmax, n_accepted, tokens):
     v = verify_greedy(draft, np.array(target_argmax))
     assert (v.n_accepted, v.tokens) == (n_accepted, tokens)
-    # the same through verify() with logits
-    v2 = verify(draft, None, logits_peaked(*target_argmax), GREEDY, np.random.default_rng(0))
-    assert (v2.n_accepted, v2.tokens) == (n_accepted, tokens)
+    # the same through verify() with logits, whatever the sampled method
+    for method in METHODS:
+        v2 = verify(draft, None, logits_peaked(*target_argmax), Sampler(GREEDY, method), 0)
+        assert (v2.n_accepted, v2.tokens) == (n_accepted, tokens)
 
 
-def test_sampled_accepts_when_draft_equals_target():
-    # q == p: min(1, p/q) = 1, every draft token is accepted and a bonus is drawn from p
-    p = np.array([0.1, 0.2, 0.3, 0.4, 0.0, 0.0])
+@pytest.mark.parametrize("method", METHODS)
+def test_sampled_accepts_when_draft_equals_target(method):
+    # q == p: rejection accepts with min(1, p/q) = 1; gumbel's coupled draft is the target's own draw
+    p = [0.1, 0.2, 0.3, 0.4, 0.0, 0.0]
     logits = np.stack([logp(p)] * 4)
-    q = np.stack([process(logits[0], T1)] * 3)
-    rng = np.random.default_rng(1)
-    for _ in range(50):
-        v = verify([3, 1, 2], q, logits, T1, rng)
+    for seed in range(50):
+        s = sampler(seed, method)
+        draft = [draw_coupled(p, s, pos) for pos in range(10, 13)]
+        v = verify(draft, q_rows(p, p, p), logits, s, 10)
         assert v.n_accepted == 3 and len(v.tokens) == 4 and v.tokens[3] in (0, 1, 2, 3)
 
 
-def test_sampled_rejects_token_target_never_emits():
-    # p(x) = 0 for the draft token: always rejected, recovered token drawn from p (never x)
-    p = np.array([0.5, 0.5, 0.0, 0.0, 0.0, 0.0])
-    logits = np.stack([logp(p)] * 2)
-    q = np.zeros((1, V))
-    q[0, 2] = 1.0
-    rng = np.random.default_rng(2)
-    seen = {verify([2], q, logits, T1, rng).tokens[0] for _ in range(200)}
+@pytest.mark.parametrize("method", METHODS)
+def test_sampled_rejects_token_target_never_emits(method):
+    # p(x) = 0 for the draft token: always rejected, the token emitted instead is drawn from p (never x)
+    logits = np.stack([logp([0.5, 0.5, 0.0, 0.0, 0.0, 0.0])] * 2)
+    seen = {verify([2], q_rows([0, 0, 1, 0, 0, 0]), logits, sampler(seed, method), 0).tokens[0] for seed in range(200)}
     assert seen == {0, 1}
 
 
-def test_sampled_acceptance_probability_is_min_one_p_over_q():
-    # p(x) = 0.3, q(x) = 0.6: accept with probability 0.5; a deterministic draft (q = one-hot) with 0.3
-    p = np.array([0.3, 0.7, 0, 0, 0, 0])
+def test_acceptance_probability():
+    # p(x) = 0.3, q(x) = 0.6: rejection accepts with min(1, p/q) = 0.5, a deterministic draft (q = one-hot) with
+    # p(x) = 0.3. Gumbel, with the draft drawn from q under the same noise: P(argmax(log p + G) = argmax(log q + G)),
+    # for two outcomes 1 - TV = 0.7 (generally at least (1 - TV) / (1 + TV)), against rejection's 1 - TV = 0.7.
+    p, q = [0.3, 0.7, 0, 0, 0, 0], [0.6, 0.4, 0, 0, 0, 0]
     logits = np.stack([logp(p)] * 2)
-    q = np.array([[0.6, 0.4, 0, 0, 0, 0]])
-    rng = np.random.default_rng(3)
     n = 20000
-    rate_q = np.mean([verify([0], q, logits, T1, rng).n_accepted for _ in range(n)])
-    rate_onehot = np.mean([verify([0], None, logits, T1, rng).n_accepted for _ in range(n)])
-    rate_exact = np.mean([verify([0], q, logits, T1, rng, method="exact").n_accepted for _ in range(n)])
+    rate_q = np.mean([verify([0], q_rows(q), logits, sampler(i), 0).n_accepted for i in range(n)])
+    rate_onehot = np.mean([verify([0], None, logits, sampler(i), 0).n_accepted for i in range(n)])
+    rate_onehot_gumbel = np.mean([verify([0], None, logits, sampler(i, "gumbel"), 0).n_accepted for i in range(n)])
+    rate_coupled = np.mean([verify([draw_coupled(q, s, 0)], q_rows(q), logits, s, 0).n_accepted
+                            for s in (sampler(i, "gumbel") for i in range(n))])
+    rate_rejection_drawn = np.mean([verify([draw_coupled(q, s, 0)], q_rows(q), logits, s, 0).n_accepted
+                                    for s in (sampler(i) for i in range(n))])
     assert abs(rate_q - 0.5) < 0.015
-    assert abs(rate_onehot - 0.3) < 0.015
-    assert abs(rate_exact - 0.3) < 0.015  # llama.cpp's rule accepts less
+    assert abs(rate_onehot - 0.3) < 0.015 and abs(rate_onehot_gumbel - 0.3) < 0.015
+    assert abs(rate_coupled - 0.7) < 0.015 and abs(rate_rejection_drawn - 0.7) < 0.015
 
 
-def test_sampled_output_distribution_is_the_targets():
-    # first emitted token over many draws: must follow p whatever q is
+@pytest.mark.parametrize("method", METHODS)
+def test_sampled_output_distribution_is_the_targets(method):
+    # the first emitted token over many seeds must follow p whatever q is
     p = np.array([0.05, 0.15, 0.3, 0.5, 0.0, 0.0])
-    q_row = np.array([0.4, 0.4, 0.1, 0.1, 0.0, 0.0])
+    q = [0.4, 0.4, 0.1, 0.1, 0.0, 0.0]
     logits = np.stack([logp(p)] * 2)
-    rng = np.random.default_rng(4)
     counts = np.zeros(V)
     n = 40000
-    for _ in range(n):
-        x = int(rng.choice(V, p=q_row))
-        counts[verify([x], q_row[None], logits, T1, rng).tokens[0]] += 1
+    for seed in range(n):
+        s = sampler(seed, method)
+        counts[verify([draw_coupled(q, s, 7)], q_rows(q), logits, s, 7).tokens[0]] += 1
     tv = 0.5 * np.abs(counts / n - p).sum()
     assert tv < 0.01, (counts / n, p)
 
 
+def test_gumbel_output_is_the_target_alones_whatever_the_draft():
+    # the text for a seed does not depend on what was drafted: every token emitted is the target's own draw
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(5, V)).astype(np.float32) * 2
+    for seed in range(200):
+        s = sampler(seed, "gumbel")
+        alone = [int(t) for t in s.pick(logits, 30)[0]]
+        draft = [int(x) for x in rng.integers(0, V, size=4)]
+        draft[: rng.integers(0, 5)] = alone[: 4]  # sometimes a correct prefix
+        v = verify(draft[:4], None, logits, s, 30)
+        assert v.tokens == alone[: v.n_accepted + 1]
+
+
 def test_residual_excludes_one_hot_draft_token():
-    p = np.array([0.25, 0.25, 0.25, 0.25, 0, 0])
-    logits = np.stack([logp(p)] * 2)
-    rng = np.random.default_rng(5)
-    rejected_outputs = {v.tokens[0] for v in (verify([0], None, logits, T1, rng) for _ in range(500)) if v.n_accepted == 0}
-    assert rejected_outputs == {1, 2, 3}
+    logits = np.stack([logp([0.25, 0.25, 0.25, 0.25, 0, 0])] * 2)
+    verdicts = [verify([0], None, logits, sampler(seed), 0) for seed in range(500)]
+    assert {v.tokens[0] for v in verdicts if v.n_accepted == 0} == {1, 2, 3}
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_vocabularies_of_different_sizes(method):
+    """A draft vocabulary padded beyond the target's, and the other way round: no broadcasting, no index errors."""
+    p = [0.2, 0.2, 0.2, 0.2, 0.1, 0.1]  # the target's vocabulary: 6 tokens
+    wide_q = [0.0, 0.0, 0.1, 0.1, 0.0, 0.0, 0.4, 0.4]  # the draft's: 8, most of its mass beyond the target's
+    logits = np.stack([logp(p)] * 3)
+    for seed in range(300):
+        s = sampler(seed, method)
+        x = draw_coupled(wide_q, s, 0)
+        v = verify([x, 1], q_rows(wide_q, wide_q), logits[: 2 if x >= V else 3], s, 0)  # rows stop at x if invalid
+        assert all(t < V for t in v.tokens[v.n_accepted:]) and (x < V or v.n_accepted == 0)
+    narrow_q = [0.5, 0.5, 0.0, 0.0]  # the draft knows 4 tokens: q = 0 for the target's other 2
+    wide_logits = np.stack([logp(p + [0.0, 0.0])] * 2)  # a target padded to 8
+    counts = np.zeros(8)
+    for seed in range(20000):
+        s = sampler(seed, method)
+        counts[verify([draw_coupled(narrow_q, s, 0)], q_rows(narrow_q), wide_logits, s, 0).tokens[0]] += 1
+    assert 0.5 * np.abs(counts[:V] / counts.sum() - np.array(p)).sum() < 0.015
 
 
 def test_same_seed_same_result():
     logits = np.random.default_rng(0).normal(size=(5, V)).astype(np.float32)
-    q = np.stack([process(logits[i] * 0.5, T1) for i in range(4)])
-    a = [verify([1, 2, 3, 4], q, logits, T1, np.random.default_rng(7)).tokens for _ in range(3)]
-    assert a[0] == a[1] == a[2]
+    q = [candidates(logits[i] * 0.5, T1) for i in range(4)]
+    for method in METHODS:
+        a = [verify([1, 2, 3, 4], q, logits, sampler(7, method), 0).tokens for _ in range(3)]
+        assert a[0] == a[1] == a[2]

@@ -262,3 +262,66 @@ def write_tiny_model(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def write_tiny_mamba(path: str | Path, *, seed: int = 0, n_layer: int = 2, n_embd: int = 32, d_state: int = 8,
+                     d_conv: int = 4, dt_rank: int = 4, logit_scale: float = 4.0) -> Path:
+    """Write a tiny Mamba (recurrent, no attention, no KV cache) GGUF with the same tokenizer.
+
+    Its memory is one state per sequence, which llama.cpp cannot roll back to an earlier
+    position: what speculation needs. d_inner = 2 n_embd, the only expansion llama.cpp takes.
+    """
+    path = Path(path)
+    tokens, types = _gpt2_vocab(MERGES)
+    n_vocab, d_inner = len(tokens), 2 * n_embd
+    rng = np.random.default_rng(seed)
+
+    def g(shape: tuple[int, ...], std: float) -> np.ndarray:
+        return (rng.standard_normal(shape) * std).astype(np.float32)
+
+    emb = g((n_vocab, n_embd), 1.0)
+    w = {"token_embd.weight": emb, "output_norm.weight": np.ones(n_embd, np.float32),
+         "output.weight": (g((n_vocab, n_embd), 1.0) * (0.5 * logit_scale / np.sqrt(n_embd))).astype(np.float32)}
+    for i in range(n_layer):  # numpy shapes are (out, in): GGUF reverses them to ggml ne
+        p = f"blk.{i}."
+        w[p + "attn_norm.weight"] = np.ones(n_embd, np.float32)
+        w[p + "ssm_in.weight"] = g((2 * d_inner, n_embd), 1.0 / np.sqrt(n_embd))
+        w[p + "ssm_conv1d.weight"] = g((d_inner, d_conv), 0.5)
+        w[p + "ssm_conv1d.bias"] = np.zeros(d_inner, np.float32)
+        w[p + "ssm_x.weight"] = g((dt_rank + 2 * d_state, d_inner), 1.0 / np.sqrt(d_inner))
+        w[p + "ssm_dt.weight"] = g((d_inner, dt_rank), 1.0 / np.sqrt(dt_rank))
+        w[p + "ssm_dt.bias"] = np.full(d_inner, -2.0, np.float32)
+        w[p + "ssm_a"] = -np.exp(rng.uniform(0.0, 2.5, (d_inner, d_state))).astype(np.float32)
+        w[p + "ssm_d"] = np.ones(d_inner, np.float32)
+        w[p + "ssm_out.weight"] = g((n_embd, d_inner), 1.0 / np.sqrt(d_inner))
+
+    writer = gguf.GGUFWriter(path, arch="mamba")
+    writer.add_name(f"tiny-mamba-seed{seed}")
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_block_count(n_layer)
+    writer.add_context_length(1024)
+    writer.add_embedding_length(n_embd)
+    writer.add_feed_forward_length(0)
+    writer.add_head_count(0)
+    writer.add_ssm_conv_kernel(d_conv)
+    writer.add_ssm_inner_size(d_inner)
+    writer.add_ssm_state_size(d_state)
+    writer.add_ssm_time_step_rank(dt_rank)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(n_vocab)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-2")
+    writer.add_token_merges(list(MERGES))
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(n_vocab - 1)
+    writer.add_eos_token_id(n_vocab - 2)
+    writer.add_add_bos_token(False)
+    writer.add_add_eos_token(False)
+    for name, t in w.items():
+        writer.add_tensor(name, t)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -17,6 +17,10 @@ GREEDY_TEMPERATURE = 1e-5
 # (OpenAI allows [0, 2]; llama-server takes anything, including inf).
 MAX_TEMPERATURE = 100.0
 SEED_LIMIT = 2**64
+# How sampled drafts are verified (verifier.py): gumbel keeps the text a function of the seed
+# whatever is speculated; rejection accepts more of a draft model's tokens.
+VERIFY_METHODS = ("gumbel", "rejection")
+DEFAULT_VERIFY = "gumbel"
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """The speculative decoding loop.
 
 An Engine owns the loaded models; a Slot owns one sequence's state (the target's
-KV cache, the draft model's cache, the n-gram index). A step reads like the papers:
-choose a drafter and length, propose, verify in one target pass, commit, emit.
+KV cache, the draft model's cache). A step reads like the papers: propose (the
+policy chooses a drafter and a length), verify in one target pass, commit (cut at an
+end-of-generation token, max_tokens or a stop string), observe, emit.
 """
 from __future__ import annotations
 
@@ -11,18 +12,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
-import numpy as np
-
-from .backends import Model, load_model
-from .config import ModelConfig, SamplingParams, SpecParams
+from .backends import Model, load_model, sync_prefix
+from .config import DEFAULT_VERIFY, ModelConfig, SamplingParams, SpecParams
 from .controller import Controller
-from .drafters import EMPTY_DRAFT, Drafter
-from .drafters.draft_model import DraftModelDrafter, sync_prefix
+from .drafters import EMPTY_DRAFT, Draft, Drafter
+from .drafters.draft_model import DraftModelDrafter, GreedyAcceptance
 from .drafters.ngram import NgramDrafter
-from .policy import OFF, Choice, FixedPolicy, Outcome, Policy
+from .policy import OFF, Choice, FixedPolicy, Outcome, Policy, tell_offers, wants_offers
+from .sampling import Sampler
 from .stats import GenerationStats
 from .text import StreamDecoder
-from .verifier import verify
+from .verifier import Verdict, verify
 
 log = logging.getLogger("specserve")
 
@@ -53,6 +53,9 @@ class Generation:
 
 class Engine:
     def __init__(self, target: Model, draft: Model | None = None, n_ctx: int = 4096, controller=None):
+        if draft is not None and not getattr(draft, "can_rollback", True):
+            raise ValueError(f"draft model {draft.path} has a recurrent or hybrid memory, which cannot drop "
+                             "rejected tokens: it cannot draft")
         self.target = target
         self.draft = draft
         self.n_ctx = n_ctx
@@ -60,8 +63,11 @@ class Engine:
         weights = (getattr(target, "weights_bytes", 0), getattr(draft, "weights_bytes", 0))
         if draft is not None and all(weights) and self.controller is not None:
             self.controller.cost_ratio.setdefault("draft", min(weights[1] / weights[0], 1.0))
-        self._greedy_drafted = 0
-        self._greedy_accepted = 0
+        self.can_speculate = getattr(target, "can_rollback", True)
+        if not self.can_speculate:
+            log.warning("target %s has a recurrent or hybrid memory, which cannot drop rejected tokens: "
+                        "speculation is off", target.path)
+        self.greedy_acceptance = GreedyAcceptance()  # the draft model's, for the run-time pairing warning
         self._pairing_warned = False
 
     @classmethod
@@ -80,6 +86,11 @@ class Engine:
     def policy_for(self, spec: SpecParams, temperature: float = 0.0) -> Policy:
         if spec.mode == "none" or spec.draft_max == 0:
             return FixedPolicy(None, 0)
+        if not self.can_speculate:
+            if spec.mode == "auto":
+                return FixedPolicy(None, 0)
+            raise ValueError(f"speculative mode {spec.mode!r} needs a target whose cache can drop rejected tokens; "
+                             f"{self.target.path} has a recurrent or hybrid memory (use mode 'none')")
         if spec.mode == "draft":
             if self.draft is None:
                 raise ValueError("speculative mode 'draft' needs a draft model (-md)")
@@ -90,19 +101,18 @@ class Engine:
             return self.controller.policy(spec, self.drafter_names, temperature)
         return FixedPolicy(self.drafter_names[0], spec.draft_max)
 
-    def note_greedy_acceptance(self, n_drafted: int, n_accepted: int) -> None:
+    def check_pairing_at_run_time(self) -> None:
         """Warn once if a draft model's greedy acceptance is far below a same-family pair's."""
-        self._greedy_drafted += n_drafted
-        self._greedy_accepted += n_accepted
-        if self._pairing_warned or self._greedy_drafted < _PAIRING_WARN_AFTER:
+        seen = self.greedy_acceptance
+        if self._pairing_warned or seen.drafted < _PAIRING_WARN_AFTER:
             return
-        rate = self._greedy_accepted / self._greedy_drafted
+        rate = seen.accepted / seen.drafted
         if rate < _PAIRING_WARN_ACCEPTANCE:
             self._pairing_warned = True
             log.warning(
                 "draft model acceptance at temperature 0 is %.0f%% over %d drafted tokens; a same-family "
                 "pair accepts 60-95%%. The draft may not match the target (run `specserve check`).",
-                100 * rate, self._greedy_drafted,
+                100 * rate, seen.drafted,
             )
 
     def close(self) -> None:
@@ -143,8 +153,13 @@ class Slot:
         """Fresh per-request drafters; the draft model's KV cache outlives them in the slot."""
         drafters: dict[str, Drafter] = {"ngram": NgramDrafter(spec.ngram_min, spec.ngram_max)}
         if self.draft_ctx is not None:
-            drafters["draft"] = DraftModelDrafter(self.engine.draft, self.draft_ctx, spec.draft_p_min, spec.draft_min)
+            drafters["draft"] = DraftModelDrafter(self.engine.draft, self.draft_ctx, spec.draft_p_min, spec.draft_min,
+                                                  self.engine.greedy_acceptance)
         return drafters
+
+    def _forward_seconds(self) -> float:
+        """Seconds this slot's contexts have spent in forward passes."""
+        return sum(c.t_eval for c in (self.ctx, self.draft_ctx) if c is not None)
 
     def tokenize_prompt(self, prompt: str | Sequence[int], parse_special: bool = False) -> list[int]:
         if isinstance(prompt, str):
@@ -152,7 +167,7 @@ class Slot:
         return list(prompt)
 
     def generate(self, prompt: str | Sequence[int], params: SamplingParams, spec: SpecParams,
-                 verify_method: str = "rejection") -> Generation:
+                 verify_method: str = DEFAULT_VERIFY) -> Generation:
         """Run to completion and return tokens, text and stats."""
         gen = Generation()
         stream = self.stream(prompt, params, spec, verify_method, stats=gen.stats)
@@ -162,9 +177,9 @@ class Slot:
         return gen
 
     def stream(self, prompt: str | Sequence[int], params: SamplingParams, spec: SpecParams,
-               verify_method: str = "rejection", stats: GenerationStats | None = None) -> Iterator[Chunk]:
+               verify_method: str = DEFAULT_VERIFY, stats: GenerationStats | None = None) -> Iterator[Chunk]:
         """Yield a Chunk per step. Closing the iterator stops generation at once."""
-        engine, ctx = self.engine, self.ctx
+        engine = self.engine
         stats = stats if stats is not None else GenerationStats()
         seq = self.tokenize_prompt(prompt)
         if not seq:
@@ -172,86 +187,120 @@ class Slot:
         if len(seq) >= engine.n_ctx:
             raise ContextOverflow(f"prompt is {len(seq)} tokens but the context holds {engine.n_ctx}")
         policy = engine.policy_for(spec, params.temperature)
-        rng = np.random.default_rng(params.seed)
-        decoder = StreamDecoder(engine.target.token_bytes, params.stop)
-        eog = frozenset() if params.ignore_eos else engine.target.vocab.eog
-        drafters = self._drafters(spec)
+        req = _Request(Sampler(params, verify_method), StreamDecoder(engine.target.token_bytes, params.stop),
+                       frozenset() if params.ignore_eos else engine.target.vocab.eog, self._drafters(spec), policy)
         stats.n_prompt = len(seq)
         t0 = time.perf_counter()
-
         # Prompt: the target's cache holds everything but the last token, which each step feeds.
-        stats.n_cached = sync_prefix(ctx, seq[:-1])
+        stats.n_cached = sync_prefix(self.ctx, seq[:-1])
         stats.t_prompt = time.perf_counter() - t0
-        # A draft model about to be used takes the prompt now, in one batch (what it would
-        # otherwise catch up on at its first step). Its time counts as drafting, as llama-server's does.
-        draft_model = drafters.get("draft")
-        if draft_model is not None:
-            missing = draft_model.missing(seq)
-            if policy.prefill("draft", missing, params.max_tokens):
-                t_draft_prompt = time.perf_counter()
-                draft_model.prefill(seq)
-                stats.t_prompt_draft = time.perf_counter() - t_draft_prompt
-                stats.t_draft += stats.t_prompt_draft
-                policy.prefilled("draft", missing, stats.t_prompt_draft)
-        n_out = 0
+        forward0 = self._forward_seconds()
+        self._prefill_drafters(req, seq, params.max_tokens, stats)
         try:
             while True:
-                room = engine.n_ctx - len(seq)  # positions left for this step's 1 + k tokens
-                if room <= 0:
-                    stats.finish_reason = "length"
-                    break
-                if policy.sees_ngram:  # what prompt lookup would draft now: a dict lookup
-                    policy.see_ngram(*drafters["ngram"].match(seq))
-                choice = policy.choose()
-                k = min(choice.k, room - 1, params.max_tokens - n_out - 1)
-                t_step = time.perf_counter()
-                draft = drafters[choice.drafter].propose(seq, k, params, rng) if k > 0 else EMPTY_DRAFT
-                t_drafted = time.perf_counter()
-                logits = ctx.eval([seq[-1], *draft.tokens], logits="all")
-                verdict = verify(draft.tokens, draft.probs, logits, params, rng, verify_method)
-                t_verified = time.perf_counter()
-                ctx.truncate(len(seq) + verdict.n_accepted)  # the new last token stays pending
-                if draft.tokens:
-                    drafters[choice.drafter].accepted(verdict.n_accepted)
-                stats.t_draft += t_drafted - t_step
-                stats.t_verify += t_verified - t_drafted
-                stats.record_step(choice.drafter or "none", k, len(draft), verdict.n_accepted)
-                policy.observe(Outcome(Choice(choice.drafter, k) if k > 0 else OFF, len(draft), verdict.n_accepted,
-                                       t_drafted - t_step, t_verified - t_drafted))
-                if choice.drafter == "draft" and params.greedy and draft.tokens:
-                    engine.note_greedy_acceptance(len(draft), verdict.n_accepted)
-
-                new = verdict.tokens[: params.max_tokens - n_out]
-                finish = None
-                for i, t in enumerate(new):
-                    if t in eog:
-                        new, finish = new[:i], "stop"
-                        break
-                seq.extend(new)
-                n_out += len(new)
-                text = decoder.push(new)
-                if decoder.stopped:
-                    finish = "stop"
-                elif finish is None and n_out >= params.max_tokens:
-                    finish = "length"
-                if finish:
-                    text += decoder.flush()
-                if n_out and not stats.t_first_token:
+                choice, draft = self._propose(req, seq, params.max_tokens - stats.n_generated, stats)
+                verdict = self._verify(req, seq, draft, stats)
+                new, text, finish = self._commit(req, seq, verdict, params.max_tokens - stats.n_generated)
+                self._observe(req, choice, draft, verdict, len(new), stats)
+                if not stats.t_first_token and new:
                     stats.t_first_token = time.perf_counter() - t0
-                stats.n_generated = n_out
                 if new or text:
                     yield Chunk(new, text)
                 if finish:
                     stats.finish_reason = finish
                     break
         finally:
-            stats.n_generated = n_out
             stats.t_total = time.perf_counter() - t0
+            stats.t_forward = self._forward_seconds() - forward0
             stats.predicted_tokens_per_s = policy.predicted_tokens_per_s
+            stats.stop_word = req.decoder.stop_word
             if not stats.finish_reason:
                 stats.finish_reason = "cancelled"
+
+    def _prefill_drafters(self, req: "_Request", seq: list[int], max_tokens: int, stats: GenerationStats) -> None:
+        """A drafter about to be used takes the prompt now, in one batch (what it would otherwise
+        catch up on at its first step), if the policy says so. Its time counts as drafting, as
+        llama-server's does."""
+        for name, drafter in req.drafters.items():
+            missing = drafter.missing(seq)
+            if req.policy.prefill(name, missing, max_tokens):
+                t = time.perf_counter()
+                drafter.prefill(seq)
+                t = time.perf_counter() - t
+                stats.t_prompt_draft += t
+                stats.t_draft += t
+                req.policy.prefilled(name, missing, t)
+
+    def _propose(self, req: "_Request", seq: list[int], n_left: int, stats: GenerationStats) -> tuple[Choice, Draft]:
+        """The policy's choice and the chosen drafter's draft, at most what the context and max_tokens leave room for."""
+        if wants_offers(req.policy):  # what the drafters that can tell would draft now: lookups
+            offers = {name: d.peek(seq) for name, d in req.drafters.items()}
+            tell_offers(req.policy, {name: o for name, o in offers.items() if o is not None})
+        choice = req.policy.choose()
+        k = min(choice.k, self.engine.n_ctx - len(seq) - 1, n_left - 1)  # the verified token needs room too
+        t = time.perf_counter()
+        draft = req.drafters[choice.drafter].propose(seq, k, req.sampler) if k > 0 else EMPTY_DRAFT
+        req.t_draft = time.perf_counter() - t
+        stats.t_draft += req.t_draft
+        return (Choice(choice.drafter, k) if k > 0 else OFF), draft
+
+    def _verify(self, req: "_Request", seq: list[int], draft: Draft, stats: GenerationStats) -> Verdict:
+        """One target pass over the last committed token and the draft, then the verdict."""
+        t = time.perf_counter()
+        n_vocab = self.engine.target.vocab.n_vocab
+        # a token the target cannot produce (a draft with a larger vocabulary) is rejected: score none after it
+        n_eval = next((i for i, x in enumerate(draft.tokens) if not 0 <= x < n_vocab), len(draft))
+        logits = self.ctx.eval([seq[-1], *draft.tokens[:n_eval]], logits="all")  # [n_eval + 1, n_vocab]
+        verdict = verify(draft.tokens, draft.dists, logits, req.sampler, len(seq))
+        self.ctx.truncate(len(seq) + verdict.n_accepted)  # the new last token stays pending
+        req.t_verify = time.perf_counter() - t
+        stats.t_verify += req.t_verify
+        return verdict
+
+    def _commit(self, req: "_Request", seq: list[int], verdict: Verdict, n_left: int) -> tuple[list[int], str, str | None]:
+        """Append the verdict's tokens up to an end-of-generation token, max_tokens or the end of a stop
+        string, whichever comes first; return them, the text that became final, and why generation ends
+        (None: it goes on)."""
+        new, finish = verdict.tokens[:n_left], None
+        for i, t in enumerate(new):
+            if t in req.eog:
+                new, finish = new[:i], "stop"
+                break
+        text, n_used = req.decoder.push(new)
+        if req.decoder.stopped:
+            new, finish = new[:n_used], "stop"
+        seq.extend(new)
+        if finish is None and (len(new) == n_left or len(seq) >= self.engine.n_ctx):
+            finish = "length"
+        if finish:
+            text += req.decoder.flush()
+        return new, text, finish
+
+    def _observe(self, req: "_Request", choice: Choice, draft: Draft, verdict: Verdict, n_kept: int,
+                 stats: GenerationStats) -> None:
+        """Tell the drafter, the policy and the stats what the step did. The policy learns the draft's
+        real acceptance; the stats count only positions up to where the text ended."""
+        if draft.tokens:
+            req.drafters[choice.drafter].accepted(verdict.n_accepted)
+        req.policy.observe(Outcome(choice, len(draft), verdict.n_accepted, req.t_draft, req.t_verify))
+        stats.record_step(choice.drafter or "none", choice.k, min(len(draft), n_kept), min(verdict.n_accepted, n_kept))
+        stats.n_generated += n_kept
+        self.engine.check_pairing_at_run_time()
 
     def close(self) -> None:
         self.ctx.close()
         if self.draft_ctx is not None:
             self.draft_ctx.close()
+
+
+@dataclass
+class _Request:
+    """What one request's steps share: how it samples, decodes and drafts, and the last step's timings."""
+
+    sampler: Sampler
+    decoder: StreamDecoder
+    eog: frozenset[int]
+    drafters: dict[str, Drafter]
+    policy: Policy
+    t_draft: float = 0.0
+    t_verify: float = 0.0

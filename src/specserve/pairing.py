@@ -72,7 +72,9 @@ def check_pairing(target: Model, draft: Model) -> PairingReport:
             f"vocabulary sizes differ by more than padding ({VOCAB_PADDING}): target {tv.n_vocab}, draft {dv.n_vocab}"
         )
     elif tv.n_vocab != dv.n_vocab:
-        r.warnings.append(f"vocabulary sizes differ within padding: target {tv.n_vocab}, draft {dv.n_vocab}")
+        r.warnings.append(f"vocabulary sizes differ within padding: target {tv.n_vocab}, draft {dv.n_vocab} "
+                          "(a draft token the target lacks is always rejected; the draft sees a stand-in for "
+                          "a target token it lacks)")
     for what, a, b in (("BOS", tv.bos, dv.bos), ("EOS", tv.eos, dv.eos),
                        ("add-BOS", tv.add_bos, dv.add_bos), ("add-EOS", tv.add_eos, dv.add_eos)):
         if a != b:

@@ -3,11 +3,16 @@
 A Policy is asked before every step and told the outcome after it. FixedPolicy is
 what `--spec draft|ngram|none` means; the adaptive policy behind `--spec auto`
 lives in controller.py.
+
+Before choosing, a policy that wants it is told what each drafter could draft this step
+when the drafter can tell cheaply (`Drafter.peek`: prompt lookup's match). `tell_offers`
+is the one place that speaks both shapes: `see(drafter, offer)` for every drafter, or the
+first controller's `see_ngram(order, available)` for the n-gram alone.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Mapping, Protocol
 
 
 @dataclass(frozen=True)
@@ -27,7 +32,10 @@ class Outcome:
 
 class Policy(Protocol):
     predicted_tokens_per_s: float
-    sees_ngram: bool  # whether to call see_ngram(order, available) before each choose()
+    # Whether to be told each step what the drafters could draft: a policy sets one of
+    # sees_offers (then see(drafter, offer) is called for every drafter that can tell) or
+    # sees_ngram (then see_ngram(order, available) for the n-gram's offer).
+    sees_ngram: bool
 
     def choose(self) -> Choice: ...
 
@@ -43,6 +51,20 @@ class Policy(Protocol):
 
 
 OFF = Choice(None, 0)
+
+
+def wants_offers(policy) -> bool:
+    """Whether the policy wants to know, before each choice, what the drafters could draft."""
+    return bool(getattr(policy, "sees_offers", False) or getattr(policy, "sees_ngram", False))
+
+
+def tell_offers(policy, offers: Mapping[str, tuple[int, int]]) -> None:
+    """Tell the policy each drafter's offer ((order, available): drafters.base.Offer) for this step."""
+    if getattr(policy, "sees_offers", False):
+        for name, offer in offers.items():
+            policy.see(name, offer)
+    elif getattr(policy, "sees_ngram", False) and "ngram" in offers:
+        policy.see_ngram(*offers["ngram"])
 
 
 class FixedPolicy:

@@ -19,12 +19,14 @@ class GenerationStats:
     drafter_steps: Counter = field(default_factory=Counter)  # steps per drafter ("none" when off)
     t_prompt: float = 0.0  # the target's prompt processing
     t_prompt_draft: float = 0.0  # the draft model's, when it took the prompt up front (part of t_draft)
-    t_draft: float = 0.0
-    t_verify: float = 0.0
+    t_draft: float = 0.0  # drafting: the draft model's passes and draws, lookups, the policy's choice
+    t_verify: float = 0.0  # the target's pass over each step's tokens, and verification
+    t_forward: float = 0.0  # of the time after the target's prompt: forward passes (target and draft)
     t_total: float = 0.0
     t_first_token: float = 0.0
     predicted_tokens_per_s: float = 0.0  # the controller's own forecast, when it makes one
     finish_reason: str = ""
+    stop_word: str = ""  # the stop string that ended the text, if one did
 
     def record_step(self, drafter: str, k: int, n_drafted: int, n_accepted: int) -> None:
         self.n_passes += 1
@@ -56,8 +58,8 @@ class GenerationStats:
 
     @property
     def t_python(self) -> float:
-        """Time in our own code: everything that was neither a forward pass nor drafting."""
-        return max(self.t_total - self.t_prompt - self.t_draft - self.t_verify, 0.0)
+        """Time in our own code while decoding: everything that was not a forward pass."""
+        return max(self.t_decode - self.t_forward, 0.0) if self.t_total else 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -91,6 +93,7 @@ class GenerationStats:
             "t_prompt_draft_s": round(self.t_prompt_draft, 4),
             "t_draft_s": round(self.t_draft, 4),
             "t_verify_s": round(self.t_verify, 4),
+            "t_forward_s": round(self.t_forward, 4),
             "t_python_s": round(self.t_python, 4),
             "t_total_s": round(self.t_total, 4),
             "time_to_first_token_s": round(self.t_first_token, 4),
@@ -98,6 +101,7 @@ class GenerationStats:
             "prompt_tokens_per_s": round(self.prompt_tokens_per_s, 2),
             "predicted_tokens_per_s": round(self.predicted_tokens_per_s, 2),
             "finish_reason": self.finish_reason,
+            "stop_word": self.stop_word,
         }
 
     def summary_line(self) -> str:

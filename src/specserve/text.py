@@ -9,6 +9,11 @@ class StreamDecoder:
 
     Bytes of a character split across tokens wait for the rest; text that could be
     the start of a stop string is held back until it is known not to be one.
+
+    Generation stops at the first character that completes a stop string (of those
+    completing there, the longest wins), and the text is cut where that string starts.
+    This depends on the text alone, not on how tokens were grouped into steps: a step
+    that verified several tokens ends where one token at a time would have ended.
     """
 
     def __init__(self, token_bytes: Callable[[int], bytes], stop: Sequence[str] = ()):
@@ -18,23 +23,38 @@ class StreamDecoder:
         self._pending = b""  # bytes not yet forming whole characters
         self._text = ""  # decoded text not yet emitted
         self.stopped = False
+        self.stop_word = ""  # the stop string that ended the text, once stopped
 
-    def push(self, tokens: Sequence[int]) -> str:
-        """Feed tokens, get the text that is now final ("" while holding back)."""
+    def push(self, tokens: Sequence[int]) -> tuple[str, int]:
+        """Feed tokens; get the text that is now final ("" while holding back) and how many of
+        the tokens count: all, or those up to the one that completed a stop string."""
         if self.stopped:
-            return ""
-        self._pending += b"".join(self._token_bytes(t) for t in tokens)
-        text, self._pending = _split_utf8(self._pending)
-        self._text += text
-        for s in self._stop:
-            i = self._text.find(s)
-            if i >= 0:
-                self.stopped = True
-                out, self._text = self._text[:i], ""
-                return out
+            return "", 0
+        for n, token in enumerate(tokens, 1):
+            self._pending += self._token_bytes(token)
+            text, self._pending = _split_utf8(self._pending)
+            self._text += text
+            if text and self._stop and self._find_stop(len(text)):
+                out, self._text = self._text, ""
+                return out, n
         cut = max(len(self._text) - self._hold, 0)
         out, self._text = self._text[:cut], self._text[cut:]
-        return out
+        return out, len(tokens)
+
+    def _find_stop(self, n_new: int) -> bool:
+        """Whether the last n_new characters completed a stop string; if so, keep the text before it."""
+        # none completed earlier, so one completed now ends in the new text: look from hold before it
+        start = max(len(self._text) - n_new - self._hold, 0)
+        best = None  # (end, start, stop string)
+        for s in self._stop:
+            i = self._text.find(s, start)
+            if i >= 0 and (best is None or (i + len(s), i) < best[:2]):
+                best = (i + len(s), i, s)
+        if best is None:
+            return False
+        self.stopped, self.stop_word = True, best[2]
+        self._text = self._text[: best[1]]
+        return True
 
     def flush(self) -> str:
         """The rest, at the end of generation (incomplete bytes become U+FFFD)."""

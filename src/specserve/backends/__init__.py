@@ -1,7 +1,7 @@
 """Forward-pass engines behind one interface (see base.py)."""
-from .base import Context, MemoryUse, Model, VocabInfo
+from .base import Context, MemoryUse, Model, VocabInfo, common_prefix, sync_and_eval, sync_prefix
 
-__all__ = ["Context", "MemoryUse", "Model", "VocabInfo", "load_model"]
+__all__ = ["Context", "MemoryUse", "Model", "VocabInfo", "common_prefix", "load_model", "sync_and_eval", "sync_prefix"]
 
 
 def load_model(path: str, n_gpu_layers: int = 0, n_threads: int | None = None) -> Model:

@@ -3,7 +3,7 @@
 A `Model` holds weights and vocabulary; a `Context` holds one sequence's KV cache.
 Several contexts can share one model (server slots). The speculative logic only
 ever calls the verbs below, so another engine (PyTorch on a GPU) can be added by
-implementing them.
+implementing them. `common_prefix` and `sync_prefix` are the cache reuse built on them.
 """
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ class Context(Protocol):
     """One sequence's KV cache on a model. Positions are 0-based and contiguous."""
 
     n_ctx: int
+    t_eval: float  # seconds spent in forward passes so far (what is not this is our own overhead)
 
     @property
     def tokens(self) -> list[int]:
@@ -61,7 +62,11 @@ class Context(Protocol):
         ...
 
     def truncate(self, n: int) -> None:
-        """Keep positions [0, n) in the cache and forget the rest."""
+        """Keep positions [0, n) in the cache and forget the rest.
+
+        A memory that cannot drop a suffix (recurrent state) is cleared and the kept
+        tokens are evaluated again: slow, never wrong. `Model.can_rollback` says which.
+        """
         ...
 
     def memory(self) -> MemoryUse: ...
@@ -74,6 +79,7 @@ class Model(Protocol):
     vocab: VocabInfo
     n_ctx_train: int
     metadata: dict[str, str]
+    can_rollback: bool  # whether truncate() is cheap; False for recurrent and hybrid memories
 
     def new_context(self, n_ctx: int) -> Context: ...
 
@@ -86,3 +92,40 @@ class Model(Protocol):
     def detokenize(self, tokens: Sequence[int]) -> bytes: ...
 
     def close(self) -> None: ...
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # the usual case (a cache that is a prefix of the sequence), at C speed
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]: bisect with slice comparisons
+    while hi - lo > 16:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    while lo < hi and a[lo] == b[lo]:
+        lo += 1
+    return lo
+
+
+def sync_prefix(ctx: Context, tokens: Sequence[int]) -> int:
+    """Make ctx hold exactly `tokens`, reusing its cached prefix; return how many were cached."""
+    keep = common_prefix(ctx.tokens, tokens)
+    ctx.truncate(keep)
+    if len(tokens) > keep:
+        ctx.eval(tokens[keep:], logits="last")
+    return keep
+
+
+def sync_and_eval(ctx: Context, tokens: Sequence[int]) -> np.ndarray:
+    """Make ctx hold exactly `tokens` and return the logits after the last one, [n_vocab].
+
+    Reuses the cached prefix; at least the last token is evaluated again so that its
+    logits exist.
+    """
+    keep = min(common_prefix(ctx.tokens, tokens), len(tokens) - 1)
+    ctx.truncate(keep)
+    return ctx.eval(tokens[keep:], logits="last")[0]

@@ -4,6 +4,18 @@ Logits are asked for only at the positions being verified (the batch API's
 per-token `logits` flags); llama-cpp-python's n_ctx x n_vocab `scores` buffer is
 never allocated. Logits come back as a numpy view of llama.cpp's own output
 buffer, without a copy.
+
+Speculation drops rejected tokens from the cache (`truncate`). An attention cache
+can drop any suffix; sliding-window layers can too because their cache is allocated
+full size (`swa_full`), so no cell inside the window is reused early. A recurrent or
+hybrid memory keeps one state per sequence and cannot go back: there `truncate`
+clears the sequence and evaluates the kept tokens again, and `can_rollback` is False
+so that the engine does not speculate.
+
+On CPUs with AMX, llama.cpp's AMX weight buffers (an "extra" buffer type it prefers
+for quantized weights there) crash this build's matrix multiplication on any batch of
+two or more tokens (SIGSEGV in ggml_backend_amx_mul_mat): extra buffer types are off
+on such CPUs (see use_extra_buffers) unless SPECSERVE_EXTRA_BUFFERS=1.
 """
 from __future__ import annotations
 
@@ -11,6 +23,7 @@ import ctypes
 import os
 import re
 import threading
+import time
 from typing import Sequence
 
 import numpy as np
@@ -118,6 +131,8 @@ class LlamaCppModel:
         self.repacked_bytes = _mib_sum(r"(?:CPU_REPACK|AMX) model buffer size", self.load_log)
         self.metadata = self._read_metadata()
         self.vocab = self._read_vocab()
+        self.can_rollback = not any(bool(getattr(C, f, lambda m: False)(model))
+                                    for f in ("llama_model_is_recurrent", "llama_model_is_hybrid"))
         self._piece_cache: dict[int, bytes] = {}
 
     # --- vocabulary -------------------------------------------------------------------------
@@ -219,6 +234,7 @@ class LlamaCppContext:
         params.n_threads = model.n_threads
         params.n_threads_batch = model.n_threads
         params.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED  # halves decode speed on CPU here
+        params.swa_full = True  # a sliding-window cache that reuses cells could not be rolled back
         params.no_perf = True
         ctx, self.load_log = _LoadLog.capture(lambda: C.llama_init_from_model(model._model, params))
         if not ctx:
@@ -227,6 +243,7 @@ class LlamaCppContext:
         self._mem = C.llama_get_memory(ctx)
         self._batch = C.llama_batch_init(self.n_batch, 0, 1)
         self._tokens: list[int] = []
+        self.t_eval = 0.0
         self.kv_bytes = _mib_sum(r"KV buffer size", self.load_log)
         self.compute_bytes = _mib_sum(r"compute buffer size", self.load_log)
 
@@ -255,7 +272,9 @@ class LlamaCppContext:
                 b.seq_id[i][0] = 0
                 b.logits[i] = all_logits or (last_chunk and i == len(chunk) - 1)
             b.n_tokens = len(chunk)
+            t0 = time.perf_counter()
             rc = C.llama_decode(self._ctx, b)
+            self.t_eval += time.perf_counter() - t0
             if rc != 0:
                 self.truncate(start + chunk_start)
                 raise RuntimeError(f"llama_decode failed with status {rc}")
@@ -265,9 +284,18 @@ class LlamaCppContext:
         return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
 
     def truncate(self, n: int) -> None:
-        if n < len(self._tokens):
-            C.llama_memory_seq_rm(self._mem, 0, n, -1)
+        if n >= len(self._tokens):
+            return
+        if C.llama_memory_seq_rm(self._mem, 0, n, -1):
             del self._tokens[n:]
+            return
+        # The memory cannot drop a suffix (a recurrent state): start over and evaluate what is kept.
+        keep = self._tokens[:n]
+        if not C.llama_memory_seq_rm(self._mem, 0, -1, -1):
+            raise RuntimeError(f"llama.cpp could not clear the cache of {self.model.path}")
+        self._tokens = []
+        if keep:
+            self.eval(keep, logits="last")
 
     def memory(self) -> MemoryUse:
         return MemoryUse(weights=self.model.weights_bytes, kv_cache=self.kv_bytes, compute=self.compute_bytes)

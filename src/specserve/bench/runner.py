@@ -14,7 +14,7 @@ import sys
 import zlib
 from dataclasses import dataclass, field
 
-from ..config import SamplingParams, SpecParams
+from ..config import DEFAULT_VERIFY, SamplingParams, SpecParams
 from ..controller import Controller
 from ..engine import Engine
 from ..prompt import chat_tokens, prompt_tokens
@@ -94,7 +94,7 @@ class BenchPlan:
     repeat: int = 1
     seed: int = 0
     ignore_eos: bool = False
-    verify: str = "rejection"
+    verify: str = DEFAULT_VERIFY
     jobs: list[tuple[float, BenchPrompt]] = field(init=False)
 
     def __post_init__(self) -> None:

@@ -12,6 +12,7 @@ import logging
 import resource
 import sys
 
+from ..config import DEFAULT_VERIFY, VERIFY_METHODS
 from .common import CliError, add_model_args
 
 _SPECS = ("draft", "ngram", "auto", "none")
@@ -64,8 +65,9 @@ def add_parser(sub) -> None:
                    help="runs of each prompt per configuration (default 1)")
     g.add_argument("--seed", type=int, default=0, metavar="S", help="base of the per-prompt seeds (default 0)")
     g.add_argument("--ignore-eos", action="store_true", help="always generate N tokens")
-    g.add_argument("--verify", choices=("rejection", "exact"), default="rejection",
-                   help="sampled verification: rejection sampling (default) or llama.cpp's exact match")
+    g.add_argument("--verify", choices=VERIFY_METHODS, default=DEFAULT_VERIFY,
+                   help="sampled verification: gumbel (default: the text for a seed is the target alone's, "
+                        "whatever is speculated) or rejection (accepts more of a draft model's tokens)")
     g.add_argument("--no-auto-profile", action="store_true",
                    help="auto starts from its priors (a fresh process's first requests) and keeps nothing; by "
                         "default it starts from, and adds to, what it learnt on these models before")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..config import SPEC_MODES, ModelConfig, SamplingParams, SpecParams
+from ..config import DEFAULT_VERIFY, SPEC_MODES, VERIFY_METHODS, ModelConfig, SamplingParams, SpecParams
 from ..models import PAIRS
 
 
@@ -45,8 +45,9 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                    help="drop greedy drafts shorter than this (default 0)")
     g.add_argument("--draft-p-min", "--spec-draft-p-min", dest="draft_p_min", type=float, default=0.0,
                    metavar="P", help="stop drafting where the draft's top probability is below P (default 0)")
-    g.add_argument("--verify", choices=("rejection", "exact"), default="rejection",
-                   help="sampled verification: rejection sampling (default) or llama.cpp's exact match")
+    g.add_argument("--verify", choices=VERIFY_METHODS, default=DEFAULT_VERIFY,
+                   help="sampled verification: gumbel (default: the text for a seed is the target alone's, "
+                        "whatever is speculated) or rejection (accepts more of a draft model's tokens)")
     g.add_argument("--no-auto-profile", action="store_true",
                    help="start --spec auto from its priors: neither read nor write what it learnt on these "
                         "models before (kept in ~/.cache/specserve/auto)")

@@ -37,7 +37,6 @@ def read_prompt(args) -> str:
 
 
 def run(args) -> int:
-    from ..engine import ContextOverflow
     from ..prompt import prompt_tokens
     from ..stats import GenerationStats
 
@@ -62,7 +61,7 @@ def run(args) -> int:
                 elif chunk.text:
                     sys.stdout.write(chunk.text)
                     sys.stdout.flush()
-        except ContextOverflow as e:
+        except ValueError as e:  # the prompt does not fit, or the target cannot speculate in this mode
             raise CliError(str(e), 2) from None
         if args.json:
             json.dump({"text": "".join(text_parts), "tokens": out_tokens, "stats": stats.as_dict()}, sys.stdout)

@@ -1,4 +1,4 @@
 """Drafters: cheap proposers of continuations for the target to verify."""
-from .base import EMPTY_DRAFT, Draft, Drafter
+from .base import EMPTY_DRAFT, BaseDrafter, Draft, Drafter, Offer
 
-__all__ = ["Draft", "Drafter", "EMPTY_DRAFT"]
+__all__ = ["BaseDrafter", "Draft", "Drafter", "EMPTY_DRAFT", "Offer"]

@@ -1,24 +1,28 @@
 """The drafter interface: propose up to k tokens, then learn how many were kept.
 
-A drafter proposes a continuation of the committed sequence. `probs` carries the
+A drafter proposes a continuation of the committed sequence. `dists` carries the
 draft's processed distribution at each drafted position when it has one (a draft
-model); None means the draft is deterministic (n-gram lookup), which the verifier
-treats as q = one-hot. "No draft" is an empty Draft, never None.
+model), which rejection sampling needs; None means the draft is deterministic (prompt
+lookup), which the verifier treats as q = one-hot. "No draft" is an empty Draft, never None.
+
+Whatever a drafter keeps between steps (a KV cache, an index) is its own business: the
+engine only asks what its cache lacks of the prompt and whether to take the prompt now
+(`missing`, `prefill`), what it could draft this step before asking it to (`peek`), and
+tells it how many tokens were kept (`accepted`). `BaseDrafter` has the defaults of a
+drafter without a cache.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import NamedTuple, Protocol, Sequence
 
-import numpy as np
-
-from ..config import SamplingParams
+from ..sampling import Candidates, Sampler
 
 
 @dataclass
 class Draft:
     tokens: list[int]
-    probs: np.ndarray | None = None  # [len(tokens), n_vocab] float32, or None (deterministic)
+    dists: list[Candidates] | None = None  # one one-row q per token, or None (deterministic)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -27,15 +31,57 @@ class Draft:
 EMPTY_DRAFT = Draft(tokens=[])
 
 
+class Offer(NamedTuple):
+    """What a drafter could draft now, known before it is asked to: a match of `order`
+    tokens (an n-gram's n; 0: nothing to draft) followed by `available` tokens."""
+
+    order: int
+    available: int
+
+
 class Drafter(Protocol):
     """Made fresh for each request; state that outlives a request (a KV cache) is passed in."""
 
     name: str
 
-    def propose(self, seq: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
-        """Propose up to k tokens that follow `seq` (prompt + committed output)."""
+    def missing(self, prompt: Sequence[int]) -> int:
+        """Tokens of the prompt (all but its last token) that the drafter's cache lacks; 0 without a cache."""
+        ...
+
+    def prefill(self, prompt: Sequence[int]) -> None:
+        """Take the prompt (all but its last token) now, in one batch, rather than at the first proposal."""
+        ...
+
+    def peek(self, seq: Sequence[int]) -> Offer | None:
+        """What a proposal would draft after `seq`, if the drafter can tell cheaply (a lookup); else None."""
+        ...
+
+    def propose(self, seq: Sequence[int], k: int, sampler: Sampler) -> Draft:
+        """Propose up to k tokens that follow `seq` (prompt + committed output).
+
+        The token drafted at sequence position i should be drawn with the sampler's noise for
+        position i (`sampler.pick(logits, i)`): that is what lets the verifier accept it.
+        """
         ...
 
     def accepted(self, n: int) -> None:
         """Told after verification how many of the last proposal's tokens were kept."""
         ...
+
+
+class BaseDrafter:
+    """Defaults for a drafter without a cache: nothing to prefill, nothing to peek at."""
+
+    name = "base"
+
+    def missing(self, prompt: Sequence[int]) -> int:
+        return 0
+
+    def prefill(self, prompt: Sequence[int]) -> None:
+        pass
+
+    def peek(self, seq: Sequence[int]) -> Offer | None:
+        return None
+
+    def accepted(self, n: int) -> None:
+        pass

@@ -1,8 +1,14 @@
-"""A small draft model with its own KV cache, kept in step with the accepted sequence.
+"""A small draft model with its own KV cache, kept in step with the committed sequence.
 
 The cache is synchronised lazily at each proposal: whatever part of it still matches
 the committed sequence is kept, the rest is truncated, and the missing tokens (a
 bonus or recovered token, the last accepted draft token) are caught up in one batch.
+
+Each token is drawn with the request's noise for its position (`Sampler.pick`): under
+--verify gumbel that makes it the target's own token wherever the two models agree
+closely enough. A target with a larger (padded) vocabulary can commit a token the draft
+cannot evaluate; the draft then sees a stand-in token there: its drafts get worse, the
+text cannot (the target verifies every token).
 """
 from __future__ import annotations
 
@@ -10,90 +16,93 @@ from typing import Sequence
 
 import numpy as np
 
-from ..backends.base import Context, Model
-from ..config import SamplingParams
-from ..sampling import process, sample, softmax
-from .base import EMPTY_DRAFT, Draft
+from ..backends.base import Context, Model, common_prefix, sync_and_eval, sync_prefix
+from ..sampling import Sampler
+from .base import EMPTY_DRAFT, BaseDrafter, Draft
+
+__all__ = ["DraftModelDrafter", "GreedyAcceptance", "common_prefix", "sync_prefix"]
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+class GreedyAcceptance:
+    """What a draft model's greedy drafts achieved, over an engine's requests (the pairing check at run time)."""
+
+    def __init__(self) -> None:
+        self.drafted = self.accepted = 0
+
+    def add(self, drafted: int, accepted: int) -> None:
+        self.drafted += drafted
+        self.accepted += accepted
 
 
-def sync_prefix(ctx: Context, tokens: Sequence[int]) -> int:
-    """Make ctx hold exactly `tokens`, reusing its cached prefix; return how many were cached."""
-    keep = common_prefix(ctx.tokens, tokens)
-    ctx.truncate(keep)
-    if len(tokens) > keep:
-        ctx.eval(tokens[keep:], logits="last")
-    return keep
-
-
-def sync_and_eval(ctx: Context, seq: Sequence[int]) -> np.ndarray:
-    """Make ctx hold exactly seq and return the logits after its last token, [n_vocab].
-
-    Reuses the cached prefix; at least the last token is evaluated again so that its
-    logits exist.
-    """
-    keep = min(common_prefix(ctx.tokens, seq), len(seq) - 1)
-    ctx.truncate(keep)
-    return ctx.eval(seq[keep:], logits="last")[0]
-
-
-class DraftModelDrafter:
+class DraftModelDrafter(BaseDrafter):
     name = "draft"
 
-    def __init__(self, model: Model, ctx: Context, p_min: float = 0.0, draft_min: int = 0):
+    def __init__(self, model: Model, ctx: Context, p_min: float = 0.0, draft_min: int = 0,
+                 greedy_acceptance: GreedyAcceptance | None = None):
         self.model = model
         self.ctx = ctx  # owned by the caller: it outlives one request and keeps its prefix
         self.p_min = p_min
         self.draft_min = draft_min
+        self.greedy_acceptance = greedy_acceptance
+        self._n_vocab = model.vocab.n_vocab
+        self._view: list[int] = []  # the sequence as the draft sees it (stand-ins for tokens beyond its vocabulary)
+        self._last: tuple[int, bool] = (0, False)  # (tokens, greedy) of the last proposal
 
-    def missing(self, seq: Sequence[int]) -> int:
-        """Tokens of seq[:-1] its cache lacks (what a prefill would evaluate)."""
-        return len(seq) - 1 - common_prefix(self.ctx.tokens, seq[:-1])
+    def _see(self, seq: Sequence[int]) -> list[int]:
+        """The sequence with tokens the draft cannot evaluate replaced by token 0; grows with seq."""
+        view, n = self._view, self._n_vocab
+        if len(seq) < len(view):
+            del view[:]
+        view.extend(t if t < n else 0 for t in seq[len(view):])
+        return view
 
-    def prefill(self, seq: Sequence[int]) -> None:
-        """Take the prompt (all but its last token, which the first proposal evaluates) in one batch."""
-        sync_prefix(self.ctx, seq[:-1])
+    def missing(self, prompt: Sequence[int]) -> int:
+        view = self._see(prompt)
+        return len(view) - 1 - common_prefix(self.ctx.tokens, view[:-1])
 
-    def propose(self, seq: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
+    def prefill(self, prompt: Sequence[int]) -> None:
+        sync_prefix(self.ctx, self._see(prompt)[:-1])
+
+    def propose(self, seq: Sequence[int], k: int, sampler: Sampler) -> Draft:
         k = min(k, self.ctx.n_ctx - len(seq))
+        self._last = (0, sampler.greedy)
         if k <= 0:
             return EMPTY_DRAFT
-        logits = sync_and_eval(self.ctx, seq)
+        logits = sync_and_eval(self.ctx, self._see(seq))
         tokens: list[int] = []
-        probs: list[np.ndarray] = []
+        dists = []
         eog = self.model.vocab.eog
         for i in range(k):
+            picked, q = sampler.pick(logits, len(seq) + i)
+            x = int(picked[0])
             # --draft-p-min: stop where the draft is unsure. The test looks at the draft's
             # distribution only, never at the token drawn from it, so a kept token is still
             # an unbiased draw from q and rejection sampling stays exact.
-            if params.greedy:
-                x = int(np.argmax(logits))
-                if self.p_min > 0 and softmax(logits)[x] < self.p_min:
-                    break
-            else:
-                q = process(logits, params)
-                if q.max() < self.p_min:
-                    break
-                x = sample(q, rng)
-                probs.append(q)
+            if self.p_min > 0 and _top_prob(logits, q, sampler.greedy) < self.p_min:
+                break
             tokens.append(x)
+            dists.append(q)
             if x in eog or i == k - 1:
                 break
             logits = self.ctx.eval([x], logits="last")[0]
         # --draft-min: too short a draft is not worth a batched pass. Under sampling the
         # length depends on the tokens drawn, so dropping short drafts would bias the kept
         # ones; there it is not applied.
-        if params.greedy and len(tokens) < self.draft_min:
+        if sampler.greedy and len(tokens) < self.draft_min:
             return EMPTY_DRAFT
-        return Draft(tokens=tokens, probs=np.stack(probs) if probs else None)
+        self._last = (len(tokens), sampler.greedy)
+        return Draft(tokens=tokens, dists=None if sampler.greedy else dists)
 
     def accepted(self, n: int) -> None:
-        pass  # the cache is re-synchronised against the committed sequence on the next proposal
+        # the cache is re-synchronised against the committed sequence on the next proposal
+        drafted, greedy = self._last
+        if greedy and drafted and self.greedy_acceptance is not None:
+            self.greedy_acceptance.add(drafted, n)
 
+
+def _top_prob(logits: np.ndarray, q, greedy: bool) -> float:
+    """The draft's top probability: of its processed distribution, or of its raw softmax when greedy."""
+    if not greedy:
+        return float(q.probs[0, 0])
+    z = logits - logits.max()
+    return float(1.0 / np.exp(z).sum())

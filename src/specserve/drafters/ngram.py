@@ -10,13 +10,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
-
-from ..config import SamplingParams
-from .base import EMPTY_DRAFT, Draft
+from ..sampling import Sampler
+from .base import EMPTY_DRAFT, BaseDrafter, Draft, Offer
 
 
-class NgramDrafter:
+class NgramDrafter(BaseDrafter):
     name = "ngram"
 
     def __init__(self, n_min: int = 1, n_max: int = 4):
@@ -59,18 +57,16 @@ class NgramDrafter:
                 return n, end
         return 0, -1
 
-    def match(self, seq: Sequence[int]) -> tuple[int, int]:
-        """(order, available): the n of the n-gram a proposal would follow now (0: none) and how
-        many tokens follow its earlier occurrence. A dict lookup: cheap enough for every step."""
+    def peek(self, seq: Sequence[int]) -> Offer:
+        """The n of the n-gram a proposal would follow now (0: none) and how many tokens follow
+        its earlier occurrence. A dict lookup: cheap enough for every step."""
         n, end = self._lookup(seq)
-        return (n, len(self._seq) - end) if n else (0, 0)
+        return Offer(n, len(self._seq) - end) if n else Offer(0, 0)
 
-    def propose(self, seq: Sequence[int], k: int, params: SamplingParams | None = None,
-                rng: np.random.Generator | None = None) -> Draft:
+    match = peek  # the name the controller's first version used
+
+    def propose(self, seq: Sequence[int], k: int, sampler: Sampler | None = None) -> Draft:
         if k <= 0:
             return EMPTY_DRAFT
         n, end = self._lookup(seq)
         return Draft(tokens=self._seq[end : end + k]) if n else EMPTY_DRAFT
-
-    def accepted(self, n: int) -> None:
-        pass

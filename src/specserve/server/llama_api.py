@@ -42,16 +42,8 @@ def timings(job: Job) -> dict:
     }
 
 
-def _stop_word(job: Job, tokens: list[int]) -> str:
-    """The stop string that ended generation, if one did (the text sent has it cut off)."""
-    if job.stats.finish_reason != "stop" or not job.req.sampling.stop:
-        return ""
-    text = job.state.engine.target.detokenize(tokens).decode("utf-8", errors="replace")
-    return next((s for s in job.req.sampling.stop if s in text), "")
-
-
 def final(job: Job, content: str, tokens: list[int]) -> dict:
-    word = _stop_word(job, tokens)
+    word = job.stats.stop_word if job.stats.finish_reason == "stop" else ""  # the one that cut the text
     stop_type = "limit" if job.stats.finish_reason == "length" else "word" if word else "eos"
     return {"content": content, "tokens": [], "stop": True, "model": job.req.model,
             "tokens_predicted": job.stats.n_generated, "tokens_evaluated": job.stats.n_prompt,

@@ -10,9 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ..config import SamplingParams, SpecParams
-
-VERIFY_METHODS = ("rejection", "exact")
+from ..config import DEFAULT_VERIFY, VERIFY_METHODS, SamplingParams, SpecParams
 
 # option name -> (field, group, type); groups: "spec" -> SpecParams, "sampling" -> SamplingParams
 _OPTIONS: dict[str, tuple[str, str, type]] = {
@@ -36,7 +34,7 @@ class Profile:
     name: str
     spec: dict = field(default_factory=dict)  # SpecParams fields
     sampling: dict = field(default_factory=dict)  # SamplingParams fields
-    verify: str = "rejection"
+    verify: str = DEFAULT_VERIFY
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
