@@ -117,7 +117,7 @@ def test_table_and_plot(bench):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--draft-max", "0"], "--draft-max values must be in [1, 64]"),
+    (["--draft-max", "0"], "--draft-max and --ngram-max values must be in [1, 64]"),
     (["--repeat", "0"], "--repeat must be > 0"),
     (["--workload", "no-such-workload"], "neither a built-in name"),
     (["--spec", "draft"], "--spec draft needs a draft model"),
