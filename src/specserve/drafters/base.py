@@ -3,7 +3,10 @@
 A drafter proposes a continuation of the committed sequence. `probs` carries the
 draft's processed distribution at each drafted position when it has one (a draft
 model); None means the draft is deterministic (n-gram lookup), which the verifier
-treats as q = one-hot. "No draft" is an empty Draft, never None.
+treats as q = one-hot. "No draft" is an empty Draft, never None. `confidence`, when
+a drafter gives one, is its own estimate that each token is right given the ones
+before it (the suffix drafter: how often that token followed, among the earlier
+occurrences that agree so far); the verifier never reads it, a policy may.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from ..config import SamplingParams
 class Draft:
     tokens: list[int]
     probs: np.ndarray | None = None  # [len(tokens), n_vocab] float32, or None (deterministic)
+    confidence: list[float] | None = None  # [len(tokens)] per-token estimate in (0, 1], or None
 
     def __len__(self) -> int:
         return len(self.tokens)
