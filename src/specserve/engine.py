@@ -19,6 +19,8 @@ from .controller import Controller
 from .drafters import EMPTY_DRAFT, Drafter
 from .drafters.draft_model import DraftModelDrafter, sync_prefix
 from .drafters.ngram import NgramDrafter
+from .drafters.suffix import SuffixDrafter
+from .drafters.suffix_store import SuffixStore
 from .policy import OFF, Choice, FixedPolicy, Outcome, Policy
 from .stats import GenerationStats
 from .text import StreamDecoder
@@ -52,10 +54,12 @@ class Generation:
 
 
 class Engine:
-    def __init__(self, target: Model, draft: Model | None = None, n_ctx: int = 4096, controller=None):
+    def __init__(self, target: Model, draft: Model | None = None, n_ctx: int = 4096, controller=None,
+                 suffix_store: SuffixStore | None = None):
         self.target = target
         self.draft = draft
         self.n_ctx = n_ctx
+        self.suffix_store = suffix_store  # earlier requests' text for the suffix drafter, shared by slots; None: off
         self.controller = controller if controller is not None else Controller()  # --spec auto, shared by slots
         weights = (getattr(target, "weights_bytes", 0), getattr(draft, "weights_bytes", 0))
         if draft is not None and all(weights) and self.controller is not None:
@@ -68,7 +72,8 @@ class Engine:
     def load(cls, cfg: ModelConfig) -> "Engine":
         target = load_model(cfg.target_path, cfg.n_gpu_layers, cfg.n_threads)
         draft = load_model(cfg.draft_path, cfg.n_gpu_layers_draft, cfg.n_threads) if cfg.draft_path else None
-        return cls(target, draft, cfg.n_ctx)
+        store = SuffixStore(cfg.cross_request_bytes) if cfg.cross_request_bytes else None
+        return cls(target, draft, cfg.n_ctx, suffix_store=store)
 
     @property
     def drafter_names(self) -> list[str]:
@@ -86,6 +91,8 @@ class Engine:
             return FixedPolicy("draft", spec.draft_max)
         if spec.mode == "ngram":
             return FixedPolicy("ngram", spec.draft_max)
+        if spec.mode == "suffix":
+            return FixedPolicy("suffix", spec.suffix_max)
         if self.controller is not None:
             return self.controller.policy(spec, self.drafter_names, temperature)
         return FixedPolicy(self.drafter_names[0], spec.draft_max)
@@ -124,6 +131,8 @@ class Slot:
         drafters: dict[str, Drafter] = {"ngram": NgramDrafter(spec.ngram_min, spec.ngram_max)}
         if self.draft_ctx is not None:
             drafters["draft"] = DraftModelDrafter(self.engine.draft, self.draft_ctx, spec.draft_p_min, spec.draft_min)
+        store = self.engine.suffix_store if spec.cross_request else None
+        drafters["suffix"] = SuffixDrafter(store, spec.cross_request_scope, cap=spec.suffix_max)  # indexes lazily
         return drafters
 
     def tokenize_prompt(self, prompt: str | Sequence[int], parse_special: bool = False) -> list[int]:
@@ -230,6 +239,8 @@ class Slot:
             stats.predicted_tokens_per_s = policy.predicted_tokens_per_s
             if not stats.finish_reason:
                 stats.finish_reason = "cancelled"
+            elif engine.suffix_store is not None and spec.cross_request:  # finished: later requests may draft from it
+                engine.suffix_store.add(seq[: stats.n_prompt], seq[stats.n_prompt:], spec.cross_request_scope)
 
     def close(self) -> None:
         self.ctx.close()
