@@ -17,20 +17,23 @@ def test_window_keys_agree_with_the_per_step_key():
             assert int(keys[e - order]) == tail_key(t[:e].tolist(), order)
         assert (window_keys(t, order, 100, 120) == keys[100 - order:120 - order]).all()  # any sub-range
     assert tail_keys(t[:50].tolist(), [32, 4, 1]) == [tail_key(t[:50].tolist(), o) for o in (32, 4, 1)]
-    assert tail_keys([5, 6], [4, 2]) == [-1, tail_key([5, 6], 2)]  # too short a sequence: no key
+    assert tail_keys([5, 6, 7, 8, 9], [8, 4]) == [-1, tail_key([5, 6, 7, 8, 9], 4)]  # too short: no key
+
+
+A = [1, 2, 3, 4]  # the shortest window indexed is 4 tokens
 
 
 @pytest.mark.parametrize(
     "seq, k, expected",
     [
-        ([1, 2, 3, 4, 1, 2], 8, [3, 4, 1, 2]),  # [1, 2] seen before: what followed, to the end of seq
-        ([1, 2, 3, 4, 1, 2], 1, [3]),
-        ([5, 1, 2, 8, 6, 1, 2, 9, 5, 1, 2], 2, [8, 6]),  # longest window first: [5, 1, 2], not [1, 2] -> [9, 5]
-        ([1, 2, 3, 9, 2, 3, 7, 2, 3], 8, [7, 2, 3]),  # [2, 3] followed by 9 once and 7 once: the newest wins
-        ([4, 7, 1, 4, 7, 1, 4, 7, 2, 4, 7], 1, [1]),  # [4, 7] -> 1 twice, 2 once: the most frequent, not newest
-        ([1, 2, 3, 4], 3, []),  # nothing repeats
-        ([1, 2, 1, 2], 0, []),
-        ([3], 4, []),
+        (A + [5, 6] + A, 8, [5, 6, 1, 2, 3, 4]),  # A seen before: what followed, to the end of seq
+        (A + [5, 6] + A, 1, [5]),
+        ([9, 9, 9, 9] + A + [8, 0] + A + [6] + [9, 9, 9, 9] + A, 2, [8, 0]),  # the 8-window first: not [6, 9]
+        (A + [9, 5] + A + [7, 5] + A, 1, [7]),  # A followed by 9 once and 7 once: the newest wins
+        (A + [7, 0] + A + [7, 5] + A + [9, 6] + A, 1, [7]),  # 7 twice, 9 once: the most frequent, not the newest
+        ([1, 2, 3, 1, 2, 3], 2, []),  # only a 3-window repeats: left to prompt lookup
+        (A, 3, []),  # nothing repeats
+        (A + A, 0, []),
     ],
 )
 def test_live_table(seq, k, expected):
@@ -43,14 +46,14 @@ def test_draft_length_follows_the_match():
     assert d.match(seq) == (32, 64)  # a 32-window matched: up to 2 x 32 tokens
     assert d.propose(seq, 64).tokens == list(range(140, 200)) + [100, 101, 102, 103]  # runs on into the repeat
     assert SuffixDrafter(cap=16).propose(seq, 64).tokens == list(range(140, 156))  # the cap
-    short = [9, 8, 7, 1, 2, 3, 4, 5, 6, 1, 2]  # only a 2-window matches: at most 4 tokens
-    assert SuffixDrafter().match(short) == (2, 4)
-    assert SuffixDrafter().propose(short, 64).tokens == [3, 4, 5, 6]
+    short = [9, 8] + A + [5, 6, 7, 0, 1, 2] + A  # only a 4-window matches: at most 8 tokens
+    assert SuffixDrafter().match(short) == (4, 8)
+    assert SuffixDrafter().propose(short, 64).tokens == [5, 6, 7, 0, 1, 2, 1, 2]
 
 
 def test_confidence_is_the_share_along_the_path():
-    # after [4, 7]: 1 (then 5, 5) twice and 2 (then 5, 6) once
-    seq = [4, 7, 1, 5, 5, 9, 4, 7, 1, 5, 5, 8, 4, 7, 2, 5, 6, 3, 4, 7]
+    x = [10, 11, 12, 13]  # followed by 1 (then 5, 5) twice and by 2 (then 5, 6) once
+    seq = x + [1, 5, 5, 9] + x + [1, 5, 5, 8] + x + [2, 5, 6, 3] + x
     d = SuffixDrafter()
     draft = d.propose(seq, 3)
     assert draft.tokens == [1, 5, 5] and draft.probs is None  # deterministic: q one-hot

@@ -127,3 +127,29 @@ def test_cli_and_profiles_cap_the_suffix_drafter_only_where_draft_max_is_set():
     assert parse_profile("p=spec=suffix,draft_max=16", base).spec["suffix_max"] == 16
     private = parse_profile("p=cross_request=false,cross_request_scope=team-a", base).spec
     assert private["cross_request"] is False and private["cross_request_scope"] == "team-a"
+
+
+def test_greedy_suffix_repeat_equals_target_alone_real_smollm2(real_model_paths):
+    """64-token drafts verified in one batch: the F16 target still says what it says alone."""
+    from specserve.backends import load_model
+    from specserve.prompt import prompt_tokens
+    from test_lossless import EPS_F16, REAL_PROMPTS
+
+    target = load_model(str(real_model_paths["smollm2-f16"]))
+    slot = Engine(target, None, n_ctx=1024, suffix_store=SuffixStore(8 << 20)).new_slot()
+    params = SamplingParams(max_tokens=48)
+    accepted = generated = 0
+    try:
+        for text in REAL_PROMPTS:
+            prompt = prompt_tokens(target, text, chat=True)
+            reference = slot.generate(prompt, params, SpecParams(mode="none", cross_request=False)).tokens
+            for run in ("first", "repeat"):
+                g = slot.generate(prompt, params, SpecParams(mode="suffix"))
+                assert_greedy_equal(target, prompt, reference, g.tokens, EPS_F16, f"suffix {run} on {text!r}")
+            accepted, generated = accepted + g.stats.n_accepted, generated + g.stats.n_generated
+    finally:
+        slot.close()
+        target.close()
+    # the repeats were drafted from the first answers, 64 tokens a pass (all of an answer in one pass,
+    # unless a near-tie flips between a long batch and the first run's shorter ones)
+    assert accepted >= 0.6 * generated

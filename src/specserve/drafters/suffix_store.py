@@ -28,7 +28,7 @@ from typing import Sequence
 
 import numpy as np
 
-ORDERS = (32, 16, 8, 4)  # window lengths indexed, longest first: a match shorter than 4 is noise across requests
+ORDERS = (32, 16, 8, 4)  # window lengths indexed, longest first (a shorter match is weak evidence)
 PROMPT_TAIL = 256  # prompt tokens kept in front of each output
 
 _MASK = (1 << 64) - 1
@@ -156,11 +156,10 @@ class SuffixStore:
     max_bytes bounds what the arrays hold; the oldest whole documents are evicted past it.
     """
 
-    def __init__(self, max_bytes: int, orders: Sequence[int] = ORDERS, prompt_tail: int = PROMPT_TAIL):
+    def __init__(self, max_bytes: int, prompt_tail: int = PROMPT_TAIL):
         if max_bytes <= 0:
             raise ValueError(f"the cross-request store needs a positive size, got {max_bytes} bytes")
         self.max_bytes = max_bytes
-        self.orders = tuple(sorted(orders, reverse=True))
         self.prompt_tail = prompt_tail
         self._lock = threading.Lock()
         self._scopes: dict[str, list[_Segment]] = {}  # scope -> segments, oldest first
@@ -179,7 +178,7 @@ class SuffixStore:
             return False
         tail = list(prompt[-self.prompt_tail:]) if self.prompt_tail else []
         doc = np.asarray(tail + list(output), dtype=np.int32)
-        seg = _Segment.of(doc, self.orders)  # built outside the lock: lookups go on meanwhile
+        seg = _Segment.of(doc, ORDERS)  # built outside the lock: lookups go on meanwhile
         if seg.nbytes > self.max_bytes:
             return False
         with self._lock:
