@@ -148,6 +148,10 @@ def test_segments_stay_logarithmic():
     for _ in range(64):
         store.add([], _doc(rng, 100))
     assert len(store._scopes[""]) <= 7  # merged like a binary counter
+    small = SuffixStore(64 * store.nbytes // 64 // 4)  # room for 16 documents: segments stop at 2
+    for _ in range(64):
+        small.add([], _doc(rng, 100))
+    assert all(s.nbytes <= small.max_bytes // 8 for s in small._scopes[""])  # no merge copies more
 
 
 def test_lookup_is_cheap_on_a_million_token_store():

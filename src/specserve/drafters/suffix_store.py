@@ -11,8 +11,10 @@ Index: every window of ORDERS tokens in a document, as a 64-bit hash of the wind
 (order mixed in) -> the position that follows it. Documents live in immutable
 segments of sorted (key, position) arrays; a lookup is a binary search per segment,
 newest first. New documents form segments that merge like a binary counter (sizes
-double; two sorted runs merge in linear time), so there are O(log n) segments.
-Within one key, positions ascend, so the newest occurrences are the last.
+double; two sorted runs merge in linear time) up to 1/8 of the store, so there are
+at most ~8 full segments plus O(log n) small ones, and no merge or eviction copies
+more than 1/8 of the store. Within one key, positions ascend, so the newest
+occurrences are the last.
 
 Memory: 4 bytes a token plus 12 bytes per (window, order), about 52 bytes a token
 with the default orders, counted exactly from the arrays. Past the budget, whole
@@ -30,6 +32,7 @@ import numpy as np
 
 ORDERS = (32, 16, 8, 4)  # window lengths indexed, longest first (a shorter match is weak evidence)
 PROMPT_TAIL = 256  # prompt tokens kept in front of each output
+_SEGMENT_SHARE = 8  # a segment grows to at most 1/8 of the store: that bounds a merge's or an eviction's copy
 
 _MASK = (1 << 64) - 1
 _B = 0x9E3779B97F4A7C15  # odd, so invertible mod 2^64
@@ -188,7 +191,8 @@ class SuffixStore:
             self.nbytes += seg.nbytes
             self.n_tokens += len(doc)
             # binary-counter merging: O(log n) segments, each token merged O(log n) times
-            while len(segs) >= 2 and len(segs[-2].tokens) <= 2 * len(segs[-1].tokens):
+            while (len(segs) >= 2 and len(segs[-2].tokens) <= 2 * len(segs[-1].tokens)
+                   and segs[-2].nbytes + segs[-1].nbytes <= self.max_bytes // _SEGMENT_SHARE):
                 newer = segs.pop()
                 segs[-1] = segs[-1].merge(newer)
             self._evict()
