@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-SPEC_MODES = ("auto", "draft", "ngram", "none")
+SPEC_MODES = ("auto", "draft", "ngram", "suffix", "none")
+SUFFIX_MAX_DEFAULT = 64  # the suffix drafter's own cap: long matches draft far past 8 tokens
 # Below this a temperature is greedy: dividing float32 logits by ~1e-40 overflows to inf and the
 # distribution becomes NaN. llama.cpp's cut is `temp <= 0`; vLLM's is 1e-5 (_SAMPLING_EPS), taken here.
 GREEDY_TEMPERATURE = 1e-5
@@ -60,7 +61,11 @@ class SpecParams:
     """How one request speculates.
 
     mode: auto (the controller picks drafter and length each step), draft (draft model,
-    fixed length), ngram (prompt lookup, fixed length), none (target alone).
+    fixed length), ngram (prompt lookup, fixed length), suffix (suffix matching over this
+    request and earlier ones, length following the match), none (target alone).
+    suffix_max caps the suffix drafter; a draft_max the user sets caps it too (see
+    `draft_max_caps_suffix`). cross_request: read and feed the engine's store of earlier
+    requests; only requests of the same cross_request_scope see each other's text.
     """
 
     mode: str = "auto"
@@ -69,6 +74,9 @@ class SpecParams:
     draft_p_min: float = 0.0
     ngram_min: int = 1
     ngram_max: int = 4
+    suffix_max: int = SUFFIX_MAX_DEFAULT
+    cross_request: bool = True
+    cross_request_scope: str = ""
 
     def __post_init__(self) -> None:
         if self.mode not in SPEC_MODES:
@@ -81,6 +89,18 @@ class SpecParams:
             raise ValueError(f"draft_p_min must be in [0, 1), got {self.draft_p_min}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
+        if not 0 <= self.suffix_max <= 64:
+            raise ValueError(f"suffix_max must be in [0, 64], got {self.suffix_max}")
+        if len(self.cross_request_scope) > 128:
+            raise ValueError("cross_request_scope must be at most 128 characters")
+
+
+def draft_max_caps_suffix(kw: dict, given) -> dict:
+    """SpecParams keywords where a draft_max among the `given` keys also caps the suffix drafter
+    (unless suffix_max is given too): an unset draft_max leaves it its own, longer default."""
+    if "draft_max" in given and "suffix_max" not in given and kw.get("draft_max") is not None:
+        kw = {**kw, "suffix_max": kw["draft_max"]}
+    return kw
 
 
 @dataclass(frozen=True)
@@ -94,6 +114,7 @@ class ModelConfig:
     n_gpu_layers_draft: int = 0
     n_threads: int | None = None
     auto_profile: bool = True  # keep what --spec auto learns across processes (learned.py)
+    cross_request_bytes: int = 0  # the engine's store of earlier requests for the suffix drafter; 0: none
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -101,3 +122,5 @@ class ModelConfig:
             raise ValueError(f"context size must be >= 16, got {self.n_ctx}")
         if self.n_threads is not None and self.n_threads <= 0:
             raise ValueError(f"threads must be > 0, got {self.n_threads}")
+        if self.cross_request_bytes < 0:
+            raise ValueError(f"the cross-request store size must be >= 0, got {self.cross_request_bytes}")

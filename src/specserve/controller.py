@@ -444,7 +444,7 @@ class AutoPolicy:
         return max(min(mean, self.max_tokens - self.generated), 1.0)
 
     def _best(self, V) -> tuple[float, str | None, int, float, float]:
-        ctl, best = self.ctl, (1.0 / V[1], None, 0, 1.0, V[1])
+        best = (1.0 / V[1], None, 0, 1.0, V[1])
         horizon = self._horizon()
         for name in self.names:
             rate, k, e, t = self._plan(name, V, kmin=self.kmin[name])

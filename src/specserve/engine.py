@@ -18,6 +18,8 @@ from .controller import Controller
 from .drafters import EMPTY_DRAFT, Draft, Drafter
 from .drafters.draft_model import DraftModelDrafter, GreedyAcceptance
 from .drafters.ngram import NgramDrafter
+from .drafters.suffix import SuffixDrafter
+from .drafters.suffix_store import SuffixStore
 from .policy import OFF, Choice, FixedPolicy, Outcome, Policy, tell_offers, wants_offers
 from .sampling import Sampler
 from .stats import GenerationStats
@@ -52,13 +54,15 @@ class Generation:
 
 
 class Engine:
-    def __init__(self, target: Model, draft: Model | None = None, n_ctx: int = 4096, controller=None):
+    def __init__(self, target: Model, draft: Model | None = None, n_ctx: int = 4096, controller=None,
+                 suffix_store: SuffixStore | None = None):
         if draft is not None and not getattr(draft, "can_rollback", True):
             raise ValueError(f"draft model {draft.path} has a recurrent or hybrid memory, which cannot drop "
                              "rejected tokens: it cannot draft")
         self.target = target
         self.draft = draft
         self.n_ctx = n_ctx
+        self.suffix_store = suffix_store  # earlier requests' text for the suffix drafter, shared by slots; None: off
         self.controller = controller if controller is not None else Controller()  # --spec auto, shared by slots
         weights = (getattr(target, "weights_bytes", 0), getattr(draft, "weights_bytes", 0))
         if draft is not None and all(weights) and self.controller is not None:
@@ -74,11 +78,12 @@ class Engine:
     def load(cls, cfg: ModelConfig) -> "Engine":
         target = load_model(cfg.target_path, cfg.n_gpu_layers, cfg.n_threads)
         draft = load_model(cfg.draft_path, cfg.n_gpu_layers_draft, cfg.n_threads) if cfg.draft_path else None
-        return cls(target, draft, cfg.n_ctx, controller=learning_controller(cfg, target))
+        store = SuffixStore(cfg.cross_request_bytes) if cfg.cross_request_bytes else None
+        return cls(target, draft, cfg.n_ctx, controller=learning_controller(cfg, target), suffix_store=store)
 
     @property
     def drafter_names(self) -> list[str]:
-        return (["draft"] if self.draft is not None else []) + ["ngram"]
+        return (["draft"] if self.draft is not None else []) + ["ngram", "suffix"]
 
     def new_slot(self) -> "Slot":
         return Slot(self)
@@ -97,6 +102,8 @@ class Engine:
             return FixedPolicy("draft", spec.draft_max)
         if spec.mode == "ngram":
             return FixedPolicy("ngram", spec.draft_max)
+        if spec.mode == "suffix":
+            return FixedPolicy("suffix", spec.suffix_max)
         if self.controller is not None:
             return self.controller.policy(spec, self.drafter_names, temperature)
         return FixedPolicy(self.drafter_names[0], spec.draft_max)
@@ -155,6 +162,8 @@ class Slot:
         if self.draft_ctx is not None:
             drafters["draft"] = DraftModelDrafter(self.engine.draft, self.draft_ctx, spec.draft_p_min, spec.draft_min,
                                                   self.engine.greedy_acceptance)
+        store = self.engine.suffix_store if spec.cross_request else None
+        drafters["suffix"] = SuffixDrafter(store, spec.cross_request_scope, cap=spec.suffix_max)  # indexes lazily
         return drafters
 
     def _forward_seconds(self) -> float:
@@ -216,6 +225,8 @@ class Slot:
             stats.stop_word = req.decoder.stop_word
             if not stats.finish_reason:
                 stats.finish_reason = "cancelled"
+            elif engine.suffix_store is not None and spec.cross_request:  # finished: later requests may draft from it
+                engine.suffix_store.add(seq[: stats.n_prompt], seq[stats.n_prompt:], spec.cross_request_scope)
 
     def _prefill_drafters(self, req: "_Request", seq: list[int], max_tokens: int, stats: GenerationStats) -> None:
         """A drafter about to be used takes the prompt now, in one batch (what it would otherwise

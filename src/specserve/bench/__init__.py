@@ -5,9 +5,9 @@ endpoint.py measures OpenAI-compatible servers, report.py turns runs into paired
 speedups and a recommendation, table.py and plot.py show them. `specserve bench`
 (cli/bench.py) wires them together.
 """
-from .report import recommend, summarize
+from .report import recommend, summarize, summarize_turns
 from .runner import BenchConfig, BenchPlan, LocalModels, Measurement, plan_configs, run_benchmark
 from .workloads import BUILTIN_WORKLOADS, BenchPrompt, load_workload
 
 __all__ = ["BUILTIN_WORKLOADS", "BenchConfig", "BenchPlan", "BenchPrompt", "LocalModels", "Measurement",
-           "load_workload", "plan_configs", "recommend", "run_benchmark", "summarize"]
+           "load_workload", "plan_configs", "recommend", "run_benchmark", "summarize", "summarize_turns"]

@@ -59,7 +59,8 @@ class EndpointClient:
 
     def generate(self, messages: list[dict], max_tokens: int, temperature: float, seed: int | None,
                  ignore_eos: bool = False) -> dict:
-        """Stream one chat completion; return its timing in the shape of GenerationStats.as_dict()."""
+        """Stream one chat completion; return its timing in the shape of GenerationStats.as_dict(), and
+        under "text" what it answered."""
         body = {"model": self.model, "messages": list(messages), "max_tokens": max_tokens,
                 "temperature": temperature, "stream": True}
         if seed is not None:
@@ -80,7 +81,7 @@ class EndpointClient:
     def _stream(self, body: dict) -> dict:
         t0 = time.perf_counter()
         t_first = t_last = 0.0
-        n_chunks, usage, timings, finish = 0, None, None, ""
+        n_chunks, usage, timings, finish, parts = 0, None, None, "", []
         try:
             with self._client.stream("POST", f"{self.base}/chat/completions", json=body) as r:
                 if r.status_code != 200:
@@ -98,6 +99,7 @@ class EndpointClient:
                     for choice in event.get("choices") or []:
                         finish = choice.get("finish_reason") or finish
                         if (choice.get("delta") or {}).get("content"):
+                            parts.append(choice["delta"]["content"])
                             t_last = time.perf_counter() - t0
                             t_first = t_first or t_last
                             n_chunks += 1
@@ -110,7 +112,8 @@ class EndpointClient:
         return {"n_prompt": int(usage.get("prompt_tokens", 0)) if usage else 0, "n_generated": n_tokens,
                 "n_chunks": n_chunks, "tokens_counted_from": "usage" if usage else "chunks",
                 "tokens_per_s": round(tokens_per_s, 2), "time_to_first_token_s": round(t_first, 4),
-                "t_total_s": round(t_total, 4), "finish_reason": finish, **_draft_counts(usage, timings)}
+                "t_total_s": round(t_total, 4), "finish_reason": finish, "text": "".join(parts),
+                **_draft_counts(usage, timings)}
 
     def close(self) -> None:
         self._client.close()

@@ -5,7 +5,9 @@ first, so each prompt counts once. A configuration's speedup is paired: for ever
 prompt, its tokens/s over the target alone's on that same prompt, then the geometric
 mean of those ratios (the median is reported beside it). The target alone is 1 by
 construction. Configurations are ranked by that end-to-end speedup, never by
-acceptance: a draft that accepts more but costs more per step loses.
+acceptance: a draft that accepts more but costs more per step loses. Multi-turn
+conversations are also reported by turn: the first request against the later ones,
+which re-send or edit earlier answers (`summarize_turns`).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import time
 from collections import Counter, defaultdict
 
 from .runner import BenchConfig, Measurement
+from .workloads import TURNS
 
 ALL = "all"
 NOISE = 0.03  # paired gains below this are within run-to-run noise on a quiet machine
@@ -94,6 +97,29 @@ def summarize(configs: list[BenchConfig], results: list[Measurement], memory: di
             for rank, e in enumerate(group, 1):
                 e["rank"] = rank
             entries += group
+    return entries
+
+
+def summarize_turns(configs: list[BenchConfig], results: list[Measurement]) -> list[dict]:
+    """Each configuration on multi-turn prompts, by turn kind (first, retry, ...) and on all later turns
+    ("later"), per temperature: paired speedup over the target alone on the same turns."""
+    turned = [m for m in results if m.turn]
+    entries = []
+    for t in sorted({m.temperature for m in turned}):
+        at_t = [m for m in turned if m.temperature == t]
+        baseline = _per_prompt([m for m in at_t if m.config == "target"], "tokens_per_s")
+        kinds = [k for k in TURNS if any(m.turn == k for m in at_t)]
+        for c in configs:
+            runs = [m for m in at_t if m.config == c.name]
+            for kind in [*kinds, "later"]:
+                picked = [m for m in runs if (m.turn != "first" if kind == "later" else m.turn == kind)]
+                if not picked:
+                    continue
+                e = summarize_config(c, picked, baseline)
+                entries.append({"name": c.name, "temperature": t, "turn": kind, "n_prompts": e["n_prompts"],
+                                "tokens_per_s": e["tokens_per_s"], "speedup": e["speedup"],
+                                "speedup_median": e["speedup_median"], "acceptance": e["acceptance"],
+                                "mean_accepted_len": e["mean_accepted_len"], "n_drafted": e["n_drafted"]})
     return entries
 
 

@@ -7,6 +7,11 @@ starts from a cold cache: the slot's target and draft KV caches are emptied firs
 so prefix reuse from the previous configuration's run of the same prompt cannot
 flatter the next one. Seeds are fixed per prompt: the same prompt is sampled with
 the same seed by every configuration and repeat.
+
+Cross-request drafting is the exception, on purpose: each configuration (and each
+repeat) has its own scope of the engine's store, which keeps what that configuration
+generated earlier in the run, as a server would; warm-ups are kept out of it. In a
+multi-turn workload each configuration re-sends its own earlier answers.
 """
 from __future__ import annotations
 
@@ -14,13 +19,17 @@ import sys
 import zlib
 from dataclasses import dataclass, field
 
-from ..config import DEFAULT_VERIFY, SamplingParams, SpecParams
+from ..config import DEFAULT_VERIFY, SUFFIX_MAX_DEFAULT, SamplingParams, SpecParams
 from ..controller import Controller
+from ..drafters.suffix_store import SuffixStore
 from ..engine import Engine
 from ..prompt import chat_tokens, prompt_tokens
-from .workloads import BenchPrompt
+from .workloads import BenchPrompt, resolve_messages
 
 WARMUP_TOKENS = 16
+# A conversation's first turn must be new to every server measured: warm up on something else.
+WARMUP_MESSAGES = ({"role": "user", "content": "Say hello in one short sentence."},)
+STORE_BYTES = 64 << 20  # each engine's cross-request store, as `serve` keeps by default
 
 
 @dataclass(frozen=True)
@@ -28,7 +37,7 @@ class BenchConfig:
     """One way of generating: the target alone, a drafter at a draft length, or a remote server."""
 
     name: str
-    spec: str  # none | draft | ngram | auto | endpoint
+    spec: str  # none | draft | ngram | suffix | auto | endpoint
     draft_model: str | None = None  # the draft model as the user named it (draft, auto)
     draft_max: int = 0
     endpoint: str | None = None
@@ -47,7 +56,7 @@ class BenchConfig:
 def plan_configs(specs: list[str], drafts: list[str], draft_maxes: list[int],
                  endpoints: list[str], ngram_maxes: list[int] | None = None) -> list[BenchConfig]:
     """The target alone, then each drafter x each draft length (prompt lookup's own lengths if
-    given), auto at the largest, then endpoints."""
+    given; suffix: once, at its own cap), auto at the largest, then endpoints."""
     ngram_maxes = draft_maxes if ngram_maxes is None else ngram_maxes
     label = {d: _short(d) for d in drafts}
     if len(set(label.values())) < len(label):  # same file name in two folders: names must stay unique
@@ -58,6 +67,8 @@ def plan_configs(specs: list[str], drafts: list[str], draft_maxes: list[int],
             configs += [BenchConfig(f"draft[{label[d]}] k={k}", "draft", d, k) for d in drafts]
         if "ngram" in specs and k in ngram_maxes:
             configs.append(BenchConfig(f"ngram k={k}", "ngram", None, k))
+    if "suffix" in specs:
+        configs.append(BenchConfig(f"suffix k<={SUFFIX_MAX_DEFAULT}", "suffix", None, SUFFIX_MAX_DEFAULT))
     if "auto" in specs:
         cap = max(draft_maxes + ngram_maxes)
         configs += [BenchConfig(f"auto[{label[d]}] k<={cap}", "auto", d, cap) for d in drafts] or \
@@ -81,6 +92,7 @@ class Measurement:
     prompt_index: int
     repeat: int
     stats: dict  # GenerationStats.as_dict(), or the endpoint client's equivalent
+    turn: str = ""  # the prompt's kind in a multi-turn conversation (first, retry, ...)
 
 
 @dataclass
@@ -120,10 +132,13 @@ class LocalModels:
 
     def __init__(self, target, drafts: dict[str, object], n_ctx: int, auto_profile: bool = False):
         self.target, self.drafts, self.n_ctx = target, drafts, n_ctx
-        self.slots = {None: Engine(target, None, n_ctx, controller=self._controller(None, auto_profile)).new_slot()}
+        def engine(draft) -> Engine:
+            return Engine(target, draft, n_ctx, controller=self._controller(draft, auto_profile),
+                          suffix_store=SuffixStore(STORE_BYTES))
+
+        self.slots = {None: engine(None).new_slot()}
         for name, draft in drafts.items():
-            engine = Engine(target, draft, n_ctx, controller=self._controller(draft, auto_profile))
-            self.slots[name] = engine.new_slot()
+            self.slots[name] = engine(draft).new_slot()
         self._tokens: dict[tuple[str, int], list[int]] = {}
 
     def tokens(self, prompt: BenchPrompt) -> list[int]:
@@ -134,17 +149,25 @@ class LocalModels:
         return self._tokens[key]
 
     def fits(self, prompt: BenchPrompt, max_tokens: int) -> bool:
-        """Whether the prompt and its output fit the context."""
-        return len(self.tokens(prompt)) + max_tokens < self.n_ctx
+        """Whether the prompt and its output fit the context (earlier answers it re-sends counted
+        at max_tokens each)."""
+        return len(self.tokens(prompt)) + (len(prompt.answers_needed) + 1) * max_tokens < self.n_ctx
 
-    def run(self, config: BenchConfig, prompt: BenchPrompt, sampling: SamplingParams, verify: str) -> dict:
+    def run(self, config: BenchConfig, prompt: BenchPrompt, sampling: SamplingParams, verify: str,
+            messages: list[dict] | None = None, scope: str | None = None) -> tuple[dict, str]:
+        """(stats, text) of one run. messages: the prompt's own with earlier answers filled in;
+        scope: the cross-request scope to read and feed (None: none)."""
         slot = self.slots[config.draft_model if config.spec in ("draft", "auto") else None]
         slot.ctx.truncate(0)  # cold start: no prefix reuse between configurations or repeats
         if slot.draft_ctx is not None:
             slot.draft_ctx.truncate(0)
         mode = "none" if config.spec == "none" else config.spec
-        spec = SpecParams(mode=mode, draft_max=config.draft_max if mode != "none" else 0)
-        return slot.generate(self.tokens(prompt), sampling, spec, verify).stats.as_dict()
+        k = config.draft_max if mode != "none" else 0
+        spec = SpecParams(mode=mode, draft_max=k, suffix_max=k if mode == "suffix" else SUFFIX_MAX_DEFAULT,
+                          cross_request=scope is not None, cross_request_scope=scope or "")
+        tokens = chat_tokens(self.target, messages) if messages is not None else self.tokens(prompt)
+        gen = slot.generate(tokens, sampling, spec, verify)
+        return gen.stats.as_dict(), gen.text
 
     def memory(self) -> dict:
         """Bytes the backend reported for each model and its slot's caches."""
@@ -182,24 +205,39 @@ def run_benchmark(plan: BenchPlan, local: LocalModels, endpoints: dict,
     total = len(configs) * (1 + len(jobs) * plan.repeat)
     disable = None if progress is None else not progress  # None: only on a terminal
     with tqdm(total=total, desc="bench", unit="run", file=sys.stderr, disable=disable, dynamic_ncols=True) as bar:
-        def execute(config: BenchConfig, temperature: float, prompt: BenchPrompt, max_tokens=None) -> dict:
+        answers: dict[tuple, str] = {}  # (configuration, repeat, temperature, workload, prompt index) -> answer
+
+        def execute(config: BenchConfig, temperature: float, prompt: BenchPrompt, repeat: int | None,
+                    max_tokens=None) -> dict:
+            """One run; repeat None: a warm-up, kept out of cross-request stores and conversations."""
             bar.set_postfix_str(config.name, refresh=False)
             sampling = plan.sampling(temperature, prompt, max_tokens)
+            run_key = (config.name, repeat, temperature, prompt.workload)
+            messages = resolve_messages(prompt, {i: answers.get((*run_key, i), "") for i in prompt.answers_needed})
+            if repeat is None and prompt.turn:
+                messages = list(WARMUP_MESSAGES)
             if config.spec == "endpoint":
-                stats = endpoints[config.endpoint].generate(list(prompt.messages), sampling.max_tokens,
-                                                            temperature, sampling.seed, plan.ignore_eos)
+                stats = endpoints[config.endpoint].generate(messages, sampling.max_tokens, temperature, sampling.seed,
+                                                            plan.ignore_eos)
+                text = stats.pop("text", "")
             else:
-                stats = local.run(config, prompt, sampling, plan.verify)
+                dynamic = prompt.answers_needed or repeat is None and prompt.turn
+                scope = (None if repeat is None or config.spec not in ("suffix", "auto")
+                         else f"{configs.index(config)}#{repeat}@{temperature:g}")
+                stats, text = local.run(config, prompt, sampling, plan.verify, messages if dynamic else None, scope)
+            if repeat is not None:
+                answers[(*run_key, prompt.index)] = text
             bar.update()
             return stats
 
         warm_t, warm_p = jobs[0]
         for config in configs:
-            execute(config, warm_t, warm_p, WARMUP_TOKENS)
+            execute(config, warm_t, warm_p, None, WARMUP_TOKENS)
         for r in range(plan.repeat):
             for j, (temperature, prompt) in enumerate(jobs):
                 shift = (j + r) % len(configs)
                 for config in configs[shift:] + configs[:shift]:
-                    stats = execute(config, temperature, prompt)
-                    results.append(Measurement(config.name, prompt.workload, temperature, prompt.index, r, stats))
+                    stats = execute(config, temperature, prompt, r)
+                    results.append(Measurement(config.name, prompt.workload, temperature, prompt.index, r, stats,
+                                               prompt.turn))
     return results

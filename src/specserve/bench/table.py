@@ -68,7 +68,29 @@ def memory_lines(memory: dict) -> list[str]:
     return lines + [""]
 
 
-def render(entries: list[dict], recommendation: dict, memory: dict) -> str:
-    lines = ranked_tables(entries) + workload_matrix(entries) + memory_lines(memory)
+def turn_table(turns: list[dict]) -> list[str]:
+    """Speedup by turn of the multi-turn conversations: first request against the later ones."""
+    lines = []
+    for t in dict.fromkeys(e["temperature"] for e in turns):
+        at_t = [e for e in turns if e["temperature"] == t]
+        kinds = list(dict.fromkeys(e["turn"] for e in at_t))
+        names = list(dict.fromkeys(e["name"] for e in at_t))
+        cell = {(e["name"], e["turn"]): e for e in at_t}
+        width, name_width = max(10, *(len(k) + 1 for k in kinds)), _name_width(at_t)
+        lines.append(f"multi-turn conversations, temperature {t:g}: speedup over the target alone by turn "
+                     f"(later: every turn after the first; tau: mean accepted length there)")
+        lines.append(f"{'configuration':<{name_width}} " + " ".join(f"{k:>{width}}" for k in kinds) + f" {'tau':>6}")
+        for name in names:
+            later = cell.get((name, "later"))
+            tau = f"{later['mean_accepted_len']:.2f}" if later and later["n_drafted"] else "-"
+            lines.append(f"{name:<{name_width}} " + " ".join(
+                f"{cell[(name, k)]['speedup']:>{width - 1}.2f}x" if (name, k) in cell else f"{'-':>{width}}"
+                for k in kinds) + f" {tau:>6}")
+        lines.append("")
+    return lines
+
+
+def render(entries: list[dict], recommendation: dict, memory: dict, turns: list[dict] = ()) -> str:
+    lines = ranked_tables(entries) + workload_matrix(entries) + turn_table(list(turns)) + memory_lines(memory)
     lines.append(f"recommendation: {recommendation['text']}")
     return "\n".join(lines)

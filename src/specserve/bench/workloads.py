@@ -4,7 +4,9 @@ A workload is a list of prompts. Built-in names are the Spec-Bench categories
 (data/spec_bench/question.jsonl, Apache-2.0; the first turn of each question as a
 user message), `spec-bench` (all categories, spread evenly) and `code-edit`
 (refactor/rename/fix requests about a given snippet: input-grounded, where prompt
-lookup drafts well). Anything else is read as a JSONL file, one prompt a line:
+lookup drafts well) and `multi-turn` (conversations that re-send or edit earlier answers,
+where cross-request drafting pays; see `multi_turn`). Anything else is read as a JSONL
+file, one prompt a line:
 
     {"prompt": "text"} or {"messages": [{"role": "user", "content": "..."}]}
     optional: "temperature", "max_tokens", "category", "chat" (false: no chat template)
@@ -18,12 +20,21 @@ from pathlib import Path
 
 SPEC_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem",
                          "humanities", "translation", "summarization", "qa", "math_reasoning", "rag")
-BUILTIN_WORKLOADS = ("code-edit", "spec-bench", *SPEC_BENCH_CATEGORIES)
+BUILTIN_WORKLOADS = ("code-edit", "multi-turn", "spec-bench", *SPEC_BENCH_CATEGORIES)
+# The later turns of a multi-turn conversation, after the question and a retry of it.
+FOLLOW_UPS = (("rename", "Rename the first function you defined to `solution`, update every use of it, and "
+                         "return the whole file."),
+              ("docstring", "Add a docstring (or a doc comment) to every function and return the whole file."))
+TURNS = ("first", "retry", *(kind for kind, _ in FOLLOW_UPS))
 
 
 @dataclass(frozen=True)
 class BenchPrompt:
-    """One prompt of a workload; `messages` are rendered with the chat template unless chat is False."""
+    """One prompt of a workload; `messages` are rendered with the chat template unless chat is False.
+
+    In a multi-turn conversation an assistant message may be {"role": "assistant", "answer_of": j}:
+    the answer the same configuration gave to prompt j of the workload, filled in when it runs.
+    """
 
     workload: str
     index: int  # position within the workload as selected
@@ -32,6 +43,12 @@ class BenchPrompt:
     temperature: float | None = None  # the file's own setting; --temp overrides it
     max_tokens: int | None = None  # the file's own setting; -n overrides it
     chat: bool = True
+    turn: str = ""  # in a multi-turn conversation: its kind, one of TURNS
+
+    @property
+    def answers_needed(self) -> list[int]:
+        """Indices of the prompts whose answers this one re-sends."""
+        return [m["answer_of"] for m in self.messages if "answer_of" in m]
 
     @property
     def text(self) -> str:
@@ -44,6 +61,8 @@ def load_workload(name_or_path: str, n_prompts: int) -> list[BenchPrompt]:
     if n_prompts <= 0:
         raise ValueError(f"prompts per workload must be > 0, got {n_prompts}")
     key = name_or_path.replace("-", "_")
+    if key == "multi_turn":
+        return multi_turn(n_prompts)
     if key == "code_edit":
         rows, name = _read_jsonl(resources.files("specserve") / "data" / "code_edit.jsonl"), "code-edit"
     elif key == "spec_bench" or key in SPEC_BENCH_CATEGORIES:
@@ -58,6 +77,33 @@ def load_workload(name_or_path: str, n_prompts: int) -> list[BenchPrompt]:
         raise ValueError(f"workload {name_or_path!r} has no prompts")
     picked = _spread(rows, n_prompts)
     return [_prompt(name, i, row, f"{name_or_path} prompt {i + 1}") for i, row in enumerate(picked)]
+
+
+def multi_turn(n_prompts: int) -> list[BenchPrompt]:
+    """Conversations about Spec-Bench coding questions, four requests each: the question, the same
+    request again (a retry), then "rename ... return the whole file" and "add docstrings ... return
+    the whole file", each re-sending the answers before it. The first n_prompts requests of
+    ceil(n_prompts / 4) conversations, their questions spread over the category."""
+    questions = _spread(_spec_bench("coding"), -(-n_prompts // len(TURNS)))
+    prompts: list[BenchPrompt] = []
+    for c, q in enumerate(questions):
+        first = len(prompts)
+        history: tuple[dict, ...] = ({"role": "user", "content": q["prompt"]},)
+        turns = [("first", history), ("retry", history)]
+        answer_of = first
+        for kind, text in FOLLOW_UPS:
+            history = (*history, {"role": "assistant", "answer_of": answer_of}, {"role": "user", "content": text})
+            turns.append((kind, history))
+            answer_of = first + len(turns) - 1
+        prompts += [BenchPrompt("multi-turn", first + t, messages, kind, turn=kind)
+                    for t, (kind, messages) in enumerate(turns)]
+    return prompts[:n_prompts]
+
+
+def resolve_messages(prompt: BenchPrompt, answers: dict[int, str]) -> list[dict]:
+    """The prompt's messages with earlier answers filled in (`answers`: prompt index -> text)."""
+    return [{"role": m["role"], "content": answers.get(m["answer_of"], "")} if "answer_of" in m else dict(m)
+            for m in prompt.messages]
 
 
 def _spread(rows: list, n: int) -> list:

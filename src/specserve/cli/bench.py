@@ -15,7 +15,8 @@ import sys
 from ..config import DEFAULT_VERIFY, VERIFY_METHODS
 from .common import CliError, add_model_args
 
-_SPECS = ("draft", "ngram", "auto", "none")
+_SPECS = ("draft", "ngram", "suffix", "auto", "none")
+_DEFAULT_SPECS = ("draft", "ngram", "auto", "none")
 _DEFAULT_WORKLOADS = ("code-edit", "spec-bench")
 
 
@@ -47,7 +48,8 @@ def add_parser(sub) -> None:
     d.add_argument("-ngld", "--n-gpu-layers-draft", type=int, default=0, metavar="N", help="draft layers on the GPU")
     g = p.add_argument_group("what to run")
     g.add_argument("--spec", type=_comma_list(str, _SPECS), default=None, metavar="LIST",
-                   help="drafters to try: draft,ngram,auto (default: all that apply); the target alone always runs")
+                   help="drafters to try: draft,ngram,suffix,auto (default: draft,ngram,auto, those that apply; "
+                        "suffix runs once, at its own cap of 64); the target alone always runs")
     g.add_argument("--draft-max", type=_comma_list(int), default=[1, 2, 4, 8], metavar="LIST",
                    help="draft lengths to try (default 1,2,4,8); auto runs at the largest")
     g.add_argument("--ngram-max", type=_comma_list(int), default=None, metavar="LIST",
@@ -56,7 +58,7 @@ def add_parser(sub) -> None:
                    help=f"built-in ({', '.join(BUILTIN_WORKLOADS)}) or a JSONL file of "
                         "{prompt|messages, temperature, max_tokens, category} (default: code-edit spec-bench)")
     g.add_argument("--prompts-per-workload", type=int, default=10, metavar="P",
-                   help="prompts per workload (default 10)")
+                   help="prompts per workload (default 10; multi-turn: requests, 4 a conversation)")
     g.add_argument("--temp", type=float, nargs="+", default=None, metavar="T",
                    help="temperature(s); each runs everything (default: the workload's own, else 0)")
     g.add_argument("-n", "--n-predict", type=int, default=None, metavar="N",
@@ -140,7 +142,7 @@ def _load(args, target_path: str, draft_paths: dict[str, str]):
 
 
 def run(args) -> int:
-    from ..bench import BenchPlan, load_workload, plan_configs, recommend, run_benchmark, summarize
+    from ..bench import BenchPlan, load_workload, plan_configs, recommend, run_benchmark, summarize, summarize_turns
     from ..bench.endpoint import EndpointClient, EndpointError
     from ..bench.report import machine_info
     from ..bench.table import render
@@ -155,7 +157,7 @@ def run(args) -> int:
     target_path, draft_paths = _model_paths(args)
     if args.spec is not None and "draft" in args.spec and not draft_paths:
         raise CliError("--spec draft needs a draft model (-md)", 2)
-    specs = args.spec or list(_SPECS)
+    specs = args.spec or list(_DEFAULT_SPECS)
     configs = plan_configs(specs, list(draft_paths), args.draft_max, args.endpoint, args.ngram_max)
     local, loaded = _load(args, target_path, draft_paths)
     endpoints = {url: EndpointClient(url, api_key=args.endpoint_api_key) for url in args.endpoint}
@@ -184,14 +186,15 @@ def run(args) -> int:
             m.close()
     entries = summarize(configs, results, memory)
     recommendation = recommend(configs, results, entries)
-    print(render(entries, recommendation, memory))
+    turns = summarize_turns(configs, results)
+    print(render(entries, recommendation, memory, turns))
     if args.json:
         settings = {"target": args.model or target_path, "drafts": list(draft_paths), "spec": specs,
                     "draft_max": args.draft_max, "workloads": list(dict.fromkeys(p.workload for p in fitting)),
                     "n_prompts": len(fitting), "temperatures": args.temp, "n_predict": args.n_predict,
                     "repeat": args.repeat, "seed": args.seed, "ignore_eos": args.ignore_eos, "verify": args.verify,
                     "n_ctx": args.ctx_size, "endpoints": args.endpoint}
-        report = {"configs": entries, "recommendation": recommendation, "memory": memory,
+        report = {"configs": entries, "turns": turns, "recommendation": recommendation, "memory": memory,
                   "machine": machine_info(args.threads), "settings": settings,
                   "runs": [vars(m) for m in results]}
         _write(args.json, lambda f: (json.dump(report, f, indent=1), f.write("\n")))

@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..config import DEFAULT_VERIFY, SPEC_MODES, VERIFY_METHODS, ModelConfig, SamplingParams, SpecParams
+from ..config import DEFAULT_VERIFY, SPEC_MODES, VERIFY_METHODS, ModelConfig, SamplingParams, SpecParams, \
+    draft_max_caps_suffix
 from ..models import PAIRS
 
 
@@ -38,9 +39,11 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculation")
     g.add_argument("--spec", choices=SPEC_MODES, default="auto",
                    help="auto: choose drafter and length per step (default); draft: draft model; "
-                        "ngram: prompt lookup; none: target alone")
-    g.add_argument("--draft-max", "--draft", "--spec-draft-n-max", dest="draft_max", type=int, default=8,
-                   metavar="N", help="most tokens drafted per step (default 8; a cap under --spec auto)")
+                        "ngram: prompt lookup; suffix: suffix matching over this request and earlier ones; "
+                        "none: target alone")
+    g.add_argument("--draft-max", "--draft", "--spec-draft-n-max", dest="draft_max", type=int, default=None,
+                   metavar="N", help="most tokens drafted per step (default 8, 64 for --spec suffix; "
+                                     "a cap under --spec auto)")
     g.add_argument("--draft-min", "--spec-draft-n-min", dest="draft_min", type=int, default=0, metavar="N",
                    help="drop greedy drafts shorter than this (default 0)")
     g.add_argument("--draft-p-min", "--spec-draft-p-min", dest="draft_p_min", type=float, default=0.0,
@@ -94,8 +97,12 @@ def model_config(args) -> ModelConfig:
 
 
 def spec_params(args) -> SpecParams:
-    return _config(SpecParams, mode=args.spec, draft_max=args.draft_max, draft_min=args.draft_min,
-                   draft_p_min=args.draft_p_min)
+    kw = dict(mode=args.spec, draft_min=args.draft_min, draft_p_min=args.draft_p_min)
+    if args.draft_max is not None:  # set by the user: it caps the suffix drafter too
+        kw = draft_max_caps_suffix({**kw, "draft_max": args.draft_max}, ["draft_max"])
+    if getattr(args, "no_cross_request", False):
+        kw["cross_request"] = False
+    return _config(SpecParams, **kw)
 
 
 def sampling_params(args) -> SamplingParams:

@@ -38,8 +38,8 @@ def add_parser(sub) -> None:
     g.add_argument("--profile", action="append", default=[], metavar="NAME=OPTIONS",
                    help="a named preset requests select with 'model': e.g. code=spec=draft,draft_max=8 or "
                         "prose=spec=none,temperature=0.8 (repeatable). Options: spec, draft_max, draft_min, "
-                        "draft_p_min, ngram_min, ngram_max, temperature, top_k, top_p, min_p, seed, max_tokens, "
-                        "ignore_eos, verify")
+                        "draft_p_min, ngram_min, ngram_max, suffix_max, cross_request, cross_request_scope, "
+                        "temperature, top_k, top_p, min_p, seed, max_tokens, ignore_eos, verify")
     g.add_argument("-np", "--parallel", type=int, default=2, metavar="N",
                    help="slots: requests generating at once, interleaved step by step (default 2)")
     g.add_argument("--queue", type=int, default=16, metavar="N",
@@ -61,6 +61,12 @@ def add_parser(sub) -> None:
     g.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="a web origin (e.g. http://localhost:3000) whose pages may call the server; off by "
                         "default (repeatable; '*' allows any)")
+    x = p.add_argument_group("cross-request drafting (the suffix drafter)")
+    x.add_argument("--no-cross-request", action="store_true",
+                   help="keep no store of earlier requests: the suffix drafter sees only the current request")
+    x.add_argument("--cross-request-mib", type=float, default=64.0, metavar="MIB",
+                   help="memory for earlier requests' prompt tails and outputs, oldest evicted first "
+                        "(default 64: about 1.3M tokens)")
     p.set_defaults(run=run)
 
 
@@ -113,6 +119,8 @@ def settings_from(args, target_path: str):
         raise CliError(f"--queue must be >= 0, got {args.queue}", 2)
     if not 0 <= args.port <= 65535:
         raise CliError(f"--port must be in [0, 65535], got {args.port}", 2)
+    if not args.cross_request_mib > 0:
+        raise CliError(f"--cross-request-mib must be > 0, got {args.cross_request_mib}", 2)
     name = args.alias or _model_name(args.model, target_path)
     spec = dataclasses.asdict(spec_params(args))
     try:
@@ -134,6 +142,8 @@ def run(args) -> int:
     logsafe.install()  # clients' strings reach log lines: escape them
     cfg = model_config(args)
     settings = settings_from(args, cfg.target_path)
+    if not args.no_cross_request:
+        cfg = dataclasses.replace(cfg, cross_request_bytes=int(args.cross_request_mib * (1 << 20)))
     engine = load_engine(cfg)
     app = None
     try:

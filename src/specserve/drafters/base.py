@@ -9,7 +9,10 @@ Whatever a drafter keeps between steps (a KV cache, an index) is its own busines
 engine only asks what its cache lacks of the prompt and whether to take the prompt now
 (`missing`, `prefill`), what it could draft this step before asking it to (`peek`), and
 tells it how many tokens were kept (`accepted`). `BaseDrafter` has the defaults of a
-drafter without a cache.
+drafter without a cache. `confidence`, when a drafter
+gives one, is its own estimate that each token is right given the ones before it (the
+suffix drafter: how often that token followed, among the earlier occurrences that agree
+so far); the verifier never reads it, a policy may.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from ..sampling import Candidates, Sampler
 class Draft:
     tokens: list[int]
     dists: list[Candidates] | None = None  # one one-row q per token, or None (deterministic)
+    confidence: list[float] | None = None  # [len(tokens)] per-token estimate in (0, 1], or None
 
     def __len__(self) -> int:
         return len(self.tokens)

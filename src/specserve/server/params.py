@@ -12,14 +12,15 @@ from typing import Callable
 
 from starlette.requests import Request
 
-from ..config import SamplingParams, SpecParams
+from ..config import SamplingParams, SpecParams, draft_max_caps_suffix
 from .errors import ApiError, bad_request
 from .profiles import VERIFY_METHODS, Profile
 
 MAX_STOP = 16  # stop strings per request
 MAX_STOP_LEN = 256  # characters per stop string
 _SPEC_FIELDS = {"mode": str, "draft_max": int, "draft_min": int, "draft_p_min": float,
-                "ngram_min": int, "ngram_max": int, "verify": str}
+                "ngram_min": int, "ngram_max": int, "suffix_max": int, "cross_request": bool,
+                "cross_request_scope": str, "verify": str}
 
 
 def _one_of(*values) -> Callable[[object], bool]:
@@ -217,7 +218,7 @@ def spec_params(overrides: dict | None, profile: Profile, has_draft: bool) -> tu
     if verify not in VERIFY_METHODS:
         raise bad_request(f"speculative.verify must be one of {', '.join(VERIFY_METHODS)}", "speculative.verify")
     try:
-        spec = SpecParams(**kw)
+        spec = SpecParams(**draft_max_caps_suffix(kw, [k for k, v in overrides.items() if v is not None]))
     except ValueError as e:
         raise bad_request(str(e), "speculative") from None
     if spec.mode == "draft" and not has_draft:

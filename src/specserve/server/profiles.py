@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ..config import DEFAULT_VERIFY, VERIFY_METHODS, SamplingParams, SpecParams
+from ..config import DEFAULT_VERIFY, VERIFY_METHODS, SamplingParams, SpecParams, draft_max_caps_suffix
 
 # option name -> (field, group, type); groups: "spec" -> SpecParams, "sampling" -> SamplingParams
 _OPTIONS: dict[str, tuple[str, str, type]] = {
@@ -18,6 +18,8 @@ _OPTIONS: dict[str, tuple[str, str, type]] = {
     "draft_max": ("draft_max", "spec", int), "draft_min": ("draft_min", "spec", int),
     "draft_p_min": ("draft_p_min", "spec", float),
     "ngram_min": ("ngram_min", "spec", int), "ngram_max": ("ngram_max", "spec", int),
+    "suffix_max": ("suffix_max", "spec", int), "cross_request": ("cross_request", "spec", bool),
+    "cross_request_scope": ("cross_request_scope", "spec", str),
     "temperature": ("temperature", "sampling", float), "temp": ("temperature", "sampling", float),
     "top_k": ("top_k", "sampling", int), "top_p": ("top_p", "sampling", float),
     "min_p": ("min_p", "sampling", float), "seed": ("seed", "sampling", int),
@@ -65,6 +67,7 @@ def parse_profile(text: str, base: Profile) -> Profile:
     if not sep or not name:
         raise ValueError(f"--profile wants NAME=key=value,..., got {text!r}")
     spec, sampling, verify = dict(base.spec), dict(base.sampling), base.verify
+    given = set()
     for item in filter(None, (s.strip() for s in options.split(","))):
         key, sep, value = item.partition("=")
         key = key.strip().replace("-", "_")
@@ -74,12 +77,13 @@ def parse_profile(text: str, base: Profile) -> Profile:
         value = _convert(key, value.strip(), kind)
         if group == "spec":
             spec[fname] = value
+            given.add(fname)
         elif group == "sampling":
             sampling[fname] = value
         else:
             verify = value
     try:
-        return Profile(name, spec, sampling, verify)
+        return Profile(name, draft_max_caps_suffix(spec, given), sampling, verify)
     except ValueError as e:
         raise ValueError(f"profile {name}: {e}") from None
 

@@ -1,0 +1,163 @@
+"""Suffix drafting: the most probable continuation of the longest match, in this request and earlier ones.
+
+The current request's prompt and output are indexed like prompt lookup's (every window
+of ORDERS tokens -> the positions after it); earlier requests come from the engine's
+shared SuffixStore, indexed the same way. Each step:
+
+1. match: the longest order whose window at the end of the sequence occurred before,
+   here or in the store. Windows shorter than 4 tokens are left to prompt lookup: as
+   evidence for a long continuation they are weak (on hot prose they drafted at 7-18%
+   acceptance; on code edits they lowered acceptance from 60% to 35%). Its occurrences (up to `limit`, newest first) are the
+   candidates: a suffix tree's node at that depth, with their counts.
+2. walk: from there, take the token most of the agreeing candidates continue with
+   (ties: the newest), keep those that agree, repeat. A token's confidence is the
+   share of the candidates still in play that continue with it; the walk stops where
+   the product of confidences falls below p_min, where the candidates run out, or at
+   twice the matched order (a longer match, a longer draft), and never past `cap`.
+
+The proposal depends only on the sequence and the store's contents: lossless as any
+deterministic draft (the verifier treats it as q = one-hot) and reproducible.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..sampling import Sampler
+from .base import EMPTY_DRAFT, BaseDrafter, Draft, Offer
+from .suffix_store import ORDERS, SuffixStore, tail_keys, window_keys
+
+DEFAULT_CAP = 64  # see the verify cost curve in the README: 64 tokens cost ~12 plain passes on a CPU
+_PY_WINDOWS = 8  # new window ends up to which keys are hashed in Python (numpy's per-call overhead is larger)
+
+
+class SuffixDrafter(BaseDrafter):
+    name = "suffix"
+
+    def __init__(self, store: SuffixStore | None = None, scope: str = "", cap: int = DEFAULT_CAP,
+                 p_min: float = 0.1, limit: int = 16):
+        if cap < 0 or not 0 <= p_min < 1 or limit < 1:
+            raise ValueError(f"need cap >= 0, 0 <= p_min < 1, limit >= 1; got {cap}, {p_min}, {limit}")
+        self.store, self.scope = store, scope
+        self.cap, self.p_min, self.limit = cap, p_min, limit
+        self.reset()
+
+    def reset(self) -> None:
+        self._seq: list[int] = []  # the sequence the index describes
+        self._src: Sequence[int] | None = None  # the caller's list it was copied from
+        self._index: dict[int, list[int]] = {}  # window key -> positions after it, ascending
+        self._indexed_to = 0  # windows ending before this are in the index
+        self._query: dict[int, int] = {}  # order -> key of the window at the end of _seq
+        self._at = -1  # len(_seq) when the walk below was made
+        self._walk: tuple[int, list[int], list[float]] = (0, [], [])  # (order matched, tokens, confidence)
+
+    def _sync(self, seq: Sequence[int]) -> None:
+        n_old = len(self._seq)
+        extends = len(seq) >= n_old and (n_old == 0 or seq[n_old - 1] == self._seq[-1]) and (
+            seq is self._src or list(seq[:n_old]) == self._seq)
+        if not extends:
+            self.reset()
+            n_old = 0
+        self._src = seq
+        self._seq.extend(seq[n_old:])
+
+    def _index_to_end(self) -> None:
+        """Index the windows ending before the end; keep the keys of those ending at it as the query."""
+        n, lo = len(self._seq), self._indexed_to
+        if n - lo <= _PY_WINDOWS:  # a step: the last query's keys, then a few new ones
+            for e in range(lo, n + 1):
+                keys = self._query if e == lo else {
+                    o: k for o, k in zip(ORDERS, tail_keys(self._seq, ORDERS, e)) if k != -1}
+                if e == n:
+                    self._query = keys
+                    break
+                for key in keys.values():
+                    self._index.setdefault(key, []).append(e)
+        else:  # a prompt, or a long accepted draft: vectorised
+            base = max(0, lo - ORDERS[0])
+            arr = np.asarray(self._seq[base:], dtype=np.int64)
+            self._query = {}
+            for order in ORDERS:
+                first = max(lo, order)
+                if first > n:
+                    continue
+                keys = window_keys(arr, order, first - base, n + 1 - base).tolist()  # windows ending at first..n
+                for e, key in zip(range(first, n), keys):
+                    self._index.setdefault(key, []).append(e)
+                self._query[order] = keys[-1]
+        self._indexed_to = n
+
+    def _candidates(self) -> tuple[int, list[list[int]]]:
+        """(order, continuations newest first) of the longest window at the end that occurred before."""
+        live = next((o for o in ORDERS if o in self._query and self._query[o] in self._index), 0)
+        store_order, store_conts = 0, []
+        if self.store is not None:
+            asked = [o for o in ORDERS if o >= live and o in self._query]
+            i, store_conts = self.store.lookup([self._query[o] for o in asked], self.scope, self.limit, self.cap)
+            store_order = asked[i] if i >= 0 else 0
+        order = max(live, store_order)
+        conts: list[list[int]] = []
+        if order and order == live:  # this request is the newest text there is
+            starts = self._index[self._query[order]][-self.limit:]
+            conts = [self._seq[p:p + self.cap] for p in reversed(starts)]
+        if order and order == store_order:
+            conts += store_conts[: self.limit - len(conts)]
+        return order, conts
+
+    def _walk_from(self, order: int, conts: list[list[int]]) -> tuple[list[int], list[float]]:
+        """The most frequent path through the candidates' continuations, with each token's share."""
+        groups: dict[tuple, list[int]] = {}  # continuation -> [count, rank of its newest occurrence]
+        for rank, c in enumerate(conts):
+            g = groups.setdefault(tuple(c), [0, rank])
+            g[0] += 1
+        active = [(c, n, rank) for c, (n, rank) in groups.items() if c]
+        tokens: list[int] = []
+        confidence: list[float] = []
+        limit, path = min(self.cap, 2 * order), 1.0
+        while active and len(tokens) < limit:
+            t = len(tokens)
+            if len(active) == 1:  # one path left: it is followed as far as it goes, at confidence 1
+                rest = list(active[0][0][t:limit])
+                tokens += rest
+                confidence += [1.0] * len(rest)
+                break
+            tally: dict[int, list[int]] = {}  # token -> [count, rank of its newest occurrence]
+            for c, n, rank in active:
+                s = tally.setdefault(c[t], [0, rank])
+                s[0] += n
+                s[1] = min(s[1], rank)
+            token, (count, _) = max(tally.items(), key=lambda kv: (kv[1][0], -kv[1][1]))
+            share = count / sum(n for _, n, _ in active)
+            path *= share
+            if path < self.p_min:
+                break
+            tokens.append(token)
+            confidence.append(share)
+            active = [a for a in active if a[0][t] == token and len(a[0]) > t + 1]
+        return tokens, confidence
+
+    def _lookup(self, seq: Sequence[int]) -> tuple[int, list[int], list[float]]:
+        self._sync(seq)
+        if self._at != len(self._seq):
+            self._index_to_end()
+            order, conts = self._candidates()
+            self._walk = (order, *self._walk_from(order, conts)) if order else (0, [], [])
+            self._at = len(self._seq)
+        return self._walk
+
+    def peek(self, seq: Sequence[int]) -> Offer:
+        return Offer(*self.match(seq))
+
+    def match(self, seq: Sequence[int]) -> tuple[int, int]:
+        """(order, available): the length of the window the proposal follows (0: no match; the
+        match is at least this long and shorter than the next indexed order) and how many tokens
+        the proposal holds. Cached per sequence length: calling it, then propose, costs one lookup."""
+        order, tokens, _ = self._lookup(seq)
+        return order, len(tokens)
+
+    def propose(self, seq: Sequence[int], k: int, sampler: Sampler | None = None) -> Draft:
+        if k <= 0:
+            return EMPTY_DRAFT
+        _, tokens, confidence = self._lookup(seq)
+        return Draft(tokens=tokens[:k], confidence=confidence[:k]) if tokens else EMPTY_DRAFT
