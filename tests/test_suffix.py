@@ -56,7 +56,7 @@ def test_confidence_is_the_share_along_the_path():
     seq = x + [1, 5, 5, 9] + x + [1, 5, 5, 8] + x + [2, 5, 6, 3] + x
     d = SuffixDrafter()
     draft = d.propose(seq, 3)
-    assert draft.tokens == [1, 5, 5] and draft.probs is None  # deterministic: q one-hot
+    assert draft.tokens == [1, 5, 5] and draft.dists is None  # deterministic: q one-hot
     assert draft.confidence == pytest.approx([2 / 3, 1.0, 1.0])  # 2 of 3 continue with 1; those two agree after
     # p_min stops the walk where the path's probability falls below it
     assert SuffixDrafter(p_min=0.7).propose(seq, 3).tokens == []
@@ -180,3 +180,13 @@ def test_lookup_is_cheap_on_a_million_token_store():
     print(f"insert {insert_ms:.2f} ms per 4k-token request; step {step_ms:.3f} ms at {store.n_tokens} tokens, "
           f"{store.nbytes / 2**20:.0f} MiB")
     assert step_ms < 2.0  # ~0.1-0.3 ms on a quiet machine; the bound leaves room for a busy one
+
+
+def test_a_request_too_short_for_a_window_does_not_break_lookups():
+    """A finished 3-token request leaves an empty segment; looking past it must still work."""
+    store = SuffixStore(1 << 20)
+    store.add([1, 2], [3], "")
+    drafter = SuffixDrafter(store)
+    assert drafter.propose([7, 8, 9, 10, 11], 4).tokens == []
+    store.add(A + [5, 6, 7], [8], "")
+    assert SuffixDrafter(store).propose([0] + A, 3).tokens == [5, 6, 7]

@@ -232,6 +232,8 @@ class SuffixStore:
             q = np.array([k & _MASK for k in keys], np.uint64)
             found, best = [], len(keys)
             for seg in reversed(segs):  # newest first
+                if not seg.keys.size:  # a request too short to hold a window
+                    continue
                 lo = np.searchsorted(seg.keys, q)
                 hit = np.flatnonzero(seg.keys.take(lo, mode="clip") == q)
                 if hit.size:
