@@ -1,5 +1,6 @@
 """The processed distribution: temperature, top-k, top-p, min-p."""
 import numpy as np
+import pytest
 
 from specserve.config import SamplingParams
 from specserve.sampling import process
@@ -41,3 +42,26 @@ def test_min_p_drops_tokens_below_fraction_of_max():
     probs = np.array([0.6, 0.3, 0.07, 0.03])
     p = process(np.log(probs), SamplingParams(temperature=1.0, min_p=0.1))
     assert p[3] == 0 and p[2] > 0
+
+
+def test_every_distribution_guarded_against_nan_and_inf():
+    """NaN or infinite logits raise a clear error instead of sampling garbage; the smallest
+    temperature that is not greedy (1e-5) still gives a finite distribution, its argmax first."""
+    import numpy as np
+
+    from specserve.config import SamplingParams
+    from specserve.sampling import NonFiniteLogits, candidates
+
+    logits = np.array([[0.5, 3.0, -1.0, 2.999], [1.0, 1.0, 0.0, -5.0]], np.float32)
+    for params in (SamplingParams(), SamplingParams(temperature=0.8), SamplingParams(temperature=0.8, top_k=2),
+                   SamplingParams(temperature=0.8, top_p=0.9), SamplingParams(temperature=0.8, min_p=0.1)):
+        for value in (np.nan, np.inf):
+            bad = logits.copy()
+            bad[1, 2] = value
+            with pytest.raises(NonFiniteLogits):
+                candidates(bad, params)
+        c = candidates(logits, params)
+        assert np.isfinite(c.probs).all() and np.allclose(c.probs.sum(axis=1), 1.0)
+    tiny = candidates(logits, SamplingParams(temperature=1e-5))
+    assert np.isfinite(tiny.probs).all() and int(np.argmax(tiny.dense(0, 4))) == 1
+    assert SamplingParams(temperature=1e-40).greedy
