@@ -120,3 +120,13 @@ def test_draws_over_a_large_vocabulary_follow_the_distribution():
         counts[[5, 700, 6000].index(t) if t in (5, 700, 6000) else 3] += 1
     expected = np.array([p[5], p[700], p[6000], 1 - p[5] - p[700] - p[6000]])
     assert 0.5 * np.abs(counts / n - expected).sum() < 0.01, (counts / n, expected)
+
+
+def test_extreme_temperatures_are_guarded():
+    z = np.array([0.0, -np.inf, 2.0, 2.0 - 1e-3], np.float32)
+    tiny = Sampler(SamplingParams(temperature=1e-300, seed=1))  # 1 / T overflows: the argmax, never NaN
+    assert tiny.greedy and tiny.pick(z, 0)[0][0] == 2 and candidates(z, tiny.params).ids[0, 0] == 2
+    small = candidates(z, SamplingParams(temperature=1e-30))
+    assert np.isfinite(small.probs).all() and small.prob(0, 2) == 1.0
+    with pytest.raises(ValueError, match="finite"):
+        candidates(z, SamplingParams(temperature=float("inf")))

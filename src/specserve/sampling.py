@@ -77,13 +77,13 @@ def candidates(logits: np.ndarray, params: SamplingParams) -> Candidates:
     """
     z = np.atleast_2d(logits)  # [R, V]
     R, V = z.shape
-    if params.greedy:
+    inv_t = _inverse_temperature(params)
+    if inv_t == np.inf:
         ids = np.argmax(z, axis=1)
         _check_finite(z[np.arange(R), ids])
         return Candidates(ids[:, None].astype(np.int64), np.ones((R, 1), np.float32))
     m = z.max(axis=1)  # [R]; NaN anywhere makes it NaN
     _check_finite(m)
-    inv_t = np.float32(1.0 / params.temperature)
     if 0 < params.top_k < V:  # top-k renormalises over the k kept: the other tokens never matter again
         ids = _top_k(z, params.top_k)
         s = (z[np.arange(R)[:, None], ids] - m[:, None]) * inv_t  # [R, k] tempered, max 0
@@ -122,6 +122,18 @@ def _cut(ids: np.ndarray, s: np.ndarray, lse: np.ndarray, params: SamplingParams
     if not (total > 0).all():  # the most likely token always survives: this is a bug upstream
         raise NonFiniteLogits("a processed distribution came out empty")
     return Candidates(ids, (p / total).astype(np.float32))
+
+
+def _inverse_temperature(params: SamplingParams) -> np.float32:
+    """1 / temperature in float32; inf for greedy and for temperatures so small that 1/T overflows
+    (both take the argmax). An infinite temperature has no distribution over -inf logits: refused."""
+    if params.greedy:
+        return np.float32(np.inf)
+    with np.errstate(over="ignore"):
+        inv_t = np.float32(1.0 / params.temperature)
+    if not inv_t > 0:
+        raise ValueError(f"temperature must be finite, got {params.temperature}")
+    return inv_t
 
 
 @lru_cache(maxsize=8)
@@ -255,10 +267,12 @@ class Sampler:
             raise ValueError(f"verify method must be one of {', '.join(VERIFY_METHODS)}, got {method!r}")
         self.params, self.method = params, method
         self.noise = Noise(params.seed if params.seed is not None else secrets.randbits(64))
+        self._argmax = _inverse_temperature(params) == np.inf  # greedy (or as good as)
 
     @property
     def greedy(self) -> bool:
-        return self.params.greedy
+        """Whether tokens are the argmax: temperature 0, or one so small that 1/T overflows."""
+        return self._argmax
 
     def process(self, logits: np.ndarray) -> Candidates:
         return candidates(logits, self.params)
@@ -304,7 +318,7 @@ class Sampler:
     def pick(self, logits: np.ndarray, pos0: int) -> tuple[np.ndarray, Candidates | None]:
         """[R] the tokens chosen from each row of logits ([R, n_vocab] or [n_vocab]) at positions pos0...,
         and their distributions (None when greedy: the argmax needs none)."""
-        if self.greedy:
+        if self._argmax:
             z = np.atleast_2d(logits)
             ids = z.argmax(axis=1)
             _check_finite(z[np.arange(len(ids)), ids])
