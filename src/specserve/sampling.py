@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -24,6 +25,7 @@ from .config import DEFAULT_VERIFY, VERIFY_METHODS, SamplingParams
 
 _TOP_P_CANDIDATES = 1024  # without top-k, top-p sorts only this many first (all of them if they miss top_p)
 _GROUP = 128  # top-k looks for the best of V / _GROUP groups of this many logits first
+_BOUNDED_DRAW = 4096  # rows with more candidates than this are drawn by bounds first (Sampler._draw_bounded)
 _TOP_P_TOL = 1e-6  # float32 cumulative sums: a mass this close to top_p counts as reaching it
 _M64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -75,37 +77,42 @@ def candidates(logits: np.ndarray, params: SamplingParams) -> Candidates:
     """
     z = np.atleast_2d(logits)  # [R, V]
     R, V = z.shape
-    if params.greedy:
+    inv_t = _inverse_temperature(params)
+    if inv_t == np.inf:
         ids = np.argmax(z, axis=1)
         _check_finite(z[np.arange(R), ids])
         return Candidates(ids[:, None].astype(np.int64), np.ones((R, 1), np.float32))
     m = z.max(axis=1)  # [R]; NaN anywhere makes it NaN
     _check_finite(m)
-    inv_t = np.float32(1.0 / params.temperature)
     if 0 < params.top_k < V:  # top-k renormalises over the k kept: the other tokens never matter again
         ids = _top_k(z, params.top_k)
-        s = (np.take_along_axis(z, ids, axis=1) - m[:, None]) * inv_t  # [R, k] tempered, max 0
+        s = (z[np.arange(R)[:, None], ids] - m[:, None]) * inv_t  # [R, k] tempered, max 0
         return _cut(ids, s, np.log(np.exp(s).sum(axis=1)), params)
-    full = (z - m[:, None]) * inv_t  # [R, V] tempered, max 0 (a tiny temperature gives -inf, never NaN)
-    lse = np.log(np.exp(full).sum(axis=1))  # [R]
+    # Vocabulary-sized arrays below are few and reused in place: each new one costs page faults.
+    full = z - m[:, None]
+    full *= inv_t  # [R, V] tempered, max 0 (a tiny temperature gives -inf, never NaN)
+    e = np.exp(full)
+    total = e.sum(axis=1)  # [R]
+    lse = np.log(total)
     if params.min_p > 0:  # min-p comes last and keeps {p >= min_p p_max}: a superset of the final set
         ids = _padded([np.flatnonzero(row >= np.log(params.min_p)) for row in full])
     elif params.top_p < 1:  # the most likely first; all of them if these miss top_p
         ids = _top_k(full, min(_TOP_P_CANDIDATES, V))
-        if (np.exp(np.take_along_axis(full, ids, axis=1) - lse[:, None]).sum(axis=1) < params.top_p).any():
-            ids = np.broadcast_to(np.arange(V), (R, V))
+        if (e[np.arange(R)[:, None], ids].sum(axis=1) < params.top_p * total).any():
+            ids = np.broadcast_to(_all_ids(V), (R, V))
     else:  # no truncation: every token is a candidate, in id order
-        probs = np.exp(full - lse[:, None])
-        return Candidates(np.broadcast_to(np.arange(V), (R, V)), probs / probs.sum(axis=1, keepdims=True))
-    s = np.where(ids >= 0, np.take_along_axis(full, np.maximum(ids, 0), axis=1), -np.inf)
+        e /= total[:, None]
+        return Candidates(np.broadcast_to(_all_ids(V), (R, V)), e)
+    s = np.where(ids >= 0, full[np.arange(R)[:, None], np.maximum(ids, 0)], -np.inf)
     return _cut(ids, s, lse, params)
 
 
 def _cut(ids: np.ndarray, s: np.ndarray, lse: np.ndarray, params: SamplingParams) -> Candidates:
     """Sort the candidates ([R, W] ids, tempered logits s, log-normaliser lse [R]), apply top-p and min-p."""
+    rows = np.arange(len(ids))[:, None]
     order = np.argsort(-s, axis=1, kind="stable")  # [R, W]; equal probabilities keep id order
-    ids = np.take_along_axis(ids, order, axis=1)
-    p = np.exp(np.take_along_axis(s, order, axis=1) - lse[:, None]).astype(np.float32)  # [R, W]
+    ids = ids[rows, order]
+    p = np.exp(s[rows, order] - lse[:, None]).astype(np.float32, copy=False)  # [R, W]
     if params.top_p < 1:
         cum = np.cumsum(p, axis=1, dtype=np.float64)  # float32 sums drift over thousands of candidates
         p = np.where(cum - p < params.top_p - _TOP_P_TOL, p, 0.0)  # the smallest prefix reaching top_p
@@ -115,6 +122,26 @@ def _cut(ids: np.ndarray, s: np.ndarray, lse: np.ndarray, params: SamplingParams
     if not (total > 0).all():  # the most likely token always survives: this is a bug upstream
         raise NonFiniteLogits("a processed distribution came out empty")
     return Candidates(ids, (p / total).astype(np.float32))
+
+
+def _inverse_temperature(params: SamplingParams) -> np.float32:
+    """1 / temperature in float32; inf for greedy and for temperatures so small that 1/T overflows
+    (both take the argmax). An infinite temperature has no distribution over -inf logits: refused."""
+    if params.greedy:
+        return np.float32(np.inf)
+    with np.errstate(over="ignore"):
+        inv_t = np.float32(1.0 / params.temperature)
+    if not inv_t > 0:
+        raise ValueError(f"temperature must be finite, got {params.temperature}")
+    return inv_t
+
+
+@lru_cache(maxsize=8)
+def _all_ids(n: int, dtype=np.int64) -> np.ndarray:
+    """arange(n), read-only and made once per size (a vocabulary-sized array costs page faults)."""
+    ids = np.arange(n, dtype=dtype)
+    ids.flags.writeable = False
+    return ids
 
 
 def _check_finite(values: np.ndarray) -> None:
@@ -179,40 +206,52 @@ def _mix(x: int) -> int:
     return x ^ (x >> 31)
 
 
-_S30, _S27, _S31, _S11 = (np.uint64(s) for s in (30, 27, 31, 11))
-_C1, _C2, _CG = (np.uint64(c) for c in (0xBF58476D1CE4E5B9, 0x94D049BB133111EB, _GOLDEN))
+_U32 = np.uint32
+_SH8, _SH11, _SH15, _SH16 = (_U32(s) for s in (8, 11, 15, 16))
+_H1, _H2, _HG = _U32(0x7FEB352D), _U32(0x846CA68B), _U32(0x9E3779B1)
 
 
-def _mix_array(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finalizer on a uint64 array (wrapping arithmetic)."""
-    x = (x ^ (x >> _S30)) * _C1
-    x = (x ^ (x >> _S27)) * _C2
-    return x ^ (x >> _S31)
+def _hash32(ids: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """A 32-bit hash of each token id under a 32-bit key (lowbias32 of id * golden + key), uint32."""
+    x = ids * _HG
+    x += key
+    t = x >> _SH16  # one scratch array, reused: no new vocabulary-sized array per step of the hash
+    x ^= t
+    x *= _H1
+    np.right_shift(x, _SH15, out=t)
+    x ^= t
+    x *= _H2
+    np.right_shift(x, _SH16, out=t)
+    x ^= t
+    return x
 
 
 class Noise:
     """One request's randomness: every value is a pure function of (seed, position, stream, token).
 
-    Splitmix64 hashing of a counter, the construction of splitmix64 itself; uniforms carry
-    53 bits, so a Gumbel variate reaches ~37 and no probability above 1e-16 is distorted.
+    A token's uniform is u = (A 2^21 + (B >> 11) + 1/2) / 2^53 from two 32-bit hashes A, B of its id
+    under keys drawn (splitmix64) from (seed, position, stream): 53 bits, so a Gumbel variate
+    reaches ~37 and no probability above 1e-16 is distorted. A alone bounds u to an interval of
+    2^-24, which is what lets a draw over the whole vocabulary score only the few tokens that can win.
     """
 
     def __init__(self, seed: int):
         self._key = _mix((seed & _M64) ^ 0x5EED5EED5EED5EED)
 
-    def _row_key(self, pos: int, stream: int) -> int:
-        return _mix((self._key + _mix((pos << 2 | stream) & _M64)) & _M64)
+    def _row_keys(self, pos0: int, rows: int, stream: int) -> tuple[np.ndarray, np.ndarray]:
+        """[rows, 1] uint32 keys (for A and for B) of positions pos0, pos0 + 1, ..."""
+        keys = [_mix((self._key + _mix(((pos0 + r) << 2 | stream) & _M64)) & _M64) for r in range(rows)]
+        return (np.array([k >> 32 for k in keys], _U32)[:, None], np.array([k & 0xFFFFFFFF for k in keys], _U32)[:, None])
 
     def uniform(self, pos: int, stream: int) -> float:
         """U(0, 1) for one position and stream."""
-        return ((_mix(self._row_key(pos, stream)) >> 11) + 0.5) * 2.0**-53
+        return ((_mix((self._key + _mix((pos << 2 | stream) & _M64)) & _M64) >> 11) + 0.5) * 2.0**-53
 
     def gumbel(self, pos0: int, ids: np.ndarray, stream: int = DRAW) -> np.ndarray:
-        """[R, W] float64 standard Gumbel noise for the tokens ids[r] at position pos0 + r."""
-        keys = np.array([self._row_key(pos0 + r, stream) for r in range(ids.shape[0])], np.uint64)
-        with np.errstate(over="ignore"):
-            h = _mix_array(keys[:, None] + ids.astype(np.uint64) * _CG)
-        u = ((h >> _S11).astype(np.float64) + 0.5) * 2.0**-53
+        """[R, W] float64 standard Gumbel noise for the tokens ids[r] ([R, W]) at position pos0 + r."""
+        ka, kb = self._row_keys(pos0, ids.shape[0], stream)
+        x = ids.astype(_U32)  # (padding, -1, wraps: its noise is never used)
+        u = (_hash32(x, ka).astype(np.float64) * 2.0**21 + (_hash32(x, kb) >> _SH11) + 0.5) * 2.0**-53
         return -np.log(-np.log(u))
 
 
@@ -228,10 +267,12 @@ class Sampler:
             raise ValueError(f"verify method must be one of {', '.join(VERIFY_METHODS)}, got {method!r}")
         self.params, self.method = params, method
         self.noise = Noise(params.seed if params.seed is not None else secrets.randbits(64))
+        self._argmax = _inverse_temperature(params) == np.inf  # greedy (or as good as)
 
     @property
     def greedy(self) -> bool:
-        return self.params.greedy
+        """Whether tokens are the argmax: temperature 0, or one so small that 1/T overflows."""
+        return self._argmax
 
     def process(self, logits: np.ndarray) -> Candidates:
         return candidates(logits, self.params)
@@ -243,11 +284,44 @@ class Sampler:
         (a residual); same candidates.
         """
         w = dist.probs if weights is None else weights
+        if w.shape[1] > _BOUNDED_DRAW:
+            return np.array([self._draw_bounded(dist.ids[r], w[r], pos0 + r, stream) for r in range(len(dist))])
         with np.errstate(divide="ignore"):
-            score = np.where(w > 0, np.log(w, dtype=np.float64), -np.inf) + self.noise.gumbel(pos0, dist.ids, stream)
+            score = np.log(w, dtype=np.float64) + self.noise.gumbel(pos0, dist.ids, stream)
         return dist.ids[np.arange(len(dist)), np.argmax(score, axis=1)]
 
-    def pick(self, logits: np.ndarray, pos0: int) -> tuple[np.ndarray, Candidates]:
-        """[R] the tokens chosen from each row of logits at positions pos0..., and their distributions."""
+    def _draw_bounded(self, ids: np.ndarray, w: np.ndarray, pos: int, stream: int) -> int:
+        """draw() for one row of many candidates ([W] ids and weights): the same token, exactly.
+
+        argmax(log w + G) = argmax(w / E) with E = -ln u. Each token's first hash bounds u from
+        above, so E from below and w / E from above (float32, one log over the row); the best
+        bound's exact ratio then leaves only the few tokens that can still win, scored exactly.
+        """
+        ka, _ = self.noise._row_keys(pos, 1, stream)
+        ids32 = _all_ids(len(ids), _U32) if ids[-1] == len(ids) - 1 and ids[0] == 0 else ids.astype(_U32)
+        a = _hash32(ids32, ka[0])
+        a >>= _SH8
+        upper = a.astype(np.float32)  # [W], then in place: u's upper bound, E's lower bound, w / E's upper bound
+        upper += 1
+        upper *= np.float32(2.0**-24)
+        with np.errstate(divide="ignore"):
+            np.log(upper, out=upper)
+            np.negative(upper, out=upper)
+            np.divide(w, upper, out=upper)  # inf where u may be 1
+            top = int(np.argmax(upper))
+            g_top = self.noise.gumbel(pos, ids[None, top : top + 1], stream)[0, 0]
+            best = w[top] * np.exp(g_top)  # the exact w / E of that token (G = -ln E)
+            maybe = np.flatnonzero(upper >= best * (1 - 1e-4))  # float32 rounding: a generous margin
+            score = np.log(w[maybe], dtype=np.float64) + self.noise.gumbel(pos, ids[None, maybe], stream)[0]
+        return int(ids[maybe[np.argmax(score)]])
+
+    def pick(self, logits: np.ndarray, pos0: int) -> tuple[np.ndarray, Candidates | None]:
+        """[R] the tokens chosen from each row of logits ([R, n_vocab] or [n_vocab]) at positions pos0...,
+        and their distributions (None when greedy: the argmax needs none)."""
+        if self._argmax:
+            z = np.atleast_2d(logits)
+            ids = z.argmax(axis=1)
+            _check_finite(z[np.arange(len(ids)), ids])
+            return ids, None
         dist = self.process(logits)
-        return (dist.ids[:, 0] if self.greedy else self.draw(dist, pos0)), dist
+        return self.draw(dist, pos0), dist
