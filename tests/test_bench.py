@@ -13,7 +13,7 @@ from specserve.cli import main
 CONFIG_FIELDS = {"name", "spec", "draft_model", "draft_max", "temperature", "workload", "tokens_per_s", "speedup",
                  "speedup_median", "acceptance", "mean_accepted_len", "acceptance_by_position", "ttft_s", "rank",
                  "n_prompts", "n_runs", "memory_bytes", "flags", "drafter_steps"}
-N_CONFIGS = 6  # target; draft and ngram at k=1 and k=2; auto at k<=2
+N_CONFIGS = 7  # target, draft k=1,2, ngram k=1,2, suffix, auto
 PROMPTS = ["the cat sat on the mat and the dog ran to the cat", "he was in the mat of the dog with the cat"]
 
 
@@ -56,7 +56,7 @@ def test_every_group_has_every_configuration_with_every_field(bench):
             assert e["tokens_per_s"] > 0 and e["ttft_s"] > 0
     names = {e["name"] for e in bench["report"]["configs"]}
     assert names == {"target", "draft[draft_close] k=1", "draft[draft_close] k=2", "ngram k=1", "ngram k=2",
-                     "auto[draft_close] k<=2"}
+                     "suffix k<=64", "auto[draft_close] k<=2"}
 
 
 def test_target_alone_is_1x_by_construction(bench):

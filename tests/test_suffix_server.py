@@ -25,11 +25,22 @@ def speculative(srv: ServerProcess, **spec) -> dict:
     return r.json()["usage"]["speculative"]
 
 
+def store_gauges(srv: ServerProcess) -> dict[str, float]:
+    with srv.client() as c:
+        text = c.get("/metrics").text
+    return {line.split()[0].removeprefix("specserve:cross_request_store_"): float(line.split()[1])
+            for line in text.splitlines() if line.startswith("specserve:cross_request_store_")}
+
+
 def test_a_retry_drafts_from_the_first_answer_unless_opted_out(tiny_models_dir, tmp_path):
-    srv = start(tiny_models_dir, tmp_path / "serve.log")
+    srv = start(tiny_models_dir, tmp_path / "serve.log", "--cross-request-mib", "2")
     try:
         alone = speculative(srv, cross_request=False)  # drafts only from itself, stores nothing
+        assert store_gauges(srv) == {"bytes": 0, "max_bytes": 2 << 20, "tokens": 0, "documents": 0}
         first = speculative(srv)
+        assert alone["suffix_max"] == 64  # the suffix drafter's own cap, no draft_max given
+        held = store_gauges(srv)
+        assert held["documents"] == 1 and held["tokens"] > 40 and 0 < held["bytes"] <= held["max_bytes"]
         assert (first["drafted"], first["passes"]) == (alone["drafted"], alone["passes"])
         retry = speculative(srv)
         assert retry["mode"] == "suffix" and retry["passes"] <= 3 < first["passes"]
@@ -48,5 +59,6 @@ def test_no_cross_request_keeps_no_store(tiny_models_dir, tmp_path):
     try:
         first, retry = speculative(srv), speculative(srv, cross_request=True)
         assert (retry["drafted"], retry["passes"]) == (first["drafted"], first["passes"])
+        assert store_gauges(srv) == {}  # no store, no gauges
     finally:
         assert srv.stop() == 0

@@ -24,7 +24,7 @@ class ServerMetrics:
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, busy_slots=lambda: 0, queue_depth=lambda: 0):
+    def __init__(self, busy_slots=lambda: 0, queue_depth=lambda: 0, suffix_store=None):
         r = self.registry = CollectorRegistry()
         self.requests = Counter(P + "requests", "Generation requests finished, by endpoint and finish reason",
                                 ["endpoint", "finish_reason"], registry=r)
@@ -57,6 +57,15 @@ class ServerMetrics:
         Gauge(P + "requests_processing", "Requests holding a slot", registry=r).set_function(busy_slots)
         Gauge(P + "requests_deferred", "Requests waiting for a slot (queue depth)",
               registry=r).set_function(queue_depth)
+        if suffix_store is not None:  # the cross-request store: how full it is against its bound
+            Gauge(P + "cross_request_store_bytes", "Bytes held by the cross-request suffix store",
+                  registry=r).set_function(lambda: suffix_store.nbytes)
+            Gauge(P + "cross_request_store_max_bytes", "The cross-request store bound (--cross-request-mib)",
+                  registry=r).set_function(lambda: suffix_store.max_bytes)
+            Gauge(P + "cross_request_store_tokens", "Tokens held by the cross-request store",
+                  registry=r).set_function(lambda: suffix_store.n_tokens)
+            Gauge(P + "cross_request_store_documents", "Earlier requests held by the cross-request store",
+                  registry=r).set_function(lambda: suffix_store.n_docs)
 
     def error(self, status: int) -> None:
         self.errors.labels(str(status)).inc()

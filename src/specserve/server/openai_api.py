@@ -27,7 +27,7 @@ log = logging.getLogger("specserve.server")
 
 def speculative_usage(job: Job) -> dict:
     s, spec = job.stats, job.req.spec
-    return {"mode": spec.mode, "verify": job.req.verify, "draft_max": spec.draft_max,
+    return {"mode": spec.mode, "verify": job.req.verify, "draft_max": spec.draft_max, "suffix_max": spec.suffix_max,
             "drafter_steps": dict(s.drafter_steps), "passes": s.n_passes, "drafted": s.n_drafted,
             "accepted": s.n_accepted, "acceptance": round(s.acceptance, 4),
             "mean_accepted_len": round(s.mean_accepted_len, 4), "tokens_per_s": round(s.tokens_per_s, 2)}

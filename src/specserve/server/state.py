@@ -55,7 +55,8 @@ class ServerState:
         self.profiles = settings.profiles
         self.scheduler = Scheduler(engine, settings.parallel, settings.queue)
         self.metrics = ServerMetrics(busy_slots=lambda: self.scheduler.pool.busy,
-                                     queue_depth=lambda: self.scheduler.pool.waiting)
+                                     queue_depth=lambda: self.scheduler.pool.waiting,
+                                     suffix_store=engine.suffix_store)
 
     def health(self) -> dict:
         pool = self.scheduler.pool
