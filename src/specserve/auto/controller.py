@@ -8,9 +8,10 @@ with its own `AutoPolicy` (policy.py), which reads and updates this state.
 Threads: the slots of one engine run their requests on several threads, all on one
 Controller. Its state is guarded by one lock, `Controller.lock`, held around every read
 and every write of it: AutoPolicy takes it once on entering choose, observe, prefill and
-prefilled, and calls the helpers below (prior, confidence_map, draft_coef,
-learn_prompt_cost) only while it holds it. Nothing else is shared: a policy's own state is its request's, touched by the one thread that runs it, and
-what a step hands the draft model (a planner.ConfidenceStop) is its own copy.
+prefilled, and calls the helpers below (prior, confidence_map, draft_coef, learn_prompt_cost)
+only while it holds it. Nothing else is shared: a policy's own state is its request's,
+touched by the one thread that runs it, and what a step hands the draft model (a
+planner.ConfidenceStop) is its own copy.
 
 What it learns can be kept across processes (`learned.ProfileStore`): `state_dict()`
 and `load_state_dict()` carry the measured costs, the pooled acceptance and the

@@ -103,7 +103,8 @@ def with_catchup(p: Plan, catchup: float, horizon: float) -> float:
     return 1.0 / (1.0 / p.rate + catchup / horizon) if catchup else p.rate
 
 
-def pick(V: Sequence[float], plans: Sequence[tuple[str, Plan, float]], horizon: float) -> tuple[str | None, Plan, float]:
+def pick(V: Sequence[float], plans: Sequence[tuple[str, Plan, float]],
+         horizon: float) -> tuple[str | None, Plan, float]:
     """(drafter or None, its plan, its rate after catch-up): the best of plain decoding and
     each (name, plan, catch-up seconds). Ties go to plain decoding, then to the earlier option."""
     best_name, best, best_rate = None, plain(V), 1.0 / V[1]

@@ -37,6 +37,7 @@ holds its lock for the whole call (see controller.py).
 from __future__ import annotations
 
 from ..config import SpecParams
+from ..drafters.hybrid import LOOKUPS
 from ..policy import OFF, Choice, Outcome
 from . import planner
 from .acceptance import ConfidenceMap, Rates, match_bucket
@@ -50,7 +51,7 @@ _FOLLOW_UPS = 6  # successful probes in a row that may bypass the budget
 LOOKUP_MAX = 64  # how far a lookup drafter may draft under auto where the user set no cap
 MODEL = "draft"  # the draft model's drafter name
 HYBRID = "hybrid"  # a lookup's match, then the draft model (drafters.hybrid)
-HYBRID_LOOKUPS = ("suffix", "ngram")  # the lookups the hybrid follows, in the order it tries them
+HYBRID_LOOKUPS = LOOKUPS  # the lookups the hybrid follows, in the order it tries them
 
 
 class AutoPolicy:
@@ -162,6 +163,7 @@ class AutoPolicy:
         if head is None:
             return None
         name, bucket, m = head
+        self._check_table(V)
         best = self._plans[HYBRID].get(head)
         if best is None:
             p = self.ctl.prior(MODEL, 0, self.regime)
@@ -382,6 +384,13 @@ class AutoPolicy:
         j, nm, acc_m = k - m, n - m, max(acc - m, 0)  # the draft model's: asked, drafted, accepted
         self._learn_lookup(lookup, bucket, min(m, acc + 1), min(acc, m))
         self.acc[lookup].add(min(m, acc + 1), min(acc, m))
+        self.used_step[lookup] = self.step
+        self._forget_plans(lookup)
+        for other in self.names:
+            if other != MODEL or j <= 0:
+                self.lag[other] += acc + 1
+        if j <= 0:  # the engine cut k to the lookup's tokens (max_tokens, the context): no model ran
+            return
         self.dlv[MODEL].add(min(j, nm + 1), nm)
         if nm and acc >= m:  # the model's tokens were judged only if the lookup's all were kept
             self.acc[MODEL].add(min(nm, acc_m + 1), acc_m)
@@ -391,14 +400,11 @@ class AutoPolicy:
                 ctl.confidence_map(MODEL, self.regime).add(o.confidence[m:], acc_m)
         self._learn_draft_cost(MODEL, nm, m, o.t_draft)
         ctl.last_used[MODEL], self.since[MODEL] = ctl.clock, self.clock
-        for other in self.names:
-            if other != MODEL:
-                self.lag[other] += acc + 1
-        self.lag[MODEL] = 2 if nm and acc == n else 1
+        self.lag[MODEL] = 2 if nm and acc == n else 1  # as after its own draft
         self.fresh.discard(MODEL)
         self._probe_cost.pop(MODEL, None)
-        self.used_step[MODEL] = self.used_step[lookup] = self.step
-        self._forget_plans(MODEL, lookup)
+        self.used_step[MODEL] = self.step
+        self._forget_plans(MODEL)
 
     def _learn_lookup(self, name: str, bucket: int, tried: int, hit: int) -> None:
         """A lookup's tokens after a match in `bucket`: this request's rates and the engine's prior."""
