@@ -292,6 +292,13 @@ class AutoPolicy:
     def see_ngram(self, order: int, available: int) -> None:
         self.see("ngram", (order, available))
 
+    def plan(self) -> tuple[str | None, planner.Plan | None]:
+        """The planner's choice now, before any probe: (drafter or None, its plan); None for the
+        plan before any pass was measured. What choose returns unless a probe is due."""
+        with self.ctl.lock:
+            V = self.ctl.verify.table(self.cap + 1)
+            return (None, None) if V is None else self._best(V)[:2]
+
     def choose(self) -> Choice:
         with self.ctl.lock:
             return self._choose()
