@@ -151,6 +151,8 @@ class AutoPolicy:
 
     def _hybrid_head(self) -> tuple[str, int, int] | None:
         """(lookup, match bucket, m): what the hybrid's lookup would draft now, if it pays to plan."""
+        if any(name in self.caps and name not in self.offers for name in HYBRID_LOOKUPS):
+            return None  # which lookup the hybrid follows is unknown (a caller that tells only the n-gram's offer)
         for name in HYBRID_LOOKUPS:
             order, available = self.offers.get(name, (0, 0))
             if name in self.caps and order:
