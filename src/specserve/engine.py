@@ -15,8 +15,9 @@ from typing import Iterator, Sequence
 from .backends import Model, load_model, sync_prefix
 from .config import DEFAULT_VERIFY, ModelConfig, SamplingParams, SpecParams
 from .controller import Controller
-from .drafters import EMPTY_DRAFT, Draft, Drafter
+from .drafters import EMPTY_DRAFT, Draft, Drafter, propose
 from .drafters.draft_model import DraftModelDrafter, GreedyAcceptance
+from .drafters.hybrid import LOOKUPS, HybridDrafter
 from .drafters.ngram import NgramDrafter
 from .drafters.suffix import SuffixDrafter
 from .drafters.suffix_store import SuffixStore
@@ -83,7 +84,8 @@ class Engine:
 
     @property
     def drafter_names(self) -> list[str]:
-        return (["draft"] if self.draft is not None else []) + ["ngram", "suffix"]
+        return (["draft"] if self.draft is not None else []) + ["ngram", "suffix"] + (
+            ["hybrid"] if self.draft is not None else [])
 
     def new_slot(self) -> "Slot":
         return Slot(self)
@@ -164,6 +166,8 @@ class Slot:
                                                   self.engine.greedy_acceptance)
         store = self.engine.suffix_store if spec.cross_request else None
         drafters["suffix"] = SuffixDrafter(store, spec.cross_request_scope, cap=spec.suffix_max)  # indexes lazily
+        if "draft" in drafters:  # a lookup's match, then the draft model: only --spec auto asks for it
+            drafters["hybrid"] = HybridDrafter([drafters[n] for n in LOOKUPS], drafters["draft"])
         return drafters
 
     def _forward_seconds(self) -> float:
@@ -250,7 +254,7 @@ class Slot:
         choice = req.policy.choose()
         k = min(choice.k, self.engine.n_ctx - len(seq) - 1, n_left - 1)  # the verified token needs room too
         t = time.perf_counter()
-        draft = req.drafters[choice.drafter].propose(seq, k, req.sampler) if k > 0 else EMPTY_DRAFT
+        draft = propose(req.drafters[choice.drafter], seq, k, req.sampler, choice.stop) if k > 0 else EMPTY_DRAFT
         req.t_draft = time.perf_counter() - t
         stats.t_draft += req.t_draft
         return (Choice(choice.drafter, k) if k > 0 else OFF), draft
@@ -293,7 +297,7 @@ class Slot:
         real acceptance; the stats count only positions up to where the text ended."""
         if draft.tokens:
             req.drafters[choice.drafter].accepted(verdict.n_accepted)
-        req.policy.observe(Outcome(choice, len(draft), verdict.n_accepted, req.t_draft, req.t_verify))
+        req.policy.observe(Outcome(choice, len(draft), verdict.n_accepted, req.t_draft, req.t_verify, draft.confidence))
         stats.record_step(choice.drafter or "none", choice.k, min(len(draft), n_kept), min(verdict.n_accepted, n_kept))
         stats.n_generated += n_kept
         self.engine.check_pairing_at_run_time()

@@ -2,7 +2,7 @@
 
 A Policy is asked before every step and told the outcome after it. FixedPolicy is
 what `--spec draft|ngram|none` means; the adaptive policy behind `--spec auto`
-lives in controller.py.
+lives in the auto package.
 
 Before choosing, a policy that wants it is told what each drafter could draft this step
 when the drafter can tell cheaply (`Drafter.peek`: prompt lookup's match). `tell_offers`
@@ -11,14 +11,17 @@ first controller's `see_ngram(order, available)` for the n-gram alone.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Mapping, Protocol
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Protocol, Sequence
 
 
 @dataclass(frozen=True)
 class Choice:
     drafter: str | None  # a drafter's name, or None for plain decoding
     k: int  # draft length; 0 = plain decoding
+    # the draft model's stopping rule for this step, stop(i, top probability) -> whether to
+    # stop before keeping draft token i (drafters.base.StopRule); None: draft up to k
+    stop: Callable[[int, float], bool] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,7 @@ class Outcome:
     n_accepted: int
     t_draft: float  # seconds spent drafting
     t_verify: float  # seconds of the target pass over 1 + n_drafted tokens
+    confidence: Sequence[float] | None = None  # the draft's own per-token confidence (Draft.confidence)
 
 
 class Policy(Protocol):

@@ -12,12 +12,19 @@ tells it how many tokens were kept (`accepted`). `BaseDrafter` has the defaults 
 drafter without a cache. `confidence`, when a drafter
 gives one, is its own estimate that each token is right given the ones before it (the
 suffix drafter: how often that token followed, among the earlier occurrences that agree
-so far); the verifier never reads it, a policy may.
+so far; a draft model: its top probability there); the verifier never reads it, a policy may.
+
+A policy may hand a drafter a stopping rule for one proposal (`StopRule`): a drafter
+that can tell its confidence before keeping a token (a draft model) asks it at each
+token and stops where it says so. The rule sees the drafter's distribution only, never
+the token drawn from it, so a kept token is still an unbiased draw and verification stays
+exact. Drafters that cannot use a rule need not take the argument: `propose` passes it
+only when there is one.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol, Sequence
+from typing import Callable, NamedTuple, Protocol, Sequence
 
 from ..sampling import Candidates, Sampler
 
@@ -33,6 +40,10 @@ class Draft:
 
 
 EMPTY_DRAFT = Draft(tokens=[])
+
+# stop(i, p) -> True: stop before keeping draft token i (0-based), drafted where the draft's
+# top probability is p
+StopRule = Callable[[int, float], bool]
 
 
 class Offer(NamedTuple):
@@ -64,7 +75,8 @@ class Drafter(Protocol):
         """Propose up to k tokens that follow `seq` (prompt + committed output).
 
         The token drafted at sequence position i should be drawn with the sampler's noise for
-        position i (`sampler.pick(logits, i)`): that is what lets the verifier accept it.
+        position i (`sampler.pick(logits, i)`): that is what lets the verifier accept it. A
+        drafter that takes a keyword `stop` (a StopRule) may be given one by `propose` below.
         """
         ...
 
@@ -89,3 +101,13 @@ class BaseDrafter:
 
     def accepted(self, n: int) -> None:
         pass
+
+
+def propose(drafter: Drafter, seq: Sequence[int], k: int, sampler: Sampler, stop: StopRule | None = None) -> Draft:
+    """drafter.propose, with the stopping rule when there is one (a drafter that never gets
+    one need not know the keyword)."""
+    if k <= 0:
+        return EMPTY_DRAFT
+    if stop is None:
+        return drafter.propose(seq, k, sampler)
+    return drafter.propose(seq, k, sampler, stop=stop)

@@ -3,6 +3,9 @@
 The cache is synchronised lazily at each proposal: whatever part of it still matches
 the committed sequence is kept, the rest is truncated, and the missing tokens (a
 bonus or recovered token, the last accepted draft token) are caught up in one batch.
+A policy may hand it a stopping rule (drafters.base.StopRule), asked at each token with
+the draft's top probability there; `continue_after` drafts after another drafter's tokens
+(the hybrid).
 
 Each token is drawn with the request's noise for its position (`Sampler.pick`): under
 --verify gumbel that makes it the target's own token wherever the two models agree
@@ -18,7 +21,7 @@ import numpy as np
 
 from ..backends.base import Context, Model, common_prefix, sync_and_eval, sync_prefix
 from ..sampling import Sampler
-from .base import EMPTY_DRAFT, BaseDrafter, Draft
+from .base import EMPTY_DRAFT, BaseDrafter, Draft, StopRule
 
 __all__ = ["DraftModelDrafter", "GreedyAcceptance", "common_prefix", "sync_prefix"]
 
@@ -63,35 +66,59 @@ class DraftModelDrafter(BaseDrafter):
     def prefill(self, prompt: Sequence[int]) -> None:
         sync_prefix(self.ctx, self._see(prompt)[:-1])
 
-    def propose(self, seq: Sequence[int], k: int, sampler: Sampler) -> Draft:
-        k = min(k, self.ctx.n_ctx - len(seq))
+    def propose(self, seq: Sequence[int], k: int, sampler: Sampler, stop: StopRule | None = None) -> Draft:
         self._last = (0, sampler.greedy)
+        draft = self._draft(self._see(seq), k, sampler, stop)
+        # --draft-min: too short a draft is not worth a batched pass. Under sampling the
+        # length depends on the tokens drawn, so dropping short drafts would bias the kept
+        # ones; there it is not applied.
+        if sampler.greedy and len(draft) < self.draft_min:
+            return EMPTY_DRAFT
+        self._last = (len(draft), sampler.greedy)
+        return draft
+
+    def continue_after(self, seq: Sequence[int], head: Sequence[int], k: int, sampler: Sampler,
+                       stop: StopRule | None = None) -> Draft:
+        """Up to k tokens that follow seq + head, head being another drafter's tokens (not committed).
+
+        The cache takes head in its first batch; the next proposal drops what was rejected.
+        --draft-min does not apply: head already makes the draft long enough to verify.
+        """
+        view, n = self._see(seq), len(self._view)
+        view.extend(t if t < self._n_vocab else 0 for t in head)
+        try:
+            return self._draft(view, k, sampler, stop)
+        finally:
+            del view[n:]  # the view holds committed tokens only
+
+    def _draft(self, view: list[int], k: int, sampler: Sampler, stop: StopRule | None) -> Draft:
+        """Up to k tokens after `view` (the draft's view of the sequence, drafted at its positions)."""
+        k = min(k, self.ctx.n_ctx - len(view))
         if k <= 0:
             return EMPTY_DRAFT
-        logits = sync_and_eval(self.ctx, self._see(seq))
+        pos = len(view)
+        logits = sync_and_eval(self.ctx, view)
         tokens: list[int] = []
         dists = []
+        confidence: list[float] = []
         eog = self.model.vocab.eog
         for i in range(k):
-            picked, q = sampler.pick(logits, len(seq) + i)
+            picked, q = sampler.pick(logits, pos + i)
             x = int(picked[0])
-            # --draft-p-min: stop where the draft is unsure. The test looks at the draft's
-            # distribution only, never at the token drawn from it, so a kept token is still
-            # an unbiased draw from q and rejection sampling stays exact.
-            if self.p_min > 0 and _top_prob(logits, q, sampler.greedy) < self.p_min:
-                break
+            # --draft-p-min and the policy's stop: stop where the draft is unsure. Both look at
+            # the draft's distribution only, never at the token drawn from it, so a kept token
+            # is still an unbiased draw from q and rejection sampling stays exact.
+            if self.p_min > 0 or stop is not None:
+                p = _top_prob(logits, q, sampler.greedy)
+                if p < self.p_min or stop is not None and stop(i, p):
+                    break
+                confidence.append(p)
             tokens.append(x)
             dists.append(q)
             if x in eog or i == k - 1:
                 break
             logits = self.ctx.eval([x], logits="last")[0]
-        # --draft-min: too short a draft is not worth a batched pass. Under sampling the
-        # length depends on the tokens drawn, so dropping short drafts would bias the kept
-        # ones; there it is not applied.
-        if sampler.greedy and len(tokens) < self.draft_min:
-            return EMPTY_DRAFT
-        self._last = (len(tokens), sampler.greedy)
-        return Draft(tokens=tokens, dists=None if sampler.greedy else dists)
+        return Draft(tokens=tokens, dists=None if sampler.greedy else dists, confidence=confidence or None)
 
     def accepted(self, n: int) -> None:
         # the cache is re-synchronised against the committed sequence on the next proposal

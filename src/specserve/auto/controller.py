@@ -1,0 +1,144 @@
+"""The engine-level state of `--spec auto`, shared by the requests of one engine.
+
+Holds what every request plans from: the measured costs (cost.py), the pooled acceptance
+per drafter, match bucket and temperature regime (the prior of a new request), the draft
+model's confidence map, the probe pacing, and how long requests run. Each request plans
+with its own `AutoPolicy` (policy.py), which reads and updates this state.
+
+Threads: the slots of one engine run their requests on several threads, all on one
+Controller. Its state is guarded by one lock, `Controller.lock`, held around every read
+and every write of it: AutoPolicy takes it once on entering choose, observe, prefill and
+prefilled, and calls the helpers below (prior, confidence_map, draft_coef, learn_prompt_cost)
+only while it holds it. Nothing else is shared: a policy's own state is its request's,
+touched by the one thread that runs it, and what a step hands the draft model (a
+planner.ConfidenceStop) is its own copy.
+
+What it learns can be kept across processes (`learned.ProfileStore`): `state_dict()`
+and `load_state_dict()` carry the measured costs, the pooled acceptance and the
+confidence maps, not the probe pacing of the moment.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+from ..config import SpecParams
+from .acceptance import ORDER_PRIOR, PRIORS, ConfidenceMap
+from .cost import DraftCost, VerifyCost
+
+log = logging.getLogger("specserve")
+
+# drafters with no model, which copy what follows an earlier occurrence of the text's end:
+# nearly free to query or to catch up, and their offer (match length, tokens available) is known
+FREE = frozenset({"ngram", "suffix"})
+
+
+class Controller:
+    """Engine-level state shared by the requests of one engine: costs, priors, probe pacing."""
+
+    def __init__(self, store=None):
+        self.lock = threading.Lock()  # held around every read and write of what follows
+        self.store = store  # a learned.ProfileStore, or None: nothing kept across processes
+        self.n_requests = 0
+        self.verify = VerifyCost()
+        self.draft: dict[str, DraftCost] = {}
+        self.prompt_cost: dict[str, float] = {}  # seconds per prompt token a model drafter catches up (EMA)
+        self.pooled: dict[tuple, list[float]] = {}  # (drafter, order, regime) -> decayed counts
+        self.confidence: dict[tuple, ConfidenceMap] = {}  # (drafter, regime) -> acceptance by top probability
+        self.interval: dict[str, int] = {}  # probe interval, steps
+        self.last_used: dict[str, float] = {}  # self.clock when the drafter last drafted, any request
+        self.clock = 0.0  # seconds of drafting and verifying observed, all requests
+        self.requests, self.tokens = 1.0, 256.0  # decayed counts; a prior of 256 tokens a request
+        self.cost_ratio: dict[str, float] = {}  # a drafter's token cost / the target's, before any data
+
+    def policy(self, spec: SpecParams, drafter_names: list[str], temperature: float = 0.0):
+        """A new request's AutoPolicy."""
+        from .policy import AutoPolicy
+
+        with self.lock:
+            self.requests, self.tokens = 0.9 * self.requests + 1, 0.9 * self.tokens
+            self.n_requests += 1
+            if self.store is not None and self.store.due(self.n_requests):
+                self.store.save(self._state(), self.n_requests)
+            return AutoPolicy(self, spec, drafter_names, temperature)
+
+    # --- kept across processes ---------------------------------------------------------------
+
+    def load(self) -> bool:
+        """Take up the store's saved state, if it has one for these models; whether it did."""
+        state = self.store.load() if self.store is not None else None
+        if state is None:
+            return False
+        try:
+            self.load_state_dict(state)
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            log.warning("ignoring a malformed auto profile (%s)", e)
+            self.__init__(self.store)
+            return False
+        return True
+
+    def save(self) -> None:
+        if self.store is not None:
+            with self.lock:
+                self.store.save(self._state(), self.n_requests)
+
+    def state_dict(self) -> dict:
+        with self.lock:
+            return self._state()
+
+    def _state(self) -> dict:
+        return {
+            "verify": self.verify.state(),
+            "draft_cost": {name: fit.state() for name, fit in self.draft.items()},
+            "prompt_cost": dict(self.prompt_cost),
+            "pooled": [[name, order, regime, *counts] for (name, order, regime), counts in self.pooled.items()],
+            "confidence": [[name, regime, *m.state()] for (name, regime), m in self.confidence.items()],
+            "requests": self.requests, "tokens": self.tokens,
+        }
+
+    def load_state_dict(self, state: dict, weight: float = 0.5) -> None:
+        """Restore a saved state, its evidence scaled by `weight` so that this process's own
+        measurements soon outweigh it (the machine may be busier or quieter than it was)."""
+        v = VerifyCost.from_state(state["verify"])
+        draft = {str(name): DraftCost.from_state(fit, weight) for name, fit in state["draft_cost"].items()}
+        pooled = {}
+        for name, order, regime, *counts in state["pooled"]:
+            if len(counts) != 4 or min(counts) < 0:
+                raise ValueError("pooled acceptance counts of the wrong shape")
+            pooled[(str(name), int(order), float(regime))] = [float(c) * weight for c in counts]
+        confidence = {(str(name), float(regime)): ConfidenceMap.from_state(counts, weight)
+                      for name, regime, *counts in state.get("confidence", [])}  # absent in older profiles
+        with self.lock:
+            self.verify, self.draft, self.pooled, self.confidence = v, draft, pooled, confidence
+            self.prompt_cost = {str(k): float(x) for k, x in state["prompt_cost"].items()}
+            self.requests, self.tokens = float(state["requests"]), float(state["tokens"])
+
+    # --- read and written by policies, which hold the lock -----------------------------------
+
+    def prior(self, name: str, order: int = 0, regime: float = 0.0) -> list[float]:
+        """Pooled [accepted, tried, delivered, asked] of a drafter (at one match order) at one
+        temperature regime: acceptance at temperature 0 says little about acceptance at 0.8."""
+        key = (name, order, regime)
+        p = self.pooled.get(key)
+        if p is None:
+            a, d = (ORDER_PRIOR[order], 1.0) if order else PRIORS.get(name, (0.7, 1.0))
+            p = self.pooled[key] = [2 * a, 2.0, 2 * d, 2.0]
+        return p
+
+    def confidence_map(self, name: str, regime: float) -> ConfidenceMap:
+        m = self.confidence.get((name, regime))
+        if m is None:
+            m = self.confidence[(name, regime)] = ConfidenceMap()
+        return m
+
+    def draft_coef(self, name: str, V: list[float]) -> list[float]:
+        """[a, b, c]: seconds to draft n tokens after missing lag = a + b n + c (lag - 1)."""
+        # before any data: a draft model costs its share of the target's weights (memory-bound decode)
+        e = 0.0 if name in FREE else self.cost_ratio.get(name, 0.125) * V[1]
+        r = self.verify.batching  # assumed to help the drafter as much as it helps the target
+        fit = self.draft.get(name)
+        return fit.coef(e, r) if fit is not None else [e, e, r * e]
+
+    def learn_prompt_cost(self, name: str, per_token: float) -> None:
+        old = self.prompt_cost.get(name, per_token)
+        self.prompt_cost[name] = 0.7 * old + 0.3 * per_token

@@ -1,0 +1,177 @@
+"""What a step costs, measured: the target's verify pass, a drafter's drafting, the prompt's catch-up.
+
+Costs are measured, never assumed: a CPU verifies 8 tokens at 2-4x the cost of one, a GPU
+at ~1x. `VerifyCost` is the seconds of one target pass over n tokens (an EMA per n made
+non-decreasing, interpolated and extrapolated); `DraftCost` the seconds a drafter takes for
+n tokens after its cache missed `lag` (a decayed ridge regression a + b n + c (lag - 1)).
+The prompt's catch-up, per drafter, is an EMA of seconds per prompt token that the
+controller keeps beside them (a scalar needs no class).
+
+Nothing here locks: the owner (auto.controller.Controller) holds its lock around every call.
+"""
+from __future__ import annotations
+
+import bisect
+
+_G_COST = 0.95  # per-step decay of the drafting-cost regression
+
+
+class DraftCost:
+    """Seconds to draft n tokens after `lag` missed ones: a + b n + c (lag - 1), by decayed ridge regression.
+
+    The draft model evaluates the missed tokens in one batch (its first draft token comes
+    from it), then one token at a time; a is what the first evaluation costs beyond the
+    others (its caches went cold during the target's pass). With one draft length a and b
+    cannot be told apart: the prior makes them equal.
+    """
+
+    def __init__(self):
+        self.xx, self.xy, self._coef = [[0.0] * 3 for _ in range(3)], [0.0] * 3, None  # [3, 3], [3]
+
+    def add(self, n: int, lag: int, t: float) -> None:
+        x = (1.0, n, lag - 1)
+        for i in range(3):
+            self.xy[i] = self.xy[i] * _G_COST + x[i] * t
+            for j in range(3):
+                self.xx[i][j] = self.xx[i][j] * _G_COST + x[i] * x[j]
+        self._coef = None
+
+    def lag_known(self) -> bool:
+        """Whether the catch-up lags seen varied enough to tell c (else c is the prior's)."""
+        s1, sm, smm = self.xx[0][0], self.xx[0][2], self.xx[2][2]
+        return s1 > 0 and smm / s1 - (sm / s1) ** 2 > 0.25
+
+    def coef(self, e: float, r: float) -> list[float]:
+        """[a, b, c], pulled toward (e, e, r e) by one pseudo-observation each.
+
+        e: seconds of one evaluation, from the data when there is some: the least-squares
+        fit of t = e (1 + n + r m); r: a batched token's cost relative to e.
+        """
+        if self._coef is None:
+            (s1, sn, sm), (_, snn, snm), (_, _, smm) = self.xx
+            x2 = s1 + snn + r * r * smm + 2 * (sn + r * sm + r * snm)
+            if x2 > 0:
+                e = (self.xy[0] + self.xy[1] + r * self.xy[2]) / x2
+            prior, keep = (e, e, r * e), [0, 1, 2]
+            while True:  # (X^T X + I) w = X^T y + prior over the kept coefficients, none negative
+                w = _solve([[self.xx[i][j] + (i == j) for j in keep] for i in keep],
+                           [self.xy[i] + prior[i] for i in keep])
+                if min(w) >= 0 or len(keep) == 1:
+                    break
+                keep.pop(w.index(min(w)))
+            self._coef = [0.0] * 3
+            for i, v in zip(keep, w):
+                self._coef[i] = max(v, 0.0)
+        return self._coef
+
+    def state(self) -> dict:
+        return {"xx": self.xx, "xy": self.xy}
+
+    @classmethod
+    def from_state(cls, state: dict, weight: float) -> "DraftCost":
+        d = cls()
+        d.xx = [[float(x) * weight for x in row] for row in state["xx"]]
+        d.xy = [float(x) * weight for x in state["xy"]]
+        if len(d.xx) != 3 or any(len(row) != 3 for row in d.xx) or len(d.xy) != 3:
+            raise ValueError("draft cost regression of the wrong shape")
+        return d
+
+
+def _solve(m: list[list[float]], y: list[float]) -> list[float]:
+    """m w = y for a symmetric positive definite m of size 1 to 3, by cofactors."""
+    if len(m) == 1:
+        return [y[0] / m[0][0]]
+    if len(m) == 2:
+        (p, q), (_, r) = m
+        det = p * r - q * q
+        return [(r * y[0] - q * y[1]) / det, (p * y[1] - q * y[0]) / det]
+    (a, b, c), (_, d, e), (_, _, f) = m
+    c00, c01, c02 = d * f - e * e, c * e - b * f, b * e - c * d
+    c11, c12, c22 = a * f - c * c, b * c - a * e, a * d - b * b
+    det = a * c00 + b * c01 + c * c02
+    return [(c00 * y[0] + c01 * y[1] + c02 * y[2]) / det, (c01 * y[0] + c11 * y[1] + c12 * y[2]) / det,
+            (c02 * y[0] + c12 * y[1] + c22 * y[2]) / det]
+
+
+def _isotonic(y: list[float], w: list[float]) -> list[float]:
+    """The weighted least-squares non-decreasing fit to y (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, weight, size]
+    for yi, wi in zip(y, w):
+        blocks.append([yi, wi, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            m2, w2, s2 = blocks.pop()
+            m1, w1, s1 = blocks[-1]
+            blocks[-1] = [(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, s1 + s2]
+    return [m for m, _, size in blocks for _ in range(int(size))]
+
+
+class VerifyCost:
+    """Seconds of one target pass over n tokens, measured.
+
+    An EMA per n, then a fit non-decreasing in n weighted by observations that fade while
+    other n are measured (a stale or warm-up-slow estimate yields to fresh ones), then
+    interpolated between measured n and extrapolated with the slope across them.
+    """
+
+    def __init__(self):
+        self._m: dict[int, list] = {}  # n -> [EMA seconds, observations, tick of the last]
+        self._keys: list[int] = []  # measured n, sorted
+        self._tick = self._built = 0  # passes measured: all, and when the table was last built
+        self._table: list[float] | None = None
+        self.batching = 1.0  # (seconds per extra token) / (seconds of a 1-token pass)
+
+    def add(self, n: int, t: float) -> None:
+        self._tick += 1
+        m = self._m.get(n)
+        if m is None:
+            bisect.insort(self._keys, n)
+            self._m[n], self._table = [t, 1, self._tick], None
+            return
+        m[1], m[2] = m[1] + 1, self._tick
+        m[0] += (min(t, 3 * m[0]) - m[0]) * max(0.05, 1 / m[1])  # clipped: a preempted pass
+        tab = self._table  # rebuilt when an estimate moved by more than 2%, at most every 8 passes
+        if tab is not None and self._tick - self._built >= 8 and (n >= len(tab) or abs(m[0] - tab[n]) > 0.02 * tab[n]):
+            self._table = None
+
+    def table(self, n_max: int) -> list[float] | None:
+        """[n_max + 1] seconds of a pass over n tokens (index 0 unused); None before any pass.
+
+        The same list is returned until an estimate moves: callers may cache on its identity."""
+        if self._table is not None and len(self._table) > n_max:
+            return self._table
+        keys = self._keys
+        if not keys:
+            return None
+        w = [max(min(self._m[n][1], 20) * 0.99 ** (self._tick - self._m[n][2]), 1e-6) for n in keys]
+        fit = dict(zip(keys, _isotonic([self._m[n][0] for n in keys], w)))
+        lo, hi = keys[0], keys[-1]
+        slope = (fit[hi] - fit[lo]) / (hi - lo) if hi > lo else 0.4 * fit[lo] / lo  # a guess before two n
+        tab = [0.0] * (n_max + 1)
+        for n in range(1, n_max + 1):
+            j = bisect.bisect_left(keys, n)
+            if j == 0:
+                tab[n] = max(fit[lo] - slope * (lo - n), 0.5 * fit[lo])
+            elif j == len(keys):  # optimistic: passes cost less a token as they grow (CPU), or
+                tab[n] = fit[hi] + 0.5 * slope * (n - hi)  # ~nothing (GPU); a pass of n corrects it
+            else:  # keys[j] may be n itself
+                a, b = keys[j - 1], keys[j]
+                tab[n] = fit[a] + (fit[b] - fit[a]) * (n - a) / (b - a)
+        self._table, self._built = tab, self._tick
+        self.batching = (tab[n_max] - tab[1]) / ((n_max - 1) * tab[1]) if n_max > 1 else 1.0
+        return tab
+
+    def state(self) -> dict:
+        return {"passes": [[n, *self._m[n]] for n in self._keys], "tick": self._tick}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "VerifyCost":
+        v = cls()
+        for n, ema, obs, tick in state["passes"]:
+            n = int(n)
+            v._m[n] = [float(ema), max(1, min(int(obs), 20)), int(tick)]
+            bisect.insort(v._keys, n)
+        v._tick = int(state["tick"])
+        return v
+
+
+CostModel = VerifyCost  # the name the first controller used

@@ -1,0 +1,156 @@
+"""The planner: rates and costs in, (drafter, k) out. Pure: no model, no clock, no threads.
+
+A step that drafts k tokens and verifies them with the last committed token in one pass
+makes, in expectation,
+
+    E[tokens](k)  = 1 + sum_{j=1..k} prod_{i<=j} d_i a_i
+    E[seconds](k) = sum_{l<=k} P(len = l) (draft(l) + verify(1 + l)),  P(len >= j) = prod_{i<=j} d_i
+
+a_i = P(draft token i accepted | 1..i-1 accepted); d_i = P(the drafter returns an i-th
+token | it returned i - 1): 1 for a lookup whose match is known, learnt for a draft model
+that may stop early. With every d_i = 1 this is the textbook 1 + sum_j prod_{i<=j} a_i
+over verify(k + 1) + draft(k). Each drafter's k maximises E[tokens] / E[seconds] up to its
+cap (a lookup: --suffix-max, 64 by default, so a long, well-predicted match drafts long;
+a draft model: --draft-max); `pick` then takes the drafter with the best rate after its
+catch-up, or plain decoding (k = 0: 1 token per verify(1)) when nothing pays.
+
+A hybrid step drafts the lookup's m matched tokens for free (`head`: their acceptance),
+then lets the draft model continue from where the match ends: its first batch also takes
+the m lookup tokens (c seconds each), and the positions after the head are verified in
+the same pass.
+
+`ConfidenceStop` is the draft model's stopping rule inside one step: before keeping a
+drafted token it looks up what the draft's top probability there predicts (a learnt
+map) and stops when that token's expected gain no longer pays for its seconds.
+"""
+from __future__ import annotations
+
+import bisect
+from typing import NamedTuple, Sequence
+
+_TAIL = 0.02  # positions reached with all accepted below this add too little to plan further
+
+
+class Plan(NamedTuple):
+    rate: float  # expected tokens per second of the step
+    k: int  # tokens to draft, the hybrid's lookup tokens included; 0: plain decoding
+    tokens: float  # E[tokens] the step makes
+    seconds: float  # E[seconds] it takes (drafting + verifying; catch-up excluded)
+    m: int = 0  # of the k, tokens a lookup drafts ahead of the draft model (a hybrid)
+
+
+class Option(NamedTuple):
+    """One drafter as the planner sees it this step.
+
+    acc: [>= kmax] a_i; dlv: [>= kmax] d_i, or None (every token up to kmax is returned);
+    cost: (a, b, c), seconds to draft n tokens after a lag of `lag` = a + b n + c (lag - 1);
+    found: the drafter returns a first token (d_1 = 1); head: a hybrid's lookup tokens'
+    acceptance; catchup: seconds the drafter still owes beyond an in-step draft (a cache
+    behind the sequence), spread over the tokens the request is still expected to make.
+    """
+
+    name: str
+    acc: Sequence[float]
+    cost: tuple[float, float, float]
+    kmax: int
+    kmin: int = 1
+    dlv: Sequence[float] | None = None
+    found: bool = False
+    head: Sequence[float] = ()
+    catchup: float = 0.0
+
+
+def plain(V: Sequence[float]) -> Plan:
+    """No draft: one token per pass over one token."""
+    return Plan(1.0 / V[1], 0, 1.0, V[1])
+
+
+def best_length(o: Option, V: Sequence[float]) -> Plan:
+    """The k in [kmin, kmax] (after the head) with the highest E[tokens] / E[seconds].
+
+    V: [>= len(head) + kmax + 2] seconds of a target pass over n tokens (index 0 unused).
+    A plan with k = 0 means no k in range drafts anything (kmax < kmin).
+    """
+    a, b, c = o.cost
+    m = len(o.head)
+    e_tok, chain = 1.0, 1.0
+    for x in o.head:  # the lookup's tokens: returned for sure, free to draft
+        chain *= x
+        e_tok += chain
+    a += c * m  # the draft model takes them in its first batch
+    best_r, best_k, best_e, best_t = 0.0, 0, 1.0, V[m + 1]
+    reach, s = 1.0, 0.0  # P(len >= i); E[seconds] of the steps whose draft came back shorter
+    c_prev = a + V[m + 1]  # seconds of a step whose draft came back with i - 1 tokens
+    # (the cache then misses 2 tokens instead of 1 after a fully accepted draft: + c chain)
+    for i in range(1, o.kmax + 1):
+        d = 1.0 if o.dlv is None or (o.found and i == 1) else o.dlv[i - 1]
+        r = reach * d
+        s += (reach - r) * c_prev
+        reach, chain = r, chain * d * o.acc[i - 1]
+        e_tok += chain
+        c_prev = a + b * i + c * chain + V[m + i + 1]
+        t = s + reach * c_prev
+        if i >= o.kmin:
+            if e_tok > best_r * t:
+                best_r, best_k, best_e, best_t = e_tok / t, i, e_tok, t
+            if chain < _TAIL:
+                break
+    return Plan(best_r, m + best_k if best_k else 0, best_e, best_t, m if best_k else 0)
+
+
+def with_catchup(p: Plan, catchup: float, horizon: float) -> float:
+    """The plan's rate once `catchup` seconds are spread over `horizon` tokens."""
+    return 1.0 / (1.0 / p.rate + catchup / horizon) if catchup else p.rate
+
+
+def pick(V: Sequence[float], plans: Sequence[tuple[str, Plan, float]],
+         horizon: float) -> tuple[str | None, Plan, float]:
+    """(drafter or None, its plan, its rate after catch-up): the best of plain decoding and
+    each (name, plan, catch-up seconds). Ties go to plain decoding, then to the earlier option."""
+    best_name, best, best_rate = None, plain(V), 1.0 / V[1]
+    for name, p, catchup in plans:
+        if not p.k:
+            continue  # nothing to draft
+        rate = with_catchup(p, catchup, horizon)
+        if rate > best_rate:
+            best_name, best, best_rate = name, p, rate
+    return best_name, best, best_rate
+
+
+def plan(V: Sequence[float], options: Sequence[Option], horizon: float = 1e9) -> tuple[str | None, Plan]:
+    """The drafter and plan with the most expected tokens per second this step (None: plain decoding)."""
+    name, p, _ = pick(V, [(o.name, best_length(o, V), o.catchup) for o in options], horizon)
+    return name, p
+
+
+def step_costs(V: Sequence[float], b: float, m: int, kmax: int) -> tuple[float, ...]:
+    """[kmax] seconds that draft token i (0-based, after m head tokens) adds: b + V[m + i + 2] - V[m + i + 1]."""
+    return tuple(b + V[m + i + 2] - V[m + i + 1] for i in range(kmax))
+
+
+class ConfidenceStop:
+    """Whether the draft model should stop before keeping draft token i, given its top probability p.
+
+    acceptance: [buckets] P(accepted | top probability in bucket), by `bucket(p)`; costs:
+    `step_costs`; tokens, seconds: E[tokens] and seconds of the step with no model token
+    (the head's and the bonus token; the model's first evaluation and the pass over the
+    head); chain: P(the head is all accepted). Token i is kept while its expected gain
+    chain_i a(p) per its seconds beats the rate so far: adding it raises E[tokens] / seconds.
+    Tokens before kmin are always kept (--draft-min). One instance per step: it keeps the
+    running chain.
+    """
+
+    def __init__(self, acceptance: Sequence[float], edges: Sequence[float], costs: Sequence[float],
+                 tokens: float, seconds: float, chain: float = 1.0, kmin: int = 0):
+        self.acceptance, self.edges, self.costs = acceptance, edges, costs
+        self.tokens, self.seconds, self.chain, self.kmin = tokens, seconds, chain, kmin
+
+    def __call__(self, i: int, p: float) -> bool:
+        if i >= len(self.costs):
+            return True
+        a = self.acceptance[bisect.bisect_right(self.edges, p)]
+        gain, dt = self.chain * a, self.costs[i]
+        if i >= self.kmin and gain * self.seconds <= self.tokens * dt:
+            return True
+        self.chain, self.tokens, self.seconds = gain, self.tokens + gain, self.seconds + dt
+        return False

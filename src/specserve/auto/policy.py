@@ -1,0 +1,442 @@
+"""One request's `--spec auto` policy: the per-request bookkeeping and probing around the planner.
+
+Each step it turns what it knows into planner options (planner.py) and takes the plan
+with the most expected tokens per second; then it learns from the step's outcome:
+
+- acceptance per draft position, per drafter, and for a lookup per match bucket (a 4-token
+  match predicts a copy far better than a 1-token one), decayed and shrunk toward the
+  engine's pooled rates (controller.py), which are the prior of the next request;
+- delivery: how often a drafter that may stop early (a draft model) returns an i-th token;
+- the draft model's confidence map (its top probability at a drafted token -> acceptance),
+  which each step hands to the draft model as a planner.ConfidenceStop;
+- lags: how far each drafter's cache is behind, and whether it holds this request's prompt.
+
+The engine tells it, each step, what each lookup drafter would match (`see`), so a lookup
+is planned only when it has a match, up to what it has. With a draft model and a lookup,
+the hybrid (drafters.hybrid) is planned too: the lookup's m tokens, then the draft model
+from where they end; it is planned only when a lookup matches fewer tokens than its cap.
+Switching on a lagging drafter charges its catch-up over the tokens the request is still
+expected to make.
+
+A draft model takes the prompt before the first step (`prefill`) only if it is expected
+to save more over the request than the prompt costs it (its measured seconds per prompt
+token x the tokens its cache lacks): on a CPU a Q4_1 draft processes a long prompt at
+half the F16 target's speed, which a short answer never wins back.
+
+A drafter not in use is probed with a short draft once the steps since its last use
+reach an interval (doubled after a failure, up to 32) and the probe's expected loss,
+catch-up included, fits in _EPS of the decode time since the drafter last ran (in this
+request, plus what the engine saved before it). A fully accepted probe is followed up at
+once, a few times; one whose catch-up cost is still unknown, while its lag is short; one
+that could not pay even at 100% acceptance, at 1/8 of the budget. The hybrid is never
+probed: its parts are.
+
+Threads: a policy is used by one thread; every method that touches the shared Controller
+holds its lock for the whole call (see controller.py).
+"""
+from __future__ import annotations
+
+from ..config import SpecParams
+from ..drafters.hybrid import LOOKUPS
+from ..policy import OFF, Choice, Outcome
+from . import planner
+from .acceptance import ConfidenceMap, Rates, match_bucket
+from .controller import FREE, Controller
+from .cost import DraftCost
+
+_G_ENGINE = 0.98  # per-step decay of the engine's pooled counts
+_EPS = 0.01  # share of decode time that probes may lose
+_PROBE_MIN, _PROBE_MAX = 4, 32  # steps between probes of an unused drafter
+_FOLLOW_UPS = 6  # successful probes in a row that may bypass the budget
+LOOKUP_MAX = 64  # how far a lookup drafter may draft under auto where the user set no cap
+MODEL = "draft"  # the draft model's drafter name
+HYBRID = "hybrid"  # a lookup's match, then the draft model (drafters.hybrid)
+HYBRID_LOOKUPS = LOOKUPS  # the lookups the hybrid follows, in the order it tries them
+
+
+class AutoPolicy:
+    """One request's adaptive policy; see the module docstring."""
+
+    # the engine tells it, each step, what each lookup drafter would match: see(name, offer)
+    # (see_ngram(order, available) where the engine speaks only of the n-gram)
+    sees_offers = True
+    sees_ngram = True
+
+    def __init__(self, ctl: Controller, spec: SpecParams, names: list[str], temperature: float = 0.0):
+        """Made by Controller.policy, under its lock."""
+        self.ctl = ctl
+        self.hybrid = HYBRID in names and MODEL in names and any(n in names for n in HYBRID_LOOKUPS)
+        self.names = [n for n in names if n != HYBRID]  # the drafters planned and probed on their own
+        # a model drafter stops at --draft-max; a lookup drafter at its own, longer cap (which a
+        # --draft-max the user set lowers: SpecParams.suffix_max)
+        lookup_cap = getattr(spec, "suffix_max", LOOKUP_MAX) or spec.draft_max
+        self.caps = {n: lookup_cap if n in FREE else spec.draft_max for n in self.names}
+        self.cap = max(self.caps.values(), default=spec.draft_max)  # a hybrid drafts at most this too
+        self.regime = min(round(temperature * 4) / 4, 2.0)  # pooled priors per 0.25 of temperature
+        # the draft model returns nothing below --draft-min under greedy: never ask for fewer
+        self.kmin = {n: max(1, spec.draft_min) if n == MODEL else 1 for n in self.names}
+        self.acc = {n: Rates(self.caps[n]) for n in self.names}
+        self.acc_order: dict[tuple[str, int], Rates] = {}  # a lookup drafter's acceptance by match bucket
+        self.offers: dict[str, tuple[int, int]] = {}  # lookup drafter -> (match length, tokens available)
+        self._step_offers: dict[str, tuple[int, int]] = {}
+        self._step_head: tuple[str, int, int] | None = None  # a hybrid step's (lookup, match bucket, m)
+        self.dlv = {n: Rates(self.caps[n]) for n in self.names}
+        self.lag = dict.fromkeys(self.names, 0)  # tokens the drafter's cache is behind (after the prompt)
+        self.fresh = set(self.names)  # not run in this request: its cache also lacks the prompt
+        self.missing = dict.fromkeys(self.names, 0)  # prompt tokens a fresh drafter's cache lacks
+        self.max_tokens = 1 << 30  # the request's own cap on what it generates
+        self.used_step = dict.fromkeys(self.names, -(1 << 30))
+        # the probe budget accrues with this request's own seconds, from what the engine had saved
+        self.clock = 0.0
+        self.since = {n: ctl.last_used.get(n, float("-inf")) - ctl.clock for n in self.names}
+        self.step = self.generated = 0
+        self.probing: tuple | None = None  # (drafter, whether it displaced a drafter, its plan)
+        self.pending: tuple | None = None  # (drafter, plan): a probe that found nothing, to ask again
+        self.follow_up: tuple | None = None  # (drafter, successes): its last probe succeeded, probe again
+        self.pred_tokens = self.pred_time = 0.0
+        self._probe_cost: dict[str, float] = {}  # seconds a probe of the drafter was last expected to lose
+        self._plans_V: list[float] | None = None  # the cost table the cached plans were made with
+        self._plans: dict[str, dict[tuple, planner.Plan]] = {n: {} for n in [*self.names, HYBRID]}
+        self._costs: dict[int, tuple[float, ...]] = {}  # a head length -> the draft model's seconds per token
+
+    @property
+    def predicted_tokens_per_s(self) -> float:
+        return self.pred_tokens / self.pred_time if self.pred_time > 0 else 0.0
+
+    # --- planning -----------------------------------------------------------------------------
+
+    def _check_table(self, V) -> None:
+        if V is not self._plans_V:  # costs moved: every cached plan is stale
+            self._plans_V, self._costs = V, {}
+            for plans in self._plans.values():
+                plans.clear()
+
+    def _lookup_rates(self, name: str, bucket: int) -> list[float]:
+        q = self.ctl.prior(name, bucket, self.regime)
+        return self.acc_order.setdefault((name, bucket), Rates(self.caps[name])).rates(q[0] / q[1])
+
+    def _plan(self, name, V, kmin=1, kmax=None, found=False, ceiling=False) -> planner.Plan:
+        """Best plan of one drafter over k in [kmin, kmax].
+
+        found: given that the drafter returns a first token (a lookup found a match);
+        ceiling: as if every draft token were accepted. Cached until V or the drafter's
+        estimates change.
+        """
+        self._check_table(V)
+        order, cap = 0, self.caps[name]
+        kmax = min(kmax or cap, cap)
+        if name in self.offers:  # what it would draft now is known
+            order, available = self.offers[name]
+            found, kmax = True, min(kmax, available)
+            if not order or kmax < kmin:
+                return planner.plain(V)._replace(rate=0.0)  # no match: nothing to draft
+            order = match_bucket(order)
+        key = (kmin, kmax, found, ceiling, order)
+        best = self._plans[name].get(key)
+        if best is not None:
+            return best
+        if ceiling:
+            acc = [1.0] * cap
+        elif order:
+            acc = self._lookup_rates(name, order)
+        else:
+            p = self.ctl.prior(name, 0, self.regime)
+            acc = self.acc[name].rates(p[0] / p[1])
+        p = self.ctl.prior(name, 0, self.regime)
+        # a known match delivers every token up to `available`, which bounds kmax
+        dlv = None if order else self.dlv[name].rates(p[2] / p[3])
+        option = planner.Option(name, acc, tuple(self.ctl.draft_coef(name, V)), kmax, kmin, dlv, found)
+        best = self._plans[name][key] = planner.best_length(option, V)
+        return best
+
+    def _hybrid_head(self) -> tuple[str, int, int] | None:
+        """(lookup, match bucket, m): what the hybrid's lookup would draft now, if it pays to plan."""
+        if any(name in self.caps and name not in self.offers for name in HYBRID_LOOKUPS):
+            return None  # which lookup the hybrid follows is unknown (a caller that tells only the n-gram's offer)
+        for name in HYBRID_LOOKUPS:
+            order, available = self.offers.get(name, (0, 0))
+            if name in self.caps and order:
+                # the draft model continues only where the match runs out before the caps
+                return (name, match_bucket(order), available) if available < min(self.caps[name], self.cap) else None
+        return None
+
+    def _plan_hybrid(self, V) -> planner.Plan | None:
+        head = self._hybrid_head()
+        if head is None:
+            return None
+        name, bucket, m = head
+        self._check_table(V)
+        best = self._plans[HYBRID].get(head)
+        if best is None:
+            p = self.ctl.prior(MODEL, 0, self.regime)
+            jmax = min(self.caps[MODEL], self.cap - m)
+            option = planner.Option(HYBRID, self.acc[MODEL].rates(p[0] / p[1]), tuple(self.ctl.draft_coef(MODEL, V)),
+                                    jmax, 1, self.dlv[MODEL].rates(p[2] / p[3]), False,
+                                    self._lookup_rates(name, bucket)[:m])
+            best = self._plans[HYBRID][head] = planner.best_length(option, V)
+        return best
+
+    def _catchup(self, name: str, V) -> float:
+        """Seconds the drafter will spend catching up beyond an in-step draft's."""
+        if name in FREE:
+            return 0.0  # indexing the tokens it missed: microseconds a token
+        start = self.ctl.prompt_cost.get(name, 0.0) * self.missing[name] if name in self.fresh else 0.0
+        return start + self.ctl.draft_coef(name, V)[2] * max(self.lag[name] - 2, 0)
+
+    def _horizon(self) -> float:
+        """Tokens this request is still expected to make: the others' mean length, within its own cap."""
+        ctl = self.ctl
+        mean = max((ctl.tokens - self.generated) / (ctl.requests - 1) - self.generated, 32.0)
+        return max(min(mean, self.max_tokens - self.generated), 1.0)
+
+    def _best(self, V) -> tuple[str | None, planner.Plan, float]:
+        """(drafter, plan, rate after catch-up) of the best choice this step."""
+        plans = [(n, self._plan(n, V, kmin=self.kmin[n]), self._catchup(n, V)) for n in self.names]
+        if self.hybrid:
+            hybrid = self._plan_hybrid(V)
+            if hybrid is not None:
+                plans.append((HYBRID, hybrid, self._catchup(MODEL, V)))
+        return planner.pick(V, plans, self._horizon())
+
+    def _stop_rule(self, name: str, plan: planner.Plan, V) -> planner.ConfidenceStop | None:
+        """The draft model's confidence stop for this step's plan (None: it does not draft)."""
+        if name == HYBRID:
+            m = plan.m
+            head = self._lookup_rates(self._step_head[0], self._step_head[1])[:m]
+            tokens, chain = 1.0, 1.0
+            for x in head:
+                chain *= x
+                tokens += chain
+            kmin = 0
+        elif name == MODEL:
+            m, tokens, chain, kmin = 0, 1.0, 1.0, self.kmin[MODEL]
+        else:
+            return None
+        a, b, c = self.ctl.draft_coef(MODEL, V)
+        costs = self._costs.get(m)
+        if costs is None:
+            costs = self._costs[m] = planner.step_costs(V, b, m, self.cap - m)
+        table = self.ctl.confidence_map(MODEL, self.regime).table()
+        return planner.ConfidenceStop(table, ConfidenceMap.EDGES, costs, tokens, a + c * m + V[m + 1], chain, kmin)
+
+    # --- probing ------------------------------------------------------------------------------
+
+    def _probe(self, name: str, V, best_rate: float) -> planner.Plan | None:
+        """The plan of a short probe of `name`, if one is due now."""
+        ctl = self.ctl
+        if name in self.offers and not self.offers[name][0]:
+            return None  # nothing to probe with
+        if self.step - self.used_step[name] < ctl.interval.get(name, _PROBE_MIN):
+            return None
+        budget = _EPS * (self.clock - self.since[name])
+        k, fit = self.kmin[name], ctl.draft.get(name)
+        # what catching up costs is unknown until lags vary: look while the lag is short and cheap
+        # (never while its cache lacks this request's prompt: that catch-up is what makes a probe costly)
+        early = (name not in FREE and name not in self.fresh and fit is not None and not fit.lag_known()
+                 and self.lag[name] <= 2 * _PROBE_MIN)
+        if not (early or self.follow_up and self.follow_up[0] == name):
+            if budget < self._probe_cost.get(name, 0.0):
+                return None  # below the cost last computed (a lagging cache only adds to it)
+            # seconds a probe that drafts loses against the best choice making its expected tokens
+            p = self._plan(name, V, kmin=k, kmax=k, found=True)
+            cost = self._catchup(name, V) + p.seconds - p.tokens / best_rate
+            if not self._could_pay(name, V):
+                cost *= 8  # only to refresh what it costs, rarely
+            self._probe_cost[name] = cost
+            if budget < cost:
+                return None
+        return self._plan(name, V, kmin=k, kmax=k)
+
+    def _could_pay(self, name: str, V) -> bool:
+        """Whether the drafter would pay if every token it drafted were accepted."""
+        return self._plan(name, V, kmin=self.kmin[name], found=True, ceiling=True).rate > 1.0 / V[1]
+
+    # --- the engine's calls -------------------------------------------------------------------
+
+    def prefill(self, name: str, n_missing: int, max_tokens: int) -> bool:
+        """Whether a model drafter should take the prompt before the first step.
+
+        Catching up on the prompt costs the same whenever it happens (one batch); doing it
+        up front only pays if the drafter is then expected to save more than that over the
+        request: (plain seconds per token - its seconds per token) x the tokens to come
+        > its measured seconds per prompt token x n_missing. Until that cost has been
+        measured once (at a first use, which the plans charge), nothing is prefilled.
+        """
+        self.max_tokens = max_tokens
+        if name not in self.names or name in FREE or max_tokens < 2:  # one token: nothing to draft
+            return False
+        with self.ctl.lock:
+            self.missing[name] = n_missing
+            if n_missing > 0:  # (none: its cache holds the prompt already, nothing to pay)
+                per_token = self.ctl.prompt_cost.get(name)
+                V = self.ctl.verify.table(self.cap + 1)
+                if per_token is None or V is None:
+                    return False
+                rate = self._plan(name, V, kmin=self.kmin[name]).rate
+                saved = min(self._horizon(), max_tokens - 1) * (V[1] - 1.0 / rate) if rate > 0 else 0.0
+                if saved <= per_token * n_missing:
+                    return False
+        self.fresh.discard(name)
+        self.lag[name] = 1  # the prompt's last token, which every step feeds
+        return True
+
+    def prefilled(self, name: str, n_tokens: int, seconds: float) -> None:
+        """Told what a prefill cost: the prompt's catch-up rate, for the next decisions."""
+        if n_tokens > 0:
+            with self.ctl.lock:
+                self.ctl.learn_prompt_cost(name, seconds / n_tokens)
+
+    def see(self, name: str, offer: tuple[int, int]) -> None:
+        """What a lookup drafter would draft this step: its match length (0: none), tokens available."""
+        if name in self.caps:
+            self.offers[name] = (int(offer[0]), int(offer[1]))  # plans are cached by match and length
+
+    def see_ngram(self, order: int, available: int) -> None:
+        self.see("ngram", (order, available))
+
+    def plan(self) -> tuple[str | None, planner.Plan | None]:
+        """The planner's choice now, before any probe: (drafter or None, its plan); None for the
+        plan before any pass was measured. What choose returns unless a probe is due."""
+        with self.ctl.lock:
+            V = self.ctl.verify.table(self.cap + 1)
+            return (None, None) if V is None else self._best(V)[:2]
+
+    def choose(self) -> Choice:
+        with self.ctl.lock:
+            return self._choose()
+
+    def _choose(self) -> Choice:
+        self.step += 1
+        self.probing = None
+        self._step_offers = dict(self.offers)
+        self._step_head = self._hybrid_head() if self.hybrid else None
+        V = self.ctl.verify.table(self.cap + 1)  # [cap + 2] seconds per pass over n tokens
+        if V is None:
+            return OFF  # the first step of a fresh engine measures a plain pass
+        name, plan, rate = self._best(V)
+        pending, self.pending = self.pending, None
+        for other in self.names:
+            if other == name:
+                continue
+            probe = pending[1] if pending and pending[0] == other and not plan.k else self._probe(other, V, rate)
+            if probe:
+                self.probing = (other, plan.k > 0, probe)
+                name, plan = other, probe
+                break
+        self.pred_tokens += plan.tokens
+        self.pred_time += plan.seconds
+        if not plan.k:
+            return OFF
+        return Choice(name, plan.k, self._stop_rule(name, plan, V))
+
+    def observe(self, o: Outcome) -> None:
+        with self.ctl.lock:
+            self._observe(o)
+
+    def _observe(self, o: Outcome) -> None:
+        ctl, k, n, acc = self.ctl, o.choice.k, o.n_drafted, o.n_accepted
+        used = o.choice.drafter if k > 0 else None
+        self.generated += acc + 1
+        self.clock += o.t_draft + o.t_verify
+        ctl.clock += o.t_draft + o.t_verify
+        ctl.tokens += acc + 1
+        ctl.verify.add(1 + n, o.t_verify)
+        if used == HYBRID:
+            self._observe_hybrid(o)
+            return
+        if used:
+            p, g = ctl.prior(used, 0, self.regime), _G_ENGINE
+            p[0], p[1] = p[0] * g + acc, p[1] * g + min(n, acc + 1)
+            p[2], p[3] = p[2] * g + n, p[3] * g + min(k, n + 1)
+            self._learn_draft_cost(used, n, 0, o.t_draft)
+            if n or not (self.probing and not self.probing[1]):
+                ctl.last_used[used], self.since[used] = ctl.clock, self.clock
+        for other in self.names:
+            if other != used:
+                self.lag[other] += acc + 1
+        if not used:
+            return
+        self.dlv[used].add(min(k, n + 1), n)
+        if n:
+            self.acc[used].add(min(n, acc + 1), acc)
+            order = self._step_offers.get(used, (0, 0))[0]
+            if order:
+                self._learn_lookup(used, match_bucket(order), min(n, acc + 1), acc)
+            if used == MODEL and o.confidence:
+                ctl.confidence_map(MODEL, self.regime).add(o.confidence, acc)
+        self.lag[used] = 2 if n and acc == n else 1  # it holds all but the bonus (and last draft)
+        self._probe_cost.pop(used, None)
+        self._forget_plans(used)
+        self.fresh.discard(used)
+        if self.probing is None:
+            self.used_step[used] = self.step
+            return
+        probed, displaced, plan = self.probing
+        if not n and not displaced:
+            self.pending = (probed, plan)  # no match: nothing lost, ask again next step
+            return
+        self.used_step[used] = self.step
+        if n:
+            V, iv = ctl.verify.table(self.cap + 1), ctl.interval.get(probed, _PROBE_MIN)
+            done = self.follow_up[1] if self.follow_up and self.follow_up[0] == probed else 0
+            # all accepted: followed up at once, outside the budget, a few times at most
+            good = acc == n and done < _FOLLOW_UPS and self._could_pay(probed, V)
+            ok = good or self._best(V)[0] == probed
+            ctl.interval[probed] = 1 if ok else min(max(2 * iv, _PROBE_MIN), _PROBE_MAX)
+            self.follow_up = (probed, done + 1) if good else None
+
+    def _observe_hybrid(self, o: Outcome) -> None:
+        """A hybrid step teaches the lookup about its m tokens and the draft model about the rest."""
+        ctl, k, n, acc = self.ctl, o.choice.k, o.n_drafted, o.n_accepted
+        lookup, bucket, m = self._step_head
+        m = min(m, n)
+        j, nm, acc_m = k - m, n - m, max(acc - m, 0)  # the draft model's: asked, drafted, accepted
+        self._learn_lookup(lookup, bucket, min(m, acc + 1), min(acc, m))
+        self.acc[lookup].add(min(m, acc + 1), min(acc, m))
+        self.used_step[lookup] = self.step
+        self._forget_plans(lookup)
+        for other in self.names:
+            if other != MODEL or j <= 0:
+                self.lag[other] += acc + 1
+        if j <= 0:  # the engine cut k to the lookup's tokens (max_tokens, the context): no model ran
+            return
+        self.dlv[MODEL].add(min(j, nm + 1), nm)
+        if nm and acc >= m:  # the model's tokens were judged only if the lookup's all were kept
+            self.acc[MODEL].add(min(nm, acc_m + 1), acc_m)
+            p, g = ctl.prior(MODEL, 0, self.regime), _G_ENGINE
+            p[0], p[1] = p[0] * g + acc_m, p[1] * g + min(nm, acc_m + 1)
+            if o.confidence:
+                ctl.confidence_map(MODEL, self.regime).add(o.confidence[m:], acc_m)
+        self._learn_draft_cost(MODEL, nm, m, o.t_draft)
+        ctl.last_used[MODEL], self.since[MODEL] = ctl.clock, self.clock
+        self.lag[MODEL] = 2 if nm and acc == n else 1  # as after its own draft
+        self.fresh.discard(MODEL)
+        self._probe_cost.pop(MODEL, None)
+        self.used_step[MODEL] = self.step
+        self._forget_plans(MODEL)
+
+    def _learn_lookup(self, name: str, bucket: int, tried: int, hit: int) -> None:
+        """A lookup's tokens after a match in `bucket`: this request's rates and the engine's prior."""
+        if not tried:
+            return
+        self.acc_order.setdefault((name, bucket), Rates(self.caps[name])).add(tried, hit)
+        q = self.ctl.prior(name, bucket, self.regime)
+        q[0], q[1] = q[0] * _G_ENGINE + hit, q[1] * _G_ENGINE + tried
+
+    def _learn_draft_cost(self, name: str, n: int, extra: int, t_draft: float) -> None:
+        """Seconds a drafter took for n tokens, its cache `extra` tokens further behind than its lag."""
+        ctl = self.ctl
+        if name in self.fresh:  # the prompt's catch-up: what the regression does not explain
+            if self.missing[name] > 0 and name not in FREE:
+                a, b, c = ctl.draft_coef(name, ctl.verify.table(self.cap + 1))
+                over = max(t_draft - a - b * n - c * (self.lag[name] + extra), 0.0)
+                ctl.learn_prompt_cost(name, over / self.missing[name])
+        else:
+            fit = ctl.draft.get(name) or ctl.draft.setdefault(name, DraftCost())
+            fit.add(n, self.lag[name] + extra, t_draft)
+
+    def _forget_plans(self, *names: str) -> None:
+        """Their estimates changed: their cached plans, and the hybrid's, are stale."""
+        for name in names:
+            self._plans[name].clear()
+        self._plans[HYBRID].clear()
