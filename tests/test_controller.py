@@ -320,7 +320,10 @@ def test_per_step_overhead_is_microseconds(name):
     simulate(s, lambda: timed.append(Timed(ctl.policy(SpecParams(), s.names))) or timed[-1])
     per_step = sum(t.seconds for t in timed) / sum(t.steps for t in timed)
     print(f"{name}: choose + observe {per_step * 1e6:.1f} us per step")
-    assert per_step < 200e-6  # measured 10-20 us here; a target pass takes 13 ms or more on this CPU
+    # The split planner (long lookup drafts up to 64, hybrid, confidence stop) measured 125-420 us a step
+    # here on a busy 2-core machine (the one-drafter controller before it: 10-20 us); a target pass takes
+    # 13 ms or more on this CPU and 20 ms or more for a GPU's 14B target, so 1 ms would be 5-8% of a step.
+    assert per_step < 1e-3
 
 
 def test_prefill_the_draft_model_only_when_it_saves_more_than_the_prompt_costs():
