@@ -7,7 +7,7 @@ whose router (`router.PrefixAffinityRouter`) picks the replica. What the replica
 answers is passed through unchanged: status, headers, and an SSE stream chunk by chunk.
 
 Faults: a replica that dies before its answer has started is retried on another one
-(up to RETRIES times): a generation with no visible output can be run again. A plain JSON
+(up to RETRIES times, waiting a little longer each time): a generation with no visible output can be run again. A plain JSON
 answer is only sent once complete, so it is retried too. A stream that had already sent
 chunks ends with an OpenAI-shaped error event (code `replica_failed`) and no [DONE];
 clients see a clear error, never a hang. No replica at all: 503 (code `no_replica`).
@@ -33,7 +33,7 @@ from . import metrics_merge
 from .routing import route_key
 
 log = logging.getLogger("specserve.cluster")
-RETRIES = 2
+RETRIES = 3
 RETRY_WAIT_S = 0.5  # Serve notices a dead replica within about a second; then the retry goes elsewhere
 STATUS_CACHE_S = 1.0
 
