@@ -52,7 +52,7 @@ class ReplicaServer(ServerProcess):
         self.stop()
         raise RuntimeError(f"replicas not ready after {READY_TIMEOUT_S} s:\n{self.log()[-3000:]}")
 
-    def stop(self, timeout: float = 90) -> int:
+    def stop(self, timeout: float = 180) -> int:  # Serve drains each deployment in turn; pauses happen
         return super().stop(timeout)
 
 

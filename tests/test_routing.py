@@ -104,7 +104,7 @@ def test_scale_config():
 def test_affinity_beats_random_routing_in_simulation():
     aff = simulate(replicas=4, conversations=40, policy="affinity", seed=0)
     rnd = simulate(replicas=4, conversations=40, policy="random", seed=0)
-    assert aff["hit_rate"] == pytest.approx(aff["reusable_share"])  # every reusable turn hits at home
-    assert rnd["hit_rate"] < aff["hit_rate"]
-    assert simulate(replicas=1, conversations=40, policy="random", seed=0)["hit_rate"] == \
-        pytest.approx(aff["reusable_share"])
+    assert aff["reusable_share"] == 0.75  # 4 turns a conversation; the first cannot hit
+    assert aff["hit_rate"] >= 0.8 * aff["reusable_share"]  # only moves off a busy home miss
+    assert rnd["hit_rate"] < 0.6 * aff["hit_rate"]
+    assert simulate(replicas=1, conversations=40, policy="random", seed=0)["hit_rate"] == 0.75
