@@ -5,10 +5,10 @@ import argparse
 import logging
 import sys
 
-from . import bench, check, generate, models_cmd, serve
+from . import bench, check, export, generate, models_cmd, serve
 from .common import CliError
 
-_SUBCOMMANDS = (generate, serve, bench, check, models_cmd)
+_SUBCOMMANDS = (generate, serve, bench, check, export, models_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -67,6 +67,20 @@ def add_parser(sub) -> None:
     x.add_argument("--cross-request-mib", type=float, default=64.0, metavar="MIB",
                    help="memory for earlier requests' prompt tails and outputs, oldest evicted first "
                         "(default 64: about 1.3M tokens)")
+    r = p.add_argument_group("replicas on Ray Serve (pip install 'specserve[ray]'; see docs/scaling.md)")
+    r.add_argument("--replicas", type=int, default=None, metavar="N",
+                   help="run N engines (target, draft, slots, cross-request store each) as Ray Serve replicas "
+                        "behind this one endpoint, routed by prompt prefix; -t and -np are per replica "
+                        "(-t default: this machine's cores / N). With $RAY_ADDRESS: on that Ray cluster")
+    r.add_argument("--min-replicas", type=int, default=None, metavar="N",
+                   help="autoscale: fewest replicas (setting this or --max-replicas turns autoscaling on)")
+    r.add_argument("--max-replicas", type=int, default=None, metavar="N", help="autoscale: most replicas")
+    r.add_argument("--target-ongoing", type=float, default=None, metavar="R",
+                   help="autoscale: requests in flight per replica to aim for (default: -np, its slots)")
+    r.add_argument("--upscale-delay", type=float, default=30.0, metavar="S",
+                   help="autoscale: seconds of load above target before adding a replica (default 30)")
+    r.add_argument("--downscale-delay", type=float, default=300.0, metavar="S",
+                   help="autoscale: seconds of load below target before removing one (default 300)")
     p.set_defaults(run=run)
 
 
@@ -136,6 +150,12 @@ def settings_from(args, target_path: str):
 
 
 def run(args) -> int:
+    if args.replicas is not None or args.min_replicas is not None or args.max_replicas is not None:
+        try:
+            from ..cluster.serve import run as run_replicas
+        except ImportError as e:
+            raise CliError(f"--replicas needs Ray Serve: pip install 'specserve[ray]' ({e})", 2) from None
+        return run_replicas(args)
     from ..server import create_app, logsafe
     from ..server.listener import serve
 

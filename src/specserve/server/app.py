@@ -58,8 +58,16 @@ def create_app(engine: Engine, settings: ServerSettings) -> Starlette:
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    on_error = state.metrics.error
-    # Outermost first: bugs answered cleanly, then who may call (a CORS preflight carries no key).
+    middleware = access_middleware(settings, state.metrics.error)
+    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+    app.state.server = state
+    install_handlers(app, state.metrics.error)
+    return app
+
+
+def access_middleware(settings: ServerSettings, on_error) -> list[Middleware]:
+    """The checks in front of every route: bugs answered cleanly (outermost), then who may call
+    (a CORS preflight carries no key). Shared with the replica ingress (specserve.cluster)."""
     middleware = [Middleware(CatchAll, on_error=on_error),
                   Middleware(HostOriginGuard, allowed_hosts=settings.allowed_hosts,
                              cors_origins=settings.cors_origins, on_error=on_error)]
@@ -69,7 +77,4 @@ def create_app(engine: Engine, settings: ServerSettings) -> Starlette:
                                      allow_headers=["Authorization", "Content-Type", "X-Api-Key"], max_age=600))
     if settings.api_keys:
         middleware.append(Middleware(ApiKeyMiddleware, keys=settings.api_keys, on_error=on_error))
-    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
-    app.state.server = state
-    install_handlers(app, on_error)
-    return app
+    return middleware

@@ -18,7 +18,7 @@ import logging
 import time
 
 import uvicorn
-from uvicorn.protocols.http.auto import AutoHTTPProtocol
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .jobs import stopping
 
@@ -96,9 +96,11 @@ class DrainingServer(uvicorn.Server):
 
 def serve(app, host: str, port: int, settings) -> None:
     """Listen on host:port until a signal has drained the server. A failed bind exits with status 1."""
+    # h11 and asyncio, named: uvicorn's "auto" switches to httptools and uvloop when they are installed
+    # (Ray Serve pulls both in), and the server's timing under dropped streams must not change with that.
     config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="on",
-                            timeout_keep_alive=5, http=header_deadline_protocol(AutoHTTPProtocol,
-                                                                                settings.read_timeout),
+                            loop="asyncio", timeout_keep_alive=5,
+                            http=header_deadline_protocol(H11Protocol, settings.read_timeout),
                             limit_concurrency=settings.max_connections + 1,  # uvicorn counts the new one too
                             timeout_graceful_shutdown=5)
     DrainingServer(config, app.state.server.scheduler, settings.drain_timeout).run()

@@ -85,6 +85,8 @@ def _one(client: httpx.Client, body: dict, kind: str, rng: random.Random, tally:
                     if not line.startswith("data: {"):
                         continue
                     ev = json.loads(line[6:])
+                    if "error" in ev:  # after the headers an error is an event (drain deadline, replica failed)
+                        raise RuntimeError(f"stream error: {ev['error'].get('code') or ev['error'].get('type')}")
                     if ev.get("usage") and not ev.get("choices"):
                         tokens = ev["usage"]["completion_tokens"]
                     elif ev.get("choices") and ev["choices"][0]["delta"].get("content"):
