@@ -8,8 +8,10 @@ lookup), which the verifier treats as q = one-hot. "No draft" is an empty Draft,
 Whatever a drafter keeps between steps (a KV cache, an index) is its own business: the
 engine only asks what its cache lacks of the prompt and whether to take the prompt now
 (`missing`, `prefill`), what it could draft this step before asking it to (`peek`), and
-tells it how many tokens were kept (`accepted`). `BaseDrafter` has the defaults of a
-drafter without a cache. `confidence`, when a drafter
+tells it how many tokens were kept (`accepted`). A drafter with a model of its own also
+offers `propose_steps` and `prefill_steps`, the same work as a generator of forward passes
+(steps.py), so that a server can batch them across slots. `BaseDrafter` has the defaults
+of a drafter without a cache. `confidence`, when a drafter
 gives one, is its own estimate that each token is right given the ones before it (the
 suffix drafter: how often that token followed, among the earlier occurrences that agree
 so far); the verifier never reads it, a policy may.
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol, Sequence
 
 from ..sampling import Candidates, Sampler
+from ..steps import Steps
 
 
 @dataclass
@@ -72,6 +75,14 @@ class Drafter(Protocol):
         """Told after verification how many of the last proposal's tokens were kept."""
         ...
 
+    def propose_steps(self, seq: Sequence[int], k: int, sampler: Sampler) -> Steps:
+        """`propose` as a generator that yields its forward passes (steps.Eval) and returns the Draft."""
+        ...
+
+    def prefill_steps(self, prompt: Sequence[int]) -> Steps:
+        """`prefill` as a generator that yields its forward passes."""
+        ...
+
 
 class BaseDrafter:
     """Defaults for a drafter without a cache: nothing to prefill, nothing to peek at."""
@@ -89,3 +100,11 @@ class BaseDrafter:
 
     def accepted(self, n: int) -> None:
         pass
+
+    def propose_steps(self, seq: Sequence[int], k: int, sampler: Sampler) -> Steps:
+        return self.propose(seq, k, sampler)  # no forward passes: nothing to yield
+        yield  # noqa: unreachable; makes this a generator
+
+    def prefill_steps(self, prompt: Sequence[int]) -> Steps:
+        return self.prefill(prompt)
+        yield  # noqa: unreachable; makes this a generator

@@ -16,7 +16,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..backends.base import Context, Model, common_prefix, sync_and_eval, sync_prefix
+from .. import steps
+from ..backends.base import Context, Model, common_prefix, sync_prefix
 from ..sampling import Sampler
 from .base import EMPTY_DRAFT, BaseDrafter, Draft
 
@@ -61,14 +62,20 @@ class DraftModelDrafter(BaseDrafter):
         return len(view) - 1 - common_prefix(self.ctx.tokens, view[:-1])
 
     def prefill(self, prompt: Sequence[int]) -> None:
-        sync_prefix(self.ctx, self._see(prompt)[:-1])
+        steps.direct(self.prefill_steps(prompt))
+
+    def prefill_steps(self, prompt: Sequence[int]) -> steps.Steps:
+        yield from steps.sync_prefix(self.ctx, self._see(prompt)[:-1])
 
     def propose(self, seq: Sequence[int], k: int, sampler: Sampler) -> Draft:
+        return steps.direct(self.propose_steps(seq, k, sampler))
+
+    def propose_steps(self, seq: Sequence[int], k: int, sampler: Sampler) -> steps.Steps:
         k = min(k, self.ctx.n_ctx - len(seq))
         self._last = (0, sampler.greedy)
         if k <= 0:
             return EMPTY_DRAFT
-        logits = sync_and_eval(self.ctx, self._see(seq))
+        logits = yield from steps.sync_and_eval(self.ctx, self._see(seq))
         tokens: list[int] = []
         dists = []
         eog = self.model.vocab.eog
@@ -84,7 +91,7 @@ class DraftModelDrafter(BaseDrafter):
             dists.append(q)
             if x in eog or i == k - 1:
                 break
-            logits = self.ctx.eval([x], logits="last")[0]
+            logits = (yield steps.Eval(self.ctx, [x], "last"))[0]
         # --draft-min: too short a draft is not worth a batched pass. Under sampling the
         # length depends on the tokens drawn, so dropping short drafts would bias the kept
         # ones; there it is not applied.
