@@ -88,7 +88,7 @@ class Stepper:
                 break
             self._passes(drafting)
             first = False
-        verifying = [r for r in self.runs if r.op is not None]
+        verifying = [r for r in self.runs if r.op is not None and id(_group(r.op.ctx)) in self.targets]
         if verifying:
             self._passes(verifying)
 
