@@ -35,15 +35,20 @@ from ..steps import Eval, Steps
 log = logging.getLogger("specserve.server")
 
 
+def _always() -> bool:
+    return True
+
+
 class Run:
     """One generation on the scheduler: its generator, where its output goes, the pass it waits on."""
 
-    __slots__ = ("gen", "emit", "op")
+    __slots__ = ("gen", "emit", "op", "ready")
 
-    def __init__(self, gen: Steps, emit: Callable):
+    def __init__(self, gen: Steps, emit: Callable, ready: Callable[[], bool] = _always):
         self.gen = gen
         self.emit = emit  # called with each Chunk, then None at the end or the exception that ended it
         self.op: Eval | None = None
+        self.ready = ready  # False while its reader is behind: it sits out the steps until it catches up
 
 
 def _group(ctx):
@@ -61,8 +66,8 @@ class Stepper:
         self.runs: list[Run] = []
         self.costs: dict[int, BatchCost] = {}  # id(group) -> what its passes cost by size
 
-    def add(self, gen: Steps, emit: Callable) -> Run:
-        run = Run(gen, emit)
+    def add(self, gen: Steps, emit: Callable, ready: Callable[[], bool] = _always) -> Run:
+        run = Run(gen, emit, ready)
         self.runs.append(run)
         return run
 
@@ -72,23 +77,29 @@ class Stepper:
             self.runs.remove(run)
             run.gen.close()
 
+    @property
+    def ready(self) -> bool:
+        """Whether a step would do anything: some run's reader has caught up."""
+        return any(r.ready() for r in self.runs)
+
     def step(self) -> None:
-        if len(self.runs) == 1 and self.runs[0].op is not None and not self.runs[0].op.split:
-            run = self.runs[0]  # one slot decoding: its pass, as a single stream runs it, and nothing else
+        runs = [r for r in self.runs if r.ready()]
+        if len(self.runs) == 1 and runs and runs[0].op is not None and not runs[0].op.split:
+            run = runs[0]  # one slot decoding: its pass, as a single stream runs it, and nothing else
             target = id(_group(run.op.ctx)) in self.targets
             self._run_alone(run, target)
             return
-        for run in [r for r in self.runs if r.op is None]:  # new: run to its first pass
+        for run in [r for r in runs if r.op is None]:  # new: run to its first pass
             self._advance(run, None)
         first = True
         while True:  # draft passes, one per drafting position; a prompt chunk only in the first
-            drafting = [r for r in self.runs if r.op is not None and id(_group(r.op.ctx)) not in self.targets
+            drafting = [r for r in runs if r.op is not None and id(_group(r.op.ctx)) not in self.targets
                         and (first or not r.op.split)]
             if not drafting:
                 break
             self._passes(drafting)
             first = False
-        verifying = [r for r in self.runs if r.op is not None and id(_group(r.op.ctx)) in self.targets]
+        verifying = [r for r in runs if r.op is not None and id(_group(r.op.ctx)) in self.targets]
         if verifying:
             self._passes(verifying)
 
@@ -183,15 +194,28 @@ class Stepper:
 
 
 class RunHandle:
-    """The event loop's side of a Run: await its chunks with `next()`."""
+    """The event loop's side of a Run: await its chunks with `next()`.
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+    A generation runs at most AHEAD chunks ahead of its reader (the engine computes the next
+    step while the server sends the last), so a slow or vanished client does not make the
+    engine generate text nobody reads, and the event loop is not flooded."""
+
+    AHEAD = 2
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, wake: Callable[[], None]):
         self._loop = loop
+        self._wake = wake
         self._queue: asyncio.Queue = asyncio.Queue()
+        self._delivered = 0  # written by the engine thread only
+        self._read = 0  # written by the event loop only
         self.run: Run | None = None
+
+    def ready(self) -> bool:
+        return self._delivered - self._read < self.AHEAD
 
     def deliver(self, item) -> None:
         """From the engine thread: a Chunk, None (the end) or an exception."""
+        self._delivered += 1
         try:
             self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
         except RuntimeError:  # the event loop is closed: nobody is listening
@@ -200,6 +224,8 @@ class RunHandle:
     async def next(self):
         """The next Chunk, None at the end; raises what ended the generation."""
         item = await self._queue.get()
+        self._read += 1
+        self._wake()  # the engine may be waiting for this reader
         if item is None or isinstance(item, BaseException):
             self._queue.put_nowait(item)  # the end stays the answer to every later call
             if item is not None:
@@ -230,9 +256,12 @@ class Batcher:
 
     def start(self, gen: Steps) -> RunHandle:
         """Add a generation to the batch (from the event loop); its chunks come through the handle."""
-        handle = RunHandle(asyncio.get_running_loop())
+        handle = RunHandle(asyncio.get_running_loop(), self._wake)
         self.submit(self._add, gen, handle)
         return handle
+
+    def _wake(self) -> None:
+        self._calls.put(None)
 
     def cancel(self, handle: RunHandle) -> None:
         """On the engine thread: stop the handle's generation."""
@@ -240,12 +269,12 @@ class Batcher:
             self.stepper.cancel(handle.run)
 
     def _add(self, gen: Steps, handle: RunHandle) -> None:
-        handle.run = self.stepper.add(gen, handle.deliver)
+        handle.run = self.stepper.add(gen, handle.deliver, handle.ready)
 
     def _loop(self) -> None:
         while not self._stop:
-            self._run_calls(block=not self.stepper.runs)
-            if self.stepper.runs and not self._stop:
+            self._run_calls(block=not self.stepper.ready)
+            if self.stepper.ready and not self._stop:
                 try:
                     self.stepper.step()
                 except Exception as e:  # a bug in the scheduler itself: end every run rather than hang them
@@ -260,7 +289,7 @@ class Batcher:
             except queue.Empty:
                 return
             block = False
-            if call is None:  # shutdown's wake-up
+            if call is None:  # a wake-up: shutdown, or a reader caught up
                 return
             fut, fn, args = call
             if fut.set_running_or_notify_cancel():
