@@ -93,6 +93,7 @@ def test_idle_server_exits_0_on_sigterm(tiny_models_dir, tmp_path):
     (["--profile", "a=spec=none", "--profile", "a=spec=ngram"], "used twice"),
     (["--parallel", "0"], "--parallel"),
     (["--queue", "-1"], "--queue"),
+    (["--ubatch-size", "8"], "ubatch must be >= 66"),
     # issue 15: a profile that every request would have failed on refuses to start
     (["--profile", "p=seed=-1"], "seed must be in [0, 2^64)"),
     (["--profile", "p=temperature=inf"], "temperature must be in [0, 100]"),
@@ -113,10 +114,13 @@ def test_loadtest_script_runs_against_a_server(tiny_models_dir, tmp_path):
     try:
         out = tmp_path / "load.json"
         r = subprocess.run([sys.executable, "-m", "specserve.server.loadtest", "--url", srv.url, "--api-key", "k",
-                            "--clients", "3", "--duration", "3", "--max-tokens", "16", "--cancel-share", "0.3",
+                            "--clients", "1,3", "--duration", "3", "--max-tokens", "16", "--cancel-share", "0.3",
                             "--pid", str(srv.proc.pid), "--json", str(out)],
                            capture_output=True, text=True, timeout=120)
-        report = json.loads(out.read_text())
+        levels = json.loads(out.read_text())["levels"]
+        assert [lv["clients"] for lv in levels] == [1, 3]
+        assert all(lv["tpot_p95_s"] >= lv["tpot_p50_s"] > 0 for lv in levels)
+        report = levels[-1]
         assert report["completed"] > 0 and report["requests_per_s"] > 0 and report["tokens_per_s"] > 0
         assert report["errors"] == 0 or set(report["error_kinds"]) == {"400 context_length_exceeded"}, r.stdout
         assert report["rss_before_mib"] > 0 and report["latency_p95_s"] >= report["latency_p50_s"] > 0

@@ -4,6 +4,10 @@ An Engine owns the loaded models; a Slot owns one sequence's state (the target's
 KV cache, the draft model's cache). A step reads like the papers: propose (the
 policy chooses a drafter and a length), verify in one target pass, commit (cut at an
 end-of-generation token, max_tokens or a stop string), observe, emit.
+
+A slot's generation is written as a generator of forward passes (steps.py): alone it runs
+them at once (`Slot.stream`); a server's slots share one context per model
+(`Engine.new_slots`) and its batch scheduler runs every slot's passes in one batch.
 """
 from __future__ import annotations
 
@@ -12,10 +16,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
-from .backends import Model, load_model, sync_prefix
+from . import steps
+from .backends import Model, load_model
 from .config import DEFAULT_VERIFY, ModelConfig, SamplingParams, SpecParams
 from .controller import Controller
-from .drafters import EMPTY_DRAFT, Draft, Drafter, propose
+from .drafters import EMPTY_DRAFT, Draft, Drafter, propose_steps
 from .drafters.draft_model import DraftModelDrafter, GreedyAcceptance
 from .drafters.hybrid import LOOKUPS, HybridDrafter
 from .drafters.ngram import NgramDrafter
@@ -90,6 +95,15 @@ class Engine:
     def new_slot(self) -> "Slot":
         return Slot(self)
 
+    def new_slots(self, n: int, n_batch: int = 512) -> list["Slot"]:
+        """n slots whose caches are sequences of one context per model, so that their passes can be
+        batched (at most n_batch tokens a pass); separate contexts where the backend cannot."""
+        if not all(hasattr(m, "new_shared_context") for m in (self.target, self.draft) if m is not None):
+            return [Slot(self) for _ in range(n)]
+        target = self.target.new_shared_context(self.n_ctx, n, n_batch)
+        draft = self.draft.new_shared_context(self.n_ctx, n, n_batch) if self.draft is not None else None
+        return [Slot(self, target.seqs[i], draft.seqs[i] if draft is not None else None) for i in range(n)]
+
     def policy_for(self, spec: SpecParams, temperature: float = 0.0) -> Policy:
         if spec.mode == "none" or spec.draft_max == 0:
             return FixedPolicy(None, 0)
@@ -153,10 +167,13 @@ def learning_controller(cfg: ModelConfig, target: Model) -> Controller:
 class Slot:
     """One sequence at a time: reused across requests, keeping whatever prefix matches."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, ctx=None, draft_ctx=None):
+        """Contexts of its own, or the given ones (sequences of shared contexts: Engine.new_slots)."""
         self.engine = engine
-        self.ctx = engine.target.new_context(engine.n_ctx)
-        self.draft_ctx = engine.draft.new_context(engine.n_ctx) if engine.draft is not None else None
+        self.ctx = ctx if ctx is not None else engine.target.new_context(engine.n_ctx)
+        if draft_ctx is None and engine.draft is not None:
+            draft_ctx = engine.draft.new_context(engine.n_ctx)
+        self.draft_ctx = draft_ctx
 
     def _drafters(self, spec: SpecParams) -> dict[str, Drafter]:
         """Fresh per-request drafters; the draft model's KV cache outlives them in the slot."""
@@ -192,6 +209,13 @@ class Slot:
     def stream(self, prompt: str | Sequence[int], params: SamplingParams, spec: SpecParams,
                verify_method: str = DEFAULT_VERIFY, stats: GenerationStats | None = None) -> Iterator[Chunk]:
         """Yield a Chunk per step. Closing the iterator stops generation at once."""
+        return steps.drive(self.generate_steps(prompt, params, spec, verify_method, stats))
+
+    def generate_steps(self, prompt: str | Sequence[int], params: SamplingParams, spec: SpecParams,
+                       verify_method: str = DEFAULT_VERIFY, stats: GenerationStats | None = None) -> steps.Steps:
+        """The generation as a generator: it yields each forward pass it needs (steps.Eval, to be sent
+        the logits) and each step's Chunk (sent None). `stream` runs the passes at once; the server's
+        batch scheduler runs those of all its slots together. Closing it stops generation at once."""
         engine = self.engine
         stats = stats if stats is not None else GenerationStats()
         seq = self.tokenize_prompt(prompt)
@@ -205,14 +229,14 @@ class Slot:
         stats.n_prompt = len(seq)
         t0 = time.perf_counter()
         # Prompt: the target's cache holds everything but the last token, which each step feeds.
-        stats.n_cached = sync_prefix(self.ctx, seq[:-1])
+        stats.n_cached = yield from steps.sync_prefix(self.ctx, seq[:-1])
         stats.t_prompt = time.perf_counter() - t0
         forward0 = self._forward_seconds()
-        self._prefill_drafters(req, seq, params.max_tokens, stats)
+        yield from self._prefill_drafters(req, seq, params.max_tokens, stats)
         try:
             while True:
-                choice, draft = self._propose(req, seq, params.max_tokens - stats.n_generated, stats)
-                verdict = self._verify(req, seq, draft, stats)
+                choice, draft = yield from self._propose(req, seq, params.max_tokens - stats.n_generated, stats)
+                verdict = yield from self._verify(req, seq, draft, stats)
                 new, text, finish = self._commit(req, seq, verdict, params.max_tokens - stats.n_generated)
                 self._observe(req, choice, draft, verdict, len(new), stats)
                 if not stats.t_first_token and new:
@@ -232,43 +256,51 @@ class Slot:
             elif engine.suffix_store is not None and spec.cross_request:  # finished: later requests may draft from it
                 engine.suffix_store.add(seq[: stats.n_prompt], seq[stats.n_prompt:], spec.cross_request_scope)
 
-    def _prefill_drafters(self, req: "_Request", seq: list[int], max_tokens: int, stats: GenerationStats) -> None:
+    def _prefill_drafters(self, req: "_Request", seq: list[int], max_tokens: int,
+                          stats: GenerationStats) -> steps.Steps:
         """A drafter about to be used takes the prompt now, in one batch (what it would otherwise
         catch up on at its first step), if the policy says so. Its time counts as drafting, as
         llama-server's does."""
         for name, drafter in req.drafters.items():
             missing = drafter.missing(seq)
             if req.policy.prefill(name, missing, max_tokens):
-                t = time.perf_counter()
-                drafter.prefill(seq)
-                t = time.perf_counter() - t
+                t, meter = time.perf_counter(), steps.Meter()
+                yield from steps.metered(drafter.prefill_steps(seq), meter)
+                t = meter.cost(time.perf_counter() - t)
                 stats.t_prompt_draft += t
                 stats.t_draft += t
                 req.policy.prefilled(name, missing, t)
 
-    def _propose(self, req: "_Request", seq: list[int], n_left: int, stats: GenerationStats) -> tuple[Choice, Draft]:
-        """The policy's choice and the chosen drafter's draft, at most what the context and max_tokens leave room for."""
+    def _propose(self, req: "_Request", seq: list[int], n_left: int, stats: GenerationStats) -> steps.Steps:
+        """The policy's choice and the chosen drafter's draft, at most what the context and max_tokens
+        leave room for. Returns (Choice, Draft)."""
         if wants_offers(req.policy):  # what the drafters that can tell would draft now: lookups
             offers = {name: d.peek(seq) for name, d in req.drafters.items()}
             tell_offers(req.policy, {name: o for name, o in offers.items() if o is not None})
         choice = req.policy.choose()
         k = min(choice.k, self.engine.n_ctx - len(seq) - 1, n_left - 1)  # the verified token needs room too
-        t = time.perf_counter()
-        draft = propose(req.drafters[choice.drafter], seq, k, req.sampler, choice.stop) if k > 0 else EMPTY_DRAFT
-        req.t_draft = time.perf_counter() - t
+        t, meter = time.perf_counter(), steps.Meter()
+        draft = EMPTY_DRAFT
+        if k > 0:
+            proposal = propose_steps(req.drafters[choice.drafter], seq, k, req.sampler, choice.stop)
+            draft = yield from steps.metered(proposal, meter)
+        req.t_draft = meter.cost(time.perf_counter() - t)  # in a batch: this slot's share of the passes
         stats.t_draft += req.t_draft
         return (Choice(choice.drafter, k) if k > 0 else OFF), draft
 
-    def _verify(self, req: "_Request", seq: list[int], draft: Draft, stats: GenerationStats) -> Verdict:
+    def _verify(self, req: "_Request", seq: list[int], draft: Draft, stats: GenerationStats) -> steps.Steps:
         """One target pass over the last committed token and the draft, then the verdict."""
         t = time.perf_counter()
         n_vocab = self.engine.target.vocab.n_vocab
         # a token the target cannot produce (a draft with a larger vocabulary) is rejected: score none after it
         n_eval = next((i for i, x in enumerate(draft.tokens) if not 0 <= x < n_vocab), len(draft))
-        logits = self.ctx.eval([seq[-1], *draft.tokens[:n_eval]], logits="all")  # [n_eval + 1, n_vocab]
+        op = steps.Eval(self.ctx, [seq[-1], *draft.tokens[:n_eval]], "all")
+        t_wait = time.perf_counter()
+        logits = yield op  # [n_eval + 1, n_vocab]
+        t_wait = time.perf_counter() - t_wait
         verdict = verify(draft.tokens, draft.dists, logits, req.sampler, len(seq))
         self.ctx.truncate(len(seq) + verdict.n_accepted)  # the new last token stays pending
-        req.t_verify = time.perf_counter() - t
+        req.t_verify = time.perf_counter() - t - t_wait + op.seconds  # in a batch: this slot's share
         stats.t_verify += req.t_verify
         return verdict
 

@@ -206,6 +206,12 @@ class LlamaCppModel:
     def new_context(self, n_ctx: int, n_batch: int = 512) -> "LlamaCppContext":
         return LlamaCppContext(self, n_ctx, n_batch)
 
+    def new_shared_context(self, n_ctx: int, n_seq: int, n_batch: int = 512):
+        """n_seq sequences of n_ctx tokens in one context, decoded together (llama_cpp_batch)."""
+        from .llama_cpp_batch import SharedContext
+
+        return SharedContext(self, n_ctx, n_seq, n_batch)
+
     def close(self) -> None:
         if self._model:
             C.llama_model_free(self._model)

@@ -41,7 +41,11 @@ def add_parser(sub) -> None:
                         "draft_p_min, ngram_min, ngram_max, suffix_max, cross_request, cross_request_scope, "
                         "temperature, top_k, top_p, min_p, seed, max_tokens, ignore_eos, verify")
     g.add_argument("-np", "--parallel", type=int, default=2, metavar="N",
-                   help="slots: requests generating at once, interleaved step by step (default 2)")
+                   help="slots: requests generating at once, each step's tokens of all of them in one "
+                        "forward pass (default 2)")
+    g.add_argument("-ub", "--ubatch-size", type=int, default=512, metavar="N",
+                   help="most tokens in one forward pass: every slot's verification, then chunks of prompts "
+                        "being processed, so that a long prompt does not stall the other streams (default 512)")
     g.add_argument("--queue", type=int, default=16, metavar="N",
                    help="requests waiting for a slot before new ones get 503 (default 16)")
     g.add_argument("--max-body-mib", type=float, default=4.0, metavar="MIB",
@@ -140,6 +144,7 @@ def settings_from(args, target_path: str):
     try:
         profiles = build_profiles(Profile(name, spec=spec, verify=args.verify), args.profile)
         return ServerSettings(model_name=name, profiles=profiles, parallel=args.parallel, queue=args.queue,
+                              ubatch=args.ubatch_size,
                               api_keys=api_keys(args), max_body=int(args.max_body_mib * (1 << 20)),
                               allowed_hosts=allowed_hosts(args.host, args.allowed_host),
                               cors_origins=frozenset(o.strip().rstrip("/") for o in args.cors_origin if o.strip()),

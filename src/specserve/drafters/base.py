@@ -8,8 +8,10 @@ lookup), which the verifier treats as q = one-hot. "No draft" is an empty Draft,
 Whatever a drafter keeps between steps (a KV cache, an index) is its own business: the
 engine only asks what its cache lacks of the prompt and whether to take the prompt now
 (`missing`, `prefill`), what it could draft this step before asking it to (`peek`), and
-tells it how many tokens were kept (`accepted`). `BaseDrafter` has the defaults of a
-drafter without a cache. `confidence`, when a drafter
+tells it how many tokens were kept (`accepted`). A drafter with a model of its own also
+offers `propose_steps` and `prefill_steps`, the same work as a generator of forward passes
+(steps.py), so that a server can batch them across slots. `BaseDrafter` has the defaults
+of a drafter without a cache. `confidence`, when a drafter
 gives one, is its own estimate that each token is right given the ones before it (the
 suffix drafter: how often that token followed, among the earlier occurrences that agree
 so far; a draft model: its top probability there); the verifier never reads it, a policy may.
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from typing import Callable, NamedTuple, Protocol, Sequence
 
 from ..sampling import Candidates, Sampler
+from ..steps import Steps
 
 
 @dataclass
@@ -84,6 +87,14 @@ class Drafter(Protocol):
         """Told after verification how many of the last proposal's tokens were kept."""
         ...
 
+    def propose_steps(self, seq: Sequence[int], k: int, sampler: Sampler) -> Steps:
+        """`propose` as a generator that yields its forward passes (steps.Eval) and returns the Draft."""
+        ...
+
+    def prefill_steps(self, prompt: Sequence[int]) -> Steps:
+        """`prefill` as a generator that yields its forward passes."""
+        ...
+
 
 class BaseDrafter:
     """Defaults for a drafter without a cache: nothing to prefill, nothing to peek at."""
@@ -102,6 +113,14 @@ class BaseDrafter:
     def accepted(self, n: int) -> None:
         pass
 
+    def propose_steps(self, seq: Sequence[int], k: int, sampler: Sampler, **stop) -> Steps:
+        return self.propose(seq, k, sampler, **stop)  # its passes run directly (none for a lookup)
+        yield  # noqa: unreachable; makes this a generator
+
+    def prefill_steps(self, prompt: Sequence[int]) -> Steps:
+        return self.prefill(prompt)
+        yield  # noqa: unreachable; makes this a generator
+
 
 def propose(drafter: Drafter, seq: Sequence[int], k: int, sampler: Sampler, stop: StopRule | None = None) -> Draft:
     """drafter.propose, with the stopping rule when there is one (a drafter that never gets
@@ -111,3 +130,14 @@ def propose(drafter: Drafter, seq: Sequence[int], k: int, sampler: Sampler, stop
     if stop is None:
         return drafter.propose(seq, k, sampler)
     return drafter.propose(seq, k, sampler, stop=stop)
+
+
+def propose_steps(drafter: Drafter, seq: Sequence[int], k: int, sampler: Sampler,
+                  stop: StopRule | None = None) -> Steps:
+    """drafter.propose_steps (the proposal as forward passes a server can batch), with the
+    stopping rule when there is one."""
+    if k <= 0:
+        return EMPTY_DRAFT
+    if stop is None:
+        return (yield from drafter.propose_steps(seq, k, sampler))
+    return (yield from drafter.propose_steps(seq, k, sampler, stop=stop))

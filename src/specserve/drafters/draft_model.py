@@ -19,7 +19,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..backends.base import Context, Model, common_prefix, sync_and_eval, sync_prefix
+from .. import steps
+from ..backends.base import Context, Model, common_prefix, sync_prefix
 from ..sampling import Sampler
 from .base import EMPTY_DRAFT, BaseDrafter, Draft, StopRule
 
@@ -64,11 +65,18 @@ class DraftModelDrafter(BaseDrafter):
         return len(view) - 1 - common_prefix(self.ctx.tokens, view[:-1])
 
     def prefill(self, prompt: Sequence[int]) -> None:
-        sync_prefix(self.ctx, self._see(prompt)[:-1])
+        steps.direct(self.prefill_steps(prompt))
+
+    def prefill_steps(self, prompt: Sequence[int]) -> steps.Steps:
+        yield from steps.sync_prefix(self.ctx, self._see(prompt)[:-1])
 
     def propose(self, seq: Sequence[int], k: int, sampler: Sampler, stop: StopRule | None = None) -> Draft:
+        return steps.direct(self.propose_steps(seq, k, sampler, stop))
+
+    def propose_steps(self, seq: Sequence[int], k: int, sampler: Sampler,
+                      stop: StopRule | None = None) -> steps.Steps:
         self._last = (0, sampler.greedy)
-        draft = self._draft(self._see(seq), k, sampler, stop)
+        draft = yield from self._draft(self._see(seq), k, sampler, stop)
         # --draft-min: too short a draft is not worth a batched pass. Under sampling the
         # length depends on the tokens drawn, so dropping short drafts would bias the kept
         # ones; there it is not applied.
@@ -87,17 +95,17 @@ class DraftModelDrafter(BaseDrafter):
         view, n = self._see(seq), len(self._view)
         view.extend(t if t < self._n_vocab else 0 for t in head)
         try:
-            return self._draft(view, k, sampler, stop)
+            return steps.direct(self._draft(view, k, sampler, stop))
         finally:
             del view[n:]  # the view holds committed tokens only
 
-    def _draft(self, view: list[int], k: int, sampler: Sampler, stop: StopRule | None) -> Draft:
+    def _draft(self, view: list[int], k: int, sampler: Sampler, stop: StopRule | None) -> steps.Steps:
         """Up to k tokens after `view` (the draft's view of the sequence, drafted at its positions)."""
         k = min(k, self.ctx.n_ctx - len(view))
         if k <= 0:
             return EMPTY_DRAFT
         pos = len(view)
-        logits = sync_and_eval(self.ctx, view)
+        logits = yield from steps.sync_and_eval(self.ctx, view)
         tokens: list[int] = []
         dists = []
         confidence: list[float] = []
@@ -117,7 +125,7 @@ class DraftModelDrafter(BaseDrafter):
             dists.append(q)
             if x in eog or i == k - 1:
                 break
-            logits = self.ctx.eval([x], logits="last")[0]
+            logits = (yield steps.Eval(self.ctx, [x], "last"))[0]
         return Draft(tokens=tokens, dists=None if sampler.greedy else dists, confidence=confidence or None)
 
     def accepted(self, n: int) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import AsyncIterator, Iterator
+from typing import AsyncIterator
 
 import anyio
 from starlette.requests import Request
@@ -30,10 +30,6 @@ from .scheduler import QueueFull, SlotPool
 
 log = logging.getLogger("specserve.server")
 CLIENT_GONE = 499  # nginx's "client closed request": nobody reads it, the log and metrics do
-
-
-def _next(it: Iterator[Chunk]) -> Chunk | None:
-    return next(it, None)
 
 
 def prompt_ids(model, req: GenRequest) -> list[int]:
@@ -60,7 +56,8 @@ class Job:
         self.stats = GenerationStats()
         self.queue_s = queue_s
         self.t_arrival = t_arrival
-        self._it = slot.stream(tokens, req.sampling, req.spec, req.verify, stats=self.stats)
+        self._gen = slot.generate_steps(tokens, req.sampling, req.spec, req.verify, stats=self.stats)
+        self._run = None  # its handle on the batch scheduler, from the first step
         self._pending: list[Chunk] = []
         self._done = False
         self._finished = False
@@ -71,14 +68,16 @@ class Job:
         return self.stats.finish_reason or "stop"
 
     async def step(self) -> Chunk | None:
-        """The next chunk, or None at the end. One engine step, run on the engine thread."""
+        """The next chunk, or None at the end; the first call puts the generation into the batch."""
         if self._pending:
             return self._pending.pop(0)
         if self._done or self._finished:
             return None
         if self.state.scheduler.stopping:
             raise stopping()
-        chunk = await self.state.scheduler.worker.run(_next, self._it)
+        if self._run is None:
+            self._run = self.state.scheduler.worker.start(self._gen)
+        chunk = await self._run.next()
         self._done = chunk is None
         return chunk
 
@@ -115,7 +114,9 @@ class Job:
 
         def close_and_account() -> None:  # on the engine thread: never while a step runs
             try:
-                self._it.close()
+                if self._run is not None:
+                    state.scheduler.worker.cancel(self._run)
+                self._gen.close()
                 state.metrics.observe(req.endpoint, stats, queue_s, time.perf_counter() - self.t_arrival)
                 log_request(req.endpoint, req.model, req.spec.mode, stats, queue_s)
             except Exception:

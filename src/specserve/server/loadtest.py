@@ -3,10 +3,14 @@
     python -m specserve.server.loadtest --url http://127.0.0.1:8080 --clients 8 --duration 60 \\
         --workload spec_bench [--prompts FILE] [--pid PID] [--json out.json]
 
+--clients 1,2,4 runs one level after another (each for --duration) and reports each:
+what batching buys is the aggregate tokens/s as clients grow, at what time per output token.
+
 Each client loops until the duration is up: a random prompt, sent as a plain request,
 a stream, or a stream it deliberately abandons after a few chunks (those are counted
 as cancels, not errors). Reports requests/s, p50/p95 latency, generated tokens/s,
-errors, speculation totals from /metrics, and the server's RSS before and after
+time per output token (p50/p95; streams: after the first token, plain requests: latency
+over tokens), errors, speculation totals from /metrics, and the server's RSS before and after
 (from /proc/PID/status with --pid, else from /health).
 """
 from __future__ import annotations
@@ -32,6 +36,7 @@ class Tally:
 
     latencies: list[float] = field(default_factory=list)  # completed requests, seconds
     ttfts: list[float] = field(default_factory=list)  # streams: seconds to the first content
+    tpots: list[float] = field(default_factory=list)  # seconds per output token, per completed request
     tokens: int = 0
     cancels: int = 0
     errors: dict[str, int] = field(default_factory=dict)  # "status: message" -> count
@@ -103,14 +108,26 @@ def _one(client: httpx.Client, body: dict, kind: str, rng: random.Random, tally:
         with lock:
             tally.errors[key] = tally.errors.get(key, 0) + 1
         return
+    latency = time.perf_counter() - t0
     with lock:
-        tally.latencies.append(time.perf_counter() - t0)
+        tally.latencies.append(latency)
         tally.tokens += tokens
         if ttft is not None:
             tally.ttfts.append(ttft)
+            if tokens > 1:
+                tally.tpots.append((latency - ttft) / (tokens - 1))
+        elif tokens:
+            tally.tpots.append(latency / tokens)
 
 
-def run(args) -> dict:
+def _pct(values: list[float], q: float) -> float:
+    v = sorted(values)
+    return round(v[min(len(v) - 1, int(q * len(v)))], 4) if v else 0.0
+
+
+def run(args, clients: int | None = None) -> dict:
+    """One load level: `clients` (default args.clients) clients for args.duration seconds."""
+    clients = clients if clients is not None else args.clients
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     prompts = load_workload(args.prompts or args.workload, 100_000)
     rss_before, spec_before = _rss(args.url, args.pid, headers), _spec_totals(args.url, headers)
@@ -132,7 +149,7 @@ def run(args) -> dict:
                 _one(client, body, kind, rng, tally, lock)
 
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=client_loop, args=(args.seed + i,)) for i in range(args.clients)]
+    threads = [threading.Thread(target=client_loop, args=(args.seed + i,)) for i in range(clients)]
     for t in threads:
         t.start()
     for t in threads:
@@ -141,18 +158,19 @@ def run(args) -> dict:
     spec_after = _spec_totals(args.url, headers)
     spec = {k: spec_after.get(k, 0) - spec_before.get(k, 0) for k in spec_after}
     drafted, passes = spec.get("spec_decode_num_draft_tokens", 0), spec.get("n_decode", 0)
-    lat = sorted(tally.latencies)
+    lat = tally.latencies
 
     def pct(q: float) -> float:
-        return round(lat[min(len(lat) - 1, int(q * len(lat)))], 3) if lat else 0.0
+        return round(_pct(lat, q), 3)
 
     return {
-        "url": args.url, "clients": args.clients, "duration_s": round(elapsed, 2), "prompts": len(prompts),
+        "url": args.url, "clients": clients, "duration_s": round(elapsed, 2), "prompts": len(prompts),
         "completed": len(lat), "cancelled": tally.cancels, "errors": sum(tally.errors.values()),
         "error_kinds": tally.errors, "requests_per_s": round(len(lat) / elapsed, 3),
         "latency_p50_s": pct(0.5), "latency_p95_s": pct(0.95),
         "ttft_p50_s": round(statistics.median(tally.ttfts), 3) if tally.ttfts else 0.0,
         "tokens_per_s": round(tally.tokens / elapsed, 2),
+        "tpot_p50_s": _pct(tally.tpots, 0.5), "tpot_p95_s": _pct(tally.tpots, 0.95),
         "acceptance": round(spec["spec_decode_num_accepted_tokens"] / drafted, 4) if drafted else 0.0,
         "server_tokens_per_pass": round(spec["tokens_predicted"] / passes, 3) if passes else 0.0,
         "rss_before_mib": round(rss_before / 2**20, 1),
@@ -163,7 +181,7 @@ def run(args) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m specserve.server.loadtest", description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default="http://127.0.0.1:8080")
-    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--clients", default="8", help="concurrent clients, or levels run in turn: 1,2,4 (default 8)")
     p.add_argument("--duration", type=float, default=60, help="seconds (default 60)")
     p.add_argument("--workload", default="spec_bench", help="a built-in workload name or a JSONL file")
     p.add_argument("--prompts", metavar="FILE", help="JSONL prompts ({prompt} or {messages}); overrides --workload")
@@ -182,19 +200,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.clients < 1 or args.duration <= 0 or not 0 <= args.cancel_share + args.stream_share <= 1:
+    try:
+        levels = [int(c) for c in str(args.clients).split(",")]
+    except ValueError:
+        levels = [0]
+    if min(levels) < 1 or args.duration <= 0 or not 0 <= args.cancel_share + args.stream_share <= 1:
         print("loadtest: need --clients >= 1, --duration > 0, stream + cancel shares within [0, 1]", file=sys.stderr)
         return 2
+    reports = []
     try:
-        report = run(args)
+        for n in levels:
+            reports.append(run(args, n))
+            for key, value in reports[-1].items():
+                print(f"{key:>24}: {value}")
+            print()
     except (ValueError, OSError, httpx.HTTPError) as e:
         print(f"loadtest: {e}", file=sys.stderr)
         return 1
-    for key, value in report.items():
-        print(f"{key:>24}: {value}")
     if args.json:
-        Path(args.json).write_text(json.dumps({**report, "args": vars(args)}, indent=2) + "\n")
-    return 0 if report["errors"] == 0 else 3
+        out = reports[0] if len(reports) == 1 else {"levels": reports}
+        Path(args.json).write_text(json.dumps({**out, "args": vars(args)}, indent=2) + "\n")
+    return 0 if all(r["errors"] == 0 for r in reports) else 3
 
 
 if __name__ == "__main__":

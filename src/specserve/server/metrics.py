@@ -17,6 +17,9 @@ log = logging.getLogger("specserve.server")
 P = "specserve:"
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _RATE_BUCKETS = (1, 2, 5, 10, 20, 35, 50, 75, 100, 150, 250, 500, 1000)
+_TPOT_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5)
+_SEQS_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
+_TOKENS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 
 
 class ServerMetrics:
@@ -54,6 +57,15 @@ class ServerMetrics:
                               buckets=_LATENCY_BUCKETS, registry=r)
         self.queue_time = Histogram(P + "queue_time_seconds", "Time waiting for a free slot",
                                     buckets=_LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram(P + "time_per_output_token_seconds",
+                              "Per request: seconds per generated token after the first",
+                              buckets=_TPOT_BUCKETS, registry=r)
+        self.batch_seqs = Histogram(P + "batch_sequences", "Sequences (slots) in each target forward pass",
+                                    buckets=_SEQS_BUCKETS, registry=r)
+        self.batch_tokens = Histogram(P + "batch_tokens", "Tokens in each target forward pass",
+                                      buckets=_TOKENS_BUCKETS, registry=r)
+        self.batched_passes = Counter(P + "batched_passes", "Target forward passes holding two or more sequences",
+                                      registry=r)
         Gauge(P + "requests_processing", "Requests holding a slot", registry=r).set_function(busy_slots)
         Gauge(P + "requests_deferred", "Requests waiting for a slot (queue depth)",
               registry=r).set_function(queue_depth)
@@ -66,6 +78,13 @@ class ServerMetrics:
                   registry=r).set_function(lambda: suffix_store.n_tokens)
             Gauge(P + "cross_request_store_documents", "Earlier requests held by the cross-request store",
                   registry=r).set_function(lambda: suffix_store.n_docs)
+
+    def target_pass(self, n_seqs: int, n_tokens: int) -> None:
+        """One target forward pass (the engine thread calls this)."""
+        self.batch_seqs.observe(n_seqs)
+        self.batch_tokens.observe(n_tokens)
+        if n_seqs > 1:
+            self.batched_passes.inc()
 
     def error(self, status: int) -> None:
         self.errors.labels(str(status)).inc()
@@ -88,6 +107,8 @@ class ServerMetrics:
         if stats.n_generated:
             self.tokens_per_s.observe(stats.tokens_per_s)
             self.ttft.observe(queue_s + stats.t_first_token)
+        if stats.n_generated > 1:
+            self.tpot.observe((stats.t_total - stats.t_first_token) / (stats.n_generated - 1))
         self.latency.labels(endpoint).observe(latency_s)
         self.queue_time.observe(queue_s)
 

@@ -1,11 +1,8 @@
-"""Who runs when: one engine thread, a pool of slots, a bounded queue.
+"""Who runs when: one engine thread that batches the slots' steps, a pool of slots, a bounded queue.
 
-Forward passes are serialised. On a small CPU two llama.cpp decodes at once (each
-spinning its own threads) slow each other down by ~100x, so every engine call goes
-through one worker thread, one call at a time. A request submits one decoding step
-(`next()` on its slot's stream), awaits it, sends the text, then submits the next:
-the worker's FIFO queue interleaves the active requests step by step, so all their
-streams progress and none waits for another to finish.
+Every engine call goes through one thread (batcher.py): each step it runs every active
+request's passes together, one target pass holding all their tokens, so all streams
+progress at once and none waits for another to finish.
 
 Requests beyond the slots wait in a bounded FIFO queue; beyond that they are refused.
 A slot being given back (its request ended, its cache not yet closed on the engine
@@ -16,35 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Sequence
 
 from ..drafters.draft_model import common_prefix
 from ..engine import Engine, Slot
+from .batcher import Batcher, Stepper
 
 
 class QueueFull(Exception):
     """Every slot is busy and the queue is at its bound."""
-
-
-class EngineWorker:
-    """The one thread that touches the models; calls run in submission order."""
-
-    def __init__(self):
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specserve-engine")
-
-    def submit(self, fn: Callable, *args) -> Future:
-        return self._executor.submit(fn, *args)
-
-    async def run(self, fn: Callable, *args):
-        """Run fn(*args) on the engine thread. If the caller is cancelled, a call that has
-        not started is dropped; one that has started still runs to its end (the next call
-        on the same generator is queued behind it, so it never sees it executing)."""
-        return await asyncio.wrap_future(self._executor.submit(fn, *args))
-
-    def shutdown(self) -> None:
-        """Wait for the call in progress; drop the queued ones."""
-        self._executor.shutdown(wait=True, cancel_futures=True)
 
 
 class SlotPool:
@@ -114,14 +91,18 @@ class SlotPool:
 class Scheduler:
     """The engine thread, the slot pool, and the draining flag, for one server."""
 
-    def __init__(self, engine: Engine, parallel: int, max_waiting: int):
+    def __init__(self, engine: Engine, parallel: int, max_waiting: int, ubatch: int = 512,
+                 on_pass: Callable[[int, int], None] | None = None):
+        """on_pass is told the sequences and tokens of every target pass (metrics)."""
         if parallel < 1:
             raise ValueError(f"--parallel must be >= 1, got {parallel}")
         if max_waiting < 0:
             raise ValueError(f"--queue must be >= 0, got {max_waiting}")
         self.engine = engine
-        self.worker = EngineWorker()
-        self.pool = SlotPool([engine.new_slot() for _ in range(parallel)], max_waiting)
+        slots = engine.new_slots(parallel, ubatch)
+        self.pool = SlotPool(slots, max_waiting)
+        targets = {getattr(s.ctx, "shared", s.ctx) for s in slots}  # one shared context, or each slot's own
+        self.worker = Batcher(Stepper(targets, ubatch, on_pass))
         self.draining = False  # refuse new requests; those in flight go on
         self.stopping = False  # the drain's deadline passed: requests in flight end at their next step
         self.closed = False

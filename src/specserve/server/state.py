@@ -13,6 +13,7 @@ MAX_BODY_BYTES = 4 << 20
 READ_TIMEOUT_S = 30.0
 DRAIN_TIMEOUT_S = 20.0
 MAX_CONNECTIONS = 256
+MIN_UBATCH = 66  # the last token, a draft of at most 64, and one more
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,7 @@ class ServerSettings:
     profiles: dict[str, Profile] = field(default_factory=dict)  # name -> profile, the served model's first
     parallel: int = 2  # slots: requests generating at once
     queue: int = 16  # requests waiting for a slot before 503
+    ubatch: int = 512  # most tokens in one forward pass (--ubatch-size): verifications, then prompt chunks
     api_keys: tuple[str, ...] = ()  # none: no authentication
     max_body: int = MAX_BODY_BYTES
     allowed_hosts: frozenset[str] = frozenset()  # Host names served besides IPs and localhost; "*": any
@@ -41,6 +43,8 @@ class ServerSettings:
         for name, value in (("read_timeout", self.read_timeout), ("drain_timeout", self.drain_timeout)):
             if not 0 < value < 1e6:  # also refuses NaN
                 raise ValueError(f"{name} must be > 0 seconds, got {value}")
+        if self.ubatch < MIN_UBATCH:
+            raise ValueError(f"ubatch must be >= {MIN_UBATCH} (a verification of the longest draft), got {self.ubatch}")
         if self.max_connections < self.parallel + self.queue + 1:
             raise ValueError(f"max_connections must exceed parallel + queue ({self.parallel + self.queue}), "
                              f"got {self.max_connections}")
@@ -53,10 +57,11 @@ class ServerState:
         self.engine = engine
         self.settings = settings
         self.profiles = settings.profiles
-        self.scheduler = Scheduler(engine, settings.parallel, settings.queue)
         self.metrics = ServerMetrics(busy_slots=lambda: self.scheduler.pool.busy,
                                      queue_depth=lambda: self.scheduler.pool.waiting,
                                      suffix_store=engine.suffix_store)
+        self.scheduler = Scheduler(engine, settings.parallel, settings.queue, settings.ubatch,
+                                   on_pass=self.metrics.target_pass)
 
     def health(self) -> dict:
         pool = self.scheduler.pool

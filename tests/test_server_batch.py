@@ -1,0 +1,51 @@
+"""A real `specserve serve --parallel 3`: concurrent clients share target passes and each gets the text
+it gets alone; /metrics shows the batches."""
+from __future__ import annotations
+
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from server_fixtures import ServerProcess, serve_args, tiny_models_dir  # noqa: E402,F401
+from test_server import metrics  # noqa: E402
+
+PROMPTS = ["the cat sat on the mat", "Once upon a time", "the dog ran in the park and"]
+SPECS = [{"mode": "draft", "draft_max": 4}, {"mode": "ngram", "draft_max": 3}, {"mode": "none"}]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_models_dir, tmp_path_factory):
+    log = tmp_path_factory.mktemp("server_batch_log") / "serve.log"
+    srv = ServerProcess(serve_args(tiny_models_dir, "-c", "512", "--parallel", "3", "--queue", "8",
+                                   "--ubatch-size", "128"), log)
+    yield srv
+    assert srv.stop() == 0
+    assert "Traceback" not in srv.log() and "internal error" not in srv.log()
+
+
+def _complete(server, body: dict) -> list[str]:
+    with server.client() as c:
+        r = c.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["text"]
+
+
+def test_concurrent_clients_are_batched_and_get_their_own_text(server):
+    bodies = [{"prompt": p, "max_tokens": 160, "temperature": 0, "ignore_eos": True, "speculative": s}
+              for p, s in zip(PROMPTS, SPECS)]
+    alone = [_complete(server, b) for b in bodies]
+    with server.client() as c:
+        before = metrics(c)
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        together = list(pool.map(lambda b: _complete(server, b), bodies))
+    assert together == alone
+    with server.client() as c:
+        after = metrics(c)
+    assert after["specserve:batched_passes_total"] - before.get("specserve:batched_passes_total", 0) > 0
+    assert after["specserve:batch_sequences_count"] > after["specserve:batch_sequences_bucket{le=1.0}"]
+    assert after["specserve:batch_tokens_sum"] > after["specserve:batch_tokens_count"]
+    assert after["specserve:time_per_output_token_seconds_count"] == 6
+    assert after["specserve:queue_time_seconds_count"] == 6
