@@ -28,6 +28,7 @@ from starlette.routing import Route
 
 from ..server.app import access_middleware
 from ..server.errors import ApiError, error_body, install_handlers
+from ..server.params import read_body
 from ..server.state import ServerSettings
 from . import metrics_merge
 from .routing import route_key
@@ -116,18 +117,7 @@ class Ingress:
     # -- everything else goes to an engine replica ---------------------------------------------
 
     async def _read_body(self, request: Request) -> bytes:
-        limit, timeout = self.settings.max_body, self.settings.read_timeout
-        body = bytearray()
-        try:
-            async with asyncio.timeout(timeout):
-                async for part in request.stream():
-                    body += part
-                    if len(body) > limit:
-                        raise ApiError(413, f"request body exceeds the limit of {limit} bytes", code="body_too_large")
-        except TimeoutError:
-            raise ApiError(408, f"the request body did not arrive within {timeout:g} s", code="request_timeout",
-                           headers={"Connection": "close"}) from None
-        return bytes(body)
+        return await read_body(request, self.settings.max_body, self.settings.read_timeout)
 
     async def forward(self, request: Request) -> Response:
         body = await self._read_body(request) if request.method == "POST" else b""

@@ -67,6 +67,21 @@ class GenRequest:
     cache_prompt: bool = True  # reuse the slot's cached prefix of the prompt (llama-server's field)
 
 
+async def read_body(request: Request, limit: int, timeout: float) -> bytes:
+    """The raw body: 413 past `limit` bytes, 408 if it takes over `timeout` seconds."""
+    body = bytearray()
+    try:
+        async with asyncio.timeout(timeout):
+            async for part in request.stream():
+                body += part
+                if len(body) > limit:
+                    raise ApiError(413, f"request body exceeds the limit of {limit} bytes", code="body_too_large")
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {timeout:g} s", code="request_timeout",
+                       headers={"Connection": "close"}) from None
+    return bytes(body)
+
+
 async def read_json(request: Request, limit: int, timeout: float) -> dict:
     """The body as a JSON object: 413 past `limit` bytes, 415 unless sent as JSON (a browser cannot
     send that cross-origin without a preflight), 408 if it takes over `timeout` seconds, 400 for
@@ -78,16 +93,7 @@ async def read_json(request: Request, limit: int, timeout: float) -> dict:
     if media_type != "application/json":
         raise ApiError(415, f"the body must be sent as 'Content-Type: application/json', not {media_type or 'none'} "
                             "(curl: --json, or -H 'Content-Type: application/json')", code="unsupported_media_type")
-    body = bytearray()
-    try:
-        async with asyncio.timeout(timeout):
-            async for part in request.stream():
-                body += part
-                if len(body) > limit:
-                    raise ApiError(413, f"request body exceeds the limit of {limit} bytes", code="body_too_large")
-    except TimeoutError:
-        raise ApiError(408, f"the request body did not arrive within {timeout:g} s", code="request_timeout",
-                       headers={"Connection": "close"}) from None
+    body = await read_body(request, limit, timeout)
     try:
         obj = json.loads(body.decode("utf-8"))
     except UnicodeDecodeError as e:
