@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             killer.start()
         lt = loadtest.build_parser().parse_args(["--url", url, "--clients", str(args.clients), "--duration",
                                                  str(args.duration), "--max-tokens", str(args.max_tokens)])
-        report["load"] = loadtest.run(lt)
+        report["load"] = loadtest.run(lt, args.clients)
         if killer is not None:
             killer.join()
             report["kill"] = kill
