@@ -224,7 +224,43 @@ class LlamaCppModel:
             pass
 
 
-class LlamaCppContext:
+class NativeContext:
+    """A llama.cpp context with its decode batch: created, measured and freed the same way by the
+    single-sequence context and the shared one."""
+
+    def _open_native(self, model: "LlamaCppModel", n_ctx: int, n_batch: int, n_seq: int, what: str) -> None:
+        params = C.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = params.n_ubatch = n_batch  # one micro-batch per decode
+        params.n_seq_max = n_seq
+        params.kv_unified = n_seq > 1  # the slots share one cache (llama.cpp would split it evenly)
+        params.n_threads = params.n_threads_batch = model.n_threads
+        params.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED  # halves decode speed on CPU here
+        params.swa_full = True  # a sliding-window cache that reuses cells could not be rolled back
+        params.no_perf = True
+        ctx, self.load_log = _LoadLog.capture(lambda: C.llama_init_from_model(model._model, params))
+        if not ctx:
+            raise MemoryError(f"llama.cpp could not create a context of {what} for {model.path}")
+        self._ctx = ctx
+        self._mem = C.llama_get_memory(ctx)
+        self._batch = C.llama_batch_init(n_batch, 0, 1)
+        self.kv_bytes = _mib_sum(r"KV buffer size", self.load_log)
+        self.compute_bytes = _mib_sum(r"compute buffer size", self.load_log)
+
+    def close(self) -> None:
+        if self._ctx:
+            C.llama_batch_free(self._batch)
+            C.llama_free(self._ctx)
+            self._ctx = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class LlamaCppContext(NativeContext):
     """One sequence's KV cache (sequence id 0) on a LlamaCppModel."""
 
     def __init__(self, model: LlamaCppModel, n_ctx: int, n_batch: int = 512):
@@ -232,26 +268,9 @@ class LlamaCppContext:
         self.n_ctx = n_ctx
         self.n_batch = min(n_batch, n_ctx)
         self.n_vocab = model.vocab.n_vocab
-        params = C.llama_context_default_params()
-        params.n_ctx = n_ctx
-        params.n_batch = self.n_batch
-        params.n_ubatch = self.n_batch
-        params.n_seq_max = 1
-        params.n_threads = model.n_threads
-        params.n_threads_batch = model.n_threads
-        params.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED  # halves decode speed on CPU here
-        params.swa_full = True  # a sliding-window cache that reuses cells could not be rolled back
-        params.no_perf = True
-        ctx, self.load_log = _LoadLog.capture(lambda: C.llama_init_from_model(model._model, params))
-        if not ctx:
-            raise MemoryError(f"llama.cpp could not create a context of {n_ctx} tokens for {model.path}")
-        self._ctx = ctx
-        self._mem = C.llama_get_memory(ctx)
-        self._batch = C.llama_batch_init(self.n_batch, 0, 1)
+        self._open_native(model, n_ctx, self.n_batch, 1, f"{n_ctx} tokens")
         self._tokens: list[int] = []
         self.t_eval = 0.0
-        self.kv_bytes = _mib_sum(r"KV buffer size", self.load_log)
-        self.compute_bytes = _mib_sum(r"compute buffer size", self.load_log)
 
     @property
     def tokens(self) -> list[int]:
@@ -306,14 +325,3 @@ class LlamaCppContext:
     def memory(self) -> MemoryUse:
         return MemoryUse(weights=self.model.weights_bytes, kv_cache=self.kv_bytes, compute=self.compute_bytes)
 
-    def close(self) -> None:
-        if self._ctx:
-            C.llama_batch_free(self._batch)
-            C.llama_free(self._ctx)
-            self._ctx = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass

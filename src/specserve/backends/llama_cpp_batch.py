@@ -22,10 +22,10 @@ import numpy as np
 import llama_cpp as C
 
 from .base import MemoryUse
-from .llama_cpp import LlamaCppModel, _LoadLog, _mib_sum
+from .llama_cpp import LlamaCppModel, NativeContext
 
 
-class SharedContext:
+class SharedContext(NativeContext):
     """n_seq sequences of up to n_ctx tokens each, at most n_batch tokens per decode."""
 
     def __init__(self, model: LlamaCppModel, n_ctx: int, n_seq: int, n_batch: int = 512):
@@ -37,23 +37,7 @@ class SharedContext:
         self.n_batch = min(n_batch, n_ctx * n_seq)
         self.n_vocab = model.vocab.n_vocab
         self.can_rollback = model.can_rollback
-        params = C.llama_context_default_params()
-        params.n_ctx = n_ctx * n_seq
-        params.n_batch = params.n_ubatch = self.n_batch  # one micro-batch per decode
-        params.n_seq_max = n_seq
-        params.kv_unified = True
-        params.n_threads = params.n_threads_batch = model.n_threads
-        params.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED  # as LlamaCppContext
-        params.swa_full = True
-        params.no_perf = True
-        ctx, self.load_log = _LoadLog.capture(lambda: C.llama_init_from_model(model._model, params))
-        if not ctx:
-            raise MemoryError(f"llama.cpp could not create a context of {n_seq} x {n_ctx} tokens for {model.path}")
-        self._ctx = ctx
-        self._mem = C.llama_get_memory(ctx)
-        self._batch = C.llama_batch_init(self.n_batch, 0, 1)
-        self.kv_bytes = _mib_sum(r"KV buffer size", self.load_log)
-        self.compute_bytes = _mib_sum(r"compute buffer size", self.load_log)
+        self._open_native(model, n_ctx * n_seq, self.n_batch, n_seq, f"{n_seq} x {n_ctx} tokens")
         self.seqs = [SeqContext(self, i) for i in range(n_seq)]
         self._open = n_seq
 
@@ -107,17 +91,6 @@ class SharedContext:
         if self._open == 0:
             self.close()
 
-    def close(self) -> None:
-        if self._ctx:
-            C.llama_batch_free(self._batch)
-            C.llama_free(self._ctx)
-            self._ctx = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 class SeqContext:
