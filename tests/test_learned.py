@@ -8,7 +8,12 @@ import pytest
 from specserve import learned
 from specserve.config import SpecParams
 from specserve.controller import Controller
-from test_controller import SCENARIOS, simulate
+from test_controller import SCENARIOS, Scenario, const, curve, simulate
+
+# the reference pair on this project's CPU: Qwen2.5-Coder 1.5B F16 target passes (measured, ms),
+# the 0.5B draft at 42 ms a token, a code edit it drafts well
+REFERENCE = Scenario(curve({1: 200, 2: 200, 4: 230, 9: 386, 17: 617}), {"draft": const(0.92), "ngram": const(0.2)},
+                     const(0.3), draft_tok=0.042, catchup=0.012, n_requests=4, n_tokens=200)
 
 
 @pytest.fixture
@@ -24,7 +29,7 @@ def store(model_files, tmp_path, threads=2) -> learned.ProfileStore:
 
 
 def trained(scenario: str, st=None) -> Controller:
-    s = SCENARIOS[scenario]
+    s = REFERENCE if scenario == "reference" else SCENARIOS[scenario]
     ctl = Controller(st)
     simulate(s, lambda: ctl.policy(SpecParams(draft_max=s.cap), s.names), seed=3)
     return ctl
@@ -137,3 +142,77 @@ def test_engine_load_uses_the_profile(tiny_paths, tmp_path, monkeypatch):
     off = Engine.load(ModelConfig(cfg.target_path, cfg.draft_path, n_ctx=256, n_threads=1, auto_profile=False))
     assert off.controller.store is None
     off.close()
+
+
+def poisoned(model_files, tmp_path, scenario: str, factor: float) -> learned.ProfileStore:
+    """A saved profile whose drafting costs were learnt on a machine `factor` x slower for the draft."""
+    st = store(model_files, tmp_path)
+    trained(scenario, st).save()
+    data = json.loads(st.path.read_text())
+    fit = data["state"]["draft_cost"]["draft"]
+    fit["xy"] = [y * factor for y in fit["xy"]]
+    data["state"]["prompt_cost"]["draft"] *= factor
+    st.path.write_text(json.dumps(data))
+    return store(model_files, tmp_path)
+
+
+def test_calibrate_rescales_a_drafting_cost_the_machine_no_longer_has(model_files, tmp_path):
+    """The defect found on the reference pair: a profile learnt under load claimed the draft model
+    costs 2.7x what it does; auto then never drafted with it and never measured it again."""
+    s = SCENARIOS["cpu_f16_high"]
+    ctl = Controller(poisoned(model_files, tmp_path, "cpu_f16_high", 3.0))
+    assert ctl.load() and ctl.loaded
+    V = ctl.verify.table(9)
+    assert ctl.draft_coef("draft", V)[1] > 2 * s.draft_tok
+    factor = ctl.calibrate("draft", s.draft_tok)
+    assert factor == pytest.approx(1 / 3, rel=0.15)
+    assert ctl.draft_coef("draft", V)[1] == pytest.approx(s.draft_tok, rel=0.1)
+    assert ctl.prompt_cost["draft"] < 0.5 * s.catchup * 3
+    # a cost that agrees with the measurement (within 1.5x) is kept as it is
+    assert ctl.calibrate("draft", 1.2 * s.draft_tok) == 1.0
+    assert not Controller().loaded and Controller().calibrate("draft", s.draft_tok) == 1.0  # nothing to check
+
+
+def test_a_calibrated_poisoned_profile_drafts_like_a_good_one(model_files, tmp_path):
+    """After calibration the first request of a new process drafts as the trained controller would;
+    without it, the poisoned profile keeps the draft model off."""
+    s = REFERENCE
+    spec = SpecParams(draft_max=s.cap)
+    s1 = type(s)(**{**s.__dict__, "n_requests": 1})
+    draft_steps = lambda run: sum(1 for _, d, _ in run.steps if d == "draft")  # noqa: E731
+    runs = {}
+    for how in ("poisoned", "calibrated"):
+        ctl = Controller(poisoned(model_files, tmp_path, "reference", 5.0))
+        assert ctl.load()
+        if how == "calibrated":
+            ctl.calibrate("draft", s.draft_tok)
+        runs[how] = simulate(s1, lambda: ctl.policy(spec, s.names), seed=11)
+    assert draft_steps(runs["calibrated"]) > 2 * draft_steps(runs["poisoned"])
+    assert runs["calibrated"].tokens_per_s > 1.1 * runs["poisoned"].tokens_per_s
+
+
+def test_engine_load_calibrates_a_saved_drafting_cost(tiny_paths, tmp_path, monkeypatch):
+    """A real engine measures its draft model's token cost when it starts from a profile, and a
+    saved cost 1000x off comes back to what it measured."""
+    from specserve.auto.cost import DraftCost
+    from specserve.config import ModelConfig, SamplingParams
+    from specserve.engine import Engine
+
+    monkeypatch.setenv("SPECSERVE_AUTO_PROFILE", "1")
+    monkeypatch.setenv("SPECSERVE_HOME", str(tmp_path / "models"))
+    cfg = ModelConfig(str(tiny_paths["target"]), str(tiny_paths["draft_close"]), n_ctx=256, n_threads=1)
+    engine = Engine.load(cfg)
+    engine.new_slot().generate([1, 2, 3], SamplingParams(max_tokens=20, ignore_eos=True), SpecParams())
+    path = engine.controller.store.path
+    engine.close()
+    data = json.loads(path.read_text())
+    fit = DraftCost()
+    for n in range(1, 9):  # a model that drafted at 10 s a token
+        fit.add(n, 1, 10.0 * n)
+    data["state"]["draft_cost"]["draft"] = fit.state()
+    path.write_text(json.dumps(data))
+    again = Engine.load(cfg)
+    ctl = again.controller
+    b = ctl.draft_coef("draft", ctl.verify.table(4))[1]
+    again.close()
+    assert ctl.loaded and 1e-5 < b < 0.5  # the tiny draft's measured token: well under a millisecond to tens

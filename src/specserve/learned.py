@@ -21,6 +21,14 @@ File: ``<cache>/auto/<key>.json``, where <cache> is ``$SPECSERVE_HOME/..`` or
 
 A file whose format, version or inputs differ from the running engine's is ignored (a
 model file replaced in place changes its size, mtime or first MiB). Writes are atomic.
+
+What a profile claims is checked against the machine as it is now, since it may have been
+learnt while other processes loaded it: loaded evidence counts half (pass costs at most 4
+observations each, so this process's own passes take over within a few steps), and an
+engine with a draft model times a few of its 1-token passes at start (0.2 s for the 0.5B
+on 2 cores) and rescales the saved drafting costs if they are off by more than 1.5x
+(`Controller.calibrate`). Without that, a profile learnt under load that claimed the draft
+model costs 2.7x what it does kept auto from ever drafting with it again.
 `--no-auto-profile` (or SPECSERVE_AUTO_PROFILE=0) turns all of it off.
 """
 from __future__ import annotations

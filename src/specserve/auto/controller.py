@@ -50,6 +50,7 @@ class Controller:
         self.clock = 0.0  # seconds of drafting and verifying observed, all requests
         self.requests, self.tokens = 1.0, 256.0  # decayed counts; a prior of 256 tokens a request
         self.cost_ratio: dict[str, float] = {}  # a drafter's token cost / the target's, before any data
+        self.loaded = False  # whether it started from a saved profile (whose costs calibrate() checks)
 
     def policy(self, spec: SpecParams, drafter_names: list[str], temperature: float = 0.0):
         """A new request's AutoPolicy."""
@@ -75,7 +76,32 @@ class Controller:
             log.warning("ignoring a malformed auto profile (%s)", e)
             self.__init__(self.store)
             return False
+        self.loaded = True
         return True
+
+    def calibrate(self, name: str, seconds_per_token: float, tolerance: float = 1.5) -> float:
+        """Check a loaded drafting cost against one measured now; the factor applied (1: kept).
+
+        seconds_per_token: what one drafted token costs the model now (a 1-token pass). A profile
+        learnt while the machine was busy can claim a draft model costs 2-3x what it does; auto
+        then never drafts with it and never measures it again. Where the saved per-token cost b
+        is off by more than `tolerance` either way, the drafter's saved costs (its regression and
+        its prompt catch-up) are rescaled by measured / b: they all scale with the machine's speed.
+        """
+        with self.lock:
+            fit, V = self.draft.get(name), self.verify.table(2)
+            if fit is None or V is None or seconds_per_token <= 0:
+                return 1.0
+            b = self.draft_coef(name, V)[1]
+            if b <= 0 or 1 / tolerance <= seconds_per_token / b <= tolerance:
+                return 1.0
+            factor = seconds_per_token / b
+            fit.scale(factor)
+            if name in self.prompt_cost:
+                self.prompt_cost[name] *= factor
+        log.info("auto: the saved cost of drafter %r was %.1f ms a token, measured now %.1f: rescaled by %.2f",
+                 name, 1e3 * b, 1e3 * seconds_per_token, factor)
+        return factor
 
     def save(self) -> None:
         if self.store is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 
 _G_COST = 0.95  # per-step decay of the drafting-cost regression
+_LOADED_OBS = 4  # the most observations a loaded pass-cost estimate counts as
 
 
 class DraftCost:
@@ -63,6 +64,10 @@ class DraftCost:
             for i, v in zip(keep, w):
                 self._coef[i] = max(v, 0.0)
         return self._coef
+
+    def scale(self, factor: float) -> None:
+        """Every cost it has seen, times factor (the machine got faster or slower)."""
+        self.xy, self._coef = [y * factor for y in self.xy], None
 
     def state(self) -> dict:
         return {"xx": self.xx, "xy": self.xy}
@@ -168,7 +173,9 @@ class VerifyCost:
         v = cls()
         for n, ema, obs, tick in state["passes"]:
             n = int(n)
-            v._m[n] = [float(ema), max(1, min(int(obs), 20)), int(tick)]
+            # as few as _LOADED_OBS observations: this process's own passes soon outweigh a saved
+            # estimate (the machine may be busier or quieter than when it was saved)
+            v._m[n] = [float(ema), max(1, min(int(obs), _LOADED_OBS)), int(tick)]
             bisect.insort(v._keys, n)
         v._tick = int(state["tick"])
         return v
