@@ -126,3 +126,36 @@ def test_bad_values_exit_2(capsys, tiny_paths, argv, message):
     code, out = run_cli("bench", "-m", tiny_paths["target"], *argv)
     assert code == 2 and out == ""
     assert message in capsys.readouterr().err
+
+
+def test_auto_fresh_runs_each_request_as_a_new_process_would(tiny_paths, tmp_path, monkeypatch):
+    """auto-fresh plans from a controller loaded from the profile the warm one would save, calibrated;
+    what it learns is dropped: the warm controller is the same object with the same state after."""
+    from specserve.backends import load_model
+    from specserve.bench import LocalModels
+    from specserve.bench.runner import BenchConfig, fresh_controller
+    from specserve.bench.workloads import BenchPrompt
+    from specserve.config import SamplingParams
+
+    monkeypatch.setenv("SPECSERVE_AUTO_PROFILE", "1")
+    monkeypatch.setenv("SPECSERVE_HOME", str(tmp_path / "models"))
+    target = load_model(str(tiny_paths["target"]), 0, 1)
+    draft = load_model(str(tiny_paths["draft_close"]), 0, 1)
+    local = LocalModels(target, {"d": draft}, 256, auto_profile=True)
+    try:
+        prompt = BenchPrompt("w", 0, ({"role": "user", "content": PROMPTS[0]},), chat=False)
+        sampling = SamplingParams(max_tokens=16, ignore_eos=True)
+        local.run(BenchConfig("auto", "auto", "d", 4), prompt, sampling, "gumbel")
+        engine = local.slots["d"].engine
+        own, before = engine.controller, json.dumps(engine.controller.state_dict(), sort_keys=True)
+        own.verify._table = None  # (a table cached some passes ago may lag its estimates)
+        with fresh_controller(engine) as fresh:
+            assert fresh is engine.controller and fresh is not own and fresh.loaded
+            assert fresh.verify.table(4)[:5] == pytest.approx(own.verify.table(4)[:5], rel=0.05)  # what own learnt
+        stats, _ = local.run(BenchConfig("auto-fresh", "auto-fresh", "d", 4), prompt, sampling, "gumbel")
+        assert stats["n_generated"] == 16
+        assert engine.controller is own and json.dumps(own.state_dict(), sort_keys=True) == before
+    finally:
+        local.close()
+        target.close()
+        draft.close()

@@ -128,7 +128,7 @@ def config_memory(config: BenchConfig, memory: dict) -> int | None:
     if config.spec == "endpoint" or "target" not in memory:
         return None
     total = memory["target"]["total_bytes"]
-    if config.draft_model and config.spec in ("draft", "auto"):
+    if config.draft_model and config.spec in ("draft", "auto", "auto-fresh"):
         total += memory["drafts"][config.draft_model]["total_bytes"]
     return total
 

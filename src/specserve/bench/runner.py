@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import sys
 import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ..config import DEFAULT_VERIFY, SUFFIX_MAX_DEFAULT, SamplingParams, SpecParams
 from ..controller import Controller
 from ..drafters.suffix_store import SuffixStore
-from ..engine import Engine
+from ..engine import Engine, token_seconds
 from ..prompt import chat_tokens, prompt_tokens
 from .workloads import BenchPrompt, resolve_messages
 
@@ -37,7 +38,7 @@ class BenchConfig:
     """One way of generating: the target alone, a drafter at a draft length, or a remote server."""
 
     name: str
-    spec: str  # none | draft | ngram | suffix | auto | endpoint
+    spec: str  # none | draft | ngram | suffix | auto | auto-fresh | endpoint
     draft_model: str | None = None  # the draft model as the user named it (draft, auto)
     draft_max: int = 0
     endpoint: str | None = None
@@ -50,13 +51,15 @@ class BenchConfig:
         if self.spec == "none":
             return "--spec none"
         md = f" -md {self.draft_model}" if self.draft_model else ""
-        return f"--spec {self.spec}{md} --draft-max {self.draft_max}"
+        spec = "auto" if self.spec == "auto-fresh" else self.spec  # the same setting, each request in a new process
+        return f"--spec {spec}{md} --draft-max {self.draft_max}"
 
 
 def plan_configs(specs: list[str], drafts: list[str], draft_maxes: list[int],
                  endpoints: list[str], ngram_maxes: list[int] | None = None) -> list[BenchConfig]:
     """The target alone, then each drafter x each draft length (prompt lookup's own lengths if
-    given; suffix: once, at its own cap), auto at the largest, then endpoints."""
+    given; suffix: once, at its own cap), auto at the largest (auto-fresh too, each run as a new
+    process's first request), then endpoints."""
     ngram_maxes = draft_maxes if ngram_maxes is None else ngram_maxes
     label = {d: _short(d) for d in drafts}
     if len(set(label.values())) < len(label):  # same file name in two folders: names must stay unique
@@ -73,6 +76,10 @@ def plan_configs(specs: list[str], drafts: list[str], draft_maxes: list[int],
         cap = max(draft_maxes + ngram_maxes)
         configs += [BenchConfig(f"auto[{label[d]}] k<={cap}", "auto", d, cap) for d in drafts] or \
                    [BenchConfig(f"auto k<={cap}", "auto", None, cap)]
+    if "auto-fresh" in specs:
+        cap = max(draft_maxes + ngram_maxes)
+        configs += [BenchConfig(f"auto-fresh[{label[d]}] k<={cap}", "auto-fresh", d, cap) for d in drafts] or \
+                   [BenchConfig(f"auto-fresh k<={cap}", "auto-fresh", None, cap)]
     return configs + [BenchConfig(f"endpoint {url}", "endpoint", endpoint=url) for url in endpoints]
 
 
@@ -157,16 +164,20 @@ class LocalModels:
             messages: list[dict] | None = None, scope: str | None = None) -> tuple[dict, str]:
         """(stats, text) of one run. messages: the prompt's own with earlier answers filled in;
         scope: the cross-request scope to read and feed (None: none)."""
-        slot = self.slots[config.draft_model if config.spec in ("draft", "auto") else None]
+        slot = self.slots[config.draft_model if config.spec in ("draft", "auto", "auto-fresh") else None]
         slot.ctx.truncate(0)  # cold start: no prefix reuse between configurations or repeats
         if slot.draft_ctx is not None:
             slot.draft_ctx.truncate(0)
-        mode = "none" if config.spec == "none" else config.spec
+        mode = "auto" if config.spec == "auto-fresh" else config.spec
         k = config.draft_max if mode != "none" else 0
         spec = SpecParams(mode=mode, draft_max=k, suffix_max=k if mode == "suffix" else SUFFIX_MAX_DEFAULT,
                           cross_request=scope is not None, cross_request_scope=scope or "")
         tokens = chat_tokens(self.target, messages) if messages is not None else self.tokens(prompt)
-        gen = slot.generate(tokens, sampling, spec, verify)
+        if config.spec == "auto-fresh":
+            with fresh_controller(slot.engine):
+                gen = slot.generate(tokens, sampling, spec, verify)
+        else:
+            gen = slot.generate(tokens, sampling, spec, verify)
         return gen.stats.as_dict(), gen.text
 
     def memory(self) -> dict:
@@ -193,6 +204,26 @@ class LocalModels:
         for slot in self.slots.values():
             slot.engine.controller.save()
             slot.close()
+
+
+@contextmanager
+def fresh_controller(engine: Engine):
+    """The engine's `--spec auto` as a new process would start it: a controller loaded from the
+    profile its own controller would save now (none with --no-auto-profile: priors), calibrated
+    as Engine.load does; what it learns is thrown away after the request."""
+    own = engine.controller
+    fresh = Controller()
+    fresh.cost_ratio = dict(own.cost_ratio)
+    if own.store is not None:
+        fresh.load_state_dict(own.state_dict())
+        fresh.loaded = True
+        if engine.draft is not None:
+            fresh.calibrate("draft", token_seconds(engine.draft))
+    engine.controller = fresh
+    try:
+        yield fresh
+    finally:
+        engine.controller = own
 
 
 def run_benchmark(plan: BenchPlan, local: LocalModels, endpoints: dict,

@@ -15,7 +15,7 @@ import sys
 from ..config import DEFAULT_VERIFY, VERIFY_METHODS
 from .common import CliError, add_model_args
 
-_SPECS = ("draft", "ngram", "suffix", "auto", "none")
+_SPECS = ("draft", "ngram", "suffix", "auto", "auto-fresh", "none")
 _DEFAULT_SPECS = ("draft", "ngram", "suffix", "auto", "none")
 _DEFAULT_WORKLOADS = ("code-edit", "spec-bench")
 
@@ -48,8 +48,10 @@ def add_parser(sub) -> None:
     d.add_argument("-ngld", "--n-gpu-layers-draft", type=int, default=0, metavar="N", help="draft layers on the GPU")
     g = p.add_argument_group("what to run")
     g.add_argument("--spec", type=_comma_list(str, _SPECS), default=None, metavar="LIST",
-                   help="drafters to try: draft,ngram,suffix,auto (default: all that apply; "
-                        "suffix runs once, at its own cap of 64); the target alone always runs")
+                   help="drafters to try: draft,ngram,suffix,auto,auto-fresh (default: all that apply but "
+                        "auto-fresh; suffix runs once, at its own cap of 64; auto-fresh runs each prompt as a new "
+                        "process's first request, from the saved profile or, with --no-auto-profile, from "
+                        "priors); the target alone always runs")
     g.add_argument("--draft-max", type=_comma_list(int), default=[1, 2, 4, 8], metavar="LIST",
                    help="draft lengths to try (default 1,2,4,8); auto runs at the largest")
     g.add_argument("--ngram-max", type=_comma_list(int), default=None, metavar="LIST",
