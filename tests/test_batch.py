@@ -185,3 +185,46 @@ def test_batch_cost_charges_the_marginal_cost():
     assert cost.charge(8, 4, 0.020) == pytest.approx(0.007, abs=1e-3)  # cost(8) - cost(4)
     assert cost.charge(8, 1, 0.020) == pytest.approx(0.020 - 0.01825, abs=1e-4)  # cost(8) - cost(7), interpolated
     assert 0 <= cost.charge(4, 3, 0.013) <= 0.013
+
+
+def test_batch_cost_extrapolates_and_inverts():
+    cost = BatchCost()
+    assert cost.cost(8) == 0.0 and cost.most_tokens(0.001, 1, 64) == 64  # nothing measured: no limit
+    cost.add(1, 0.011)
+    cost.add(9, 0.019)
+    assert cost.cost(17) == pytest.approx(0.027)  # past the largest: the last segment's slope
+    assert cost.most_tokens(0.022, 1, 512) == 12  # 0.010 + 0.001 n <= 0.022
+    assert cost.most_tokens(0.001, 5, 512) == 5  # none fits: the least allowed
+    assert cost.most_tokens(1.0, 1, 40) == 40
+
+
+@pytest.mark.parametrize("slowdown", [2.0, 0.0])
+def test_prompt_chunks_beside_streams_are_cut_to_the_slowdown(tiny_models, slots, monkeypatch, slowdown):
+    """With passes costing 10 ms + 1 ms a token, a stream's 1-token pass costs 11 ms: at slowdown 2
+    a prompt chunk beside it may add 11 ms (11 tokens), raised to MIN_CHUNK; at 0 it fills the pass."""
+    from specserve.server.batcher import MIN_CHUNK
+
+    long_prompt = " ".join(["the quick brown fox jumps over the lazy dog"] * 4)
+    n_prompt = len(tiny_models["target"].tokenize(long_prompt))
+    b = Batch(slots, n_batch=512)
+    b.stepper.slowdown = slowdown
+    group = slots[0].ctx.shared
+    seeded = BatchCost()
+    for n in (1, 2, 64, 512):
+        seeded.add(n, 0.010 + 0.001 * n)
+    monkeypatch.setattr(seeded, "add", lambda n, t: None)  # real timings must not move the seeded costs
+    b.stepper.costs[id(group)] = seeded
+    params = SamplingParams(max_tokens=60, ignore_eos=True)
+    first = b.add(slots[0], PROMPTS[0], params)
+    b.run(until=lambda: len(b.tokens[first]) >= 3)
+    b.passes.clear()
+    late = b.add(slots[1], long_prompt, SamplingParams(max_tokens=5, ignore_eos=True))
+    b.run(until=lambda: len(b.tokens[late]) >= 1)
+    mixed = [t for s, t in b.passes if s == 2]  # passes holding the stream and a chunk
+    if slowdown:
+        assert mixed and max(mixed) == 1 + MIN_CHUNK and len(mixed) >= n_prompt // (MIN_CHUNK + 1)
+    else:
+        assert mixed[0] == n_prompt  # the prompt but its last token (its own pass) beside the stream, at once
+    b.run()
+    assert b.tokens[first] == alone(tiny_models, PROMPTS[0], params)
+    assert b.tokens[late] == alone(tiny_models, long_prompt, SamplingParams(max_tokens=5, ignore_eos=True))

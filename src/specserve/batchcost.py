@@ -9,7 +9,9 @@ policy as that step's verification (or drafting) time. `--spec auto` then weighs
 against what it adds to the batch actually running, without knowing about batches.
 
 cost(n) is learnt per total token count (an exponential average of measured seconds) and
-interpolated linearly between counts seen, with cost(0) = 0.
+interpolated linearly between counts seen, with cost(0) = 0, extrapolated past the largest
+with the slope of the last segment. `most_tokens` inverts it: how many tokens a pass may
+hold within a time limit (the batch scheduler's prompt chunks).
 """
 from __future__ import annotations
 
@@ -34,15 +36,29 @@ class BatchCost:
             self._t.insert(i, seconds)
 
     def cost(self, n_tokens: int) -> float:
-        """Seconds a pass of n_tokens is expected to take: interpolated, extrapolated flat past the largest seen."""
+        """Seconds a pass of n_tokens is expected to take: interpolated between counts seen, extrapolated
+        past the largest with the last segment's slope (0 before any pass)."""
         n, t = self._n, self._t
+        if len(n) < 2:
+            return 0.0
         i = bisect.bisect_left(n, n_tokens)
         if i < len(n) and n[i] == n_tokens:
             return t[i]
-        if i == len(n):
-            return t[-1]
-        lo, hi = i - 1, i
-        return t[lo] + (t[hi] - t[lo]) * (n_tokens - n[lo]) / (n[hi] - n[lo])
+        lo, hi = (i - 1, i) if i < len(n) else (len(n) - 2, len(n) - 1)
+        return max(t[lo] + (t[hi] - t[lo]) * (n_tokens - n[lo]) / (n[hi] - n[lo]), t[lo])
+
+    def most_tokens(self, seconds: float, lo: int, hi: int) -> int:
+        """The most tokens in [lo, hi] a pass is expected to hold within `seconds` (lo if none fits;
+        hi before any pass was measured)."""
+        if len(self._n) < 2:
+            return hi
+        while lo < hi:  # cost is non-decreasing in n where passes are: bisect on it
+            mid = (lo + hi + 1) // 2
+            if self.cost(mid) <= seconds:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     def charge(self, total: int, n: int, seconds: float) -> float:
         """A sequence's share of a pass of `total` tokens that took `seconds`, n of them its own:

@@ -46,6 +46,11 @@ def add_parser(sub) -> None:
     g.add_argument("-ub", "--ubatch-size", type=int, default=512, metavar="N",
                    help="most tokens in one forward pass: every slot's verification, then chunks of prompts "
                         "being processed, so that a long prompt does not stall the other streams (default 512)")
+    g.add_argument("--prefill-slowdown", type=float, default=2.0, metavar="F",
+                   help="while streams are generating, a prompt being processed beside them takes only as many "
+                        "tokens a pass as keep each pass within F x what the streams' tokens alone cost, so they "
+                        "slow by at most F (default 2; 0: whole --ubatch-size chunks, the fastest prompt "
+                        "processing)")
     g.add_argument("--queue", type=int, default=16, metavar="N",
                    help="requests waiting for a slot before new ones get 503 (default 16)")
     g.add_argument("--max-body-mib", type=float, default=4.0, metavar="MIB",
@@ -144,7 +149,7 @@ def settings_from(args, target_path: str):
     try:
         profiles = build_profiles(Profile(name, spec=spec, verify=args.verify), args.profile)
         return ServerSettings(model_name=name, profiles=profiles, parallel=args.parallel, queue=args.queue,
-                              ubatch=args.ubatch_size,
+                              ubatch=args.ubatch_size, prefill_slowdown=args.prefill_slowdown,
                               api_keys=api_keys(args), max_body=int(args.max_body_mib * (1 << 20)),
                               allowed_hosts=allowed_hosts(args.host, args.allowed_host),
                               cors_origins=frozenset(o.strip().rstrip("/") for o in args.cors_origin if o.strip()),

@@ -11,7 +11,12 @@ needs (steps.Eval) and its chunks. A step of the scheduler, like llama-server's:
    is the single-sequence code) and runs on to its next pass.
 
 A pass holds at most n_batch tokens (--ubatch-size): verifications first, whole, then
-prompt chunks, so a long prompt is spread over steps instead of stalling every stream.
+prompt chunks, so a long prompt is spread over steps instead of stalling every stream. While
+streams are running, a pass's prompt chunk is also cut so that the pass is expected to take
+at most `slowdown` times what the streams' tokens alone take (--prefill-slowdown, from the
+measured cost of passes by size): a 2,000-token prompt then slows the streams beside it by at
+most that factor, and is itself processed at what that leaves (at least MIN_CHUNK tokens a
+pass). With no stream running a prompt takes whole n_batch chunks.
 A failure stays in its slot: a pass that fails is retried one slot at a time, and a slot
 whose generator raises ends with that error while the others go on.
 
@@ -33,6 +38,10 @@ from ..batchcost import BatchCost
 from ..steps import Eval, Steps
 
 log = logging.getLogger("specserve.server")
+
+
+MIN_CHUNK = 16  # prompt tokens a pass beside running streams holds at least, whatever it costs
+SLOWDOWN = 2.0  # default: a pass with a prompt chunk costs at most this x the streams' tokens alone
 
 
 def _always() -> bool:
@@ -59,9 +68,11 @@ def _group(ctx):
 class Stepper:
     """The synchronous core: `add` generations, call `step` while `runs` is not empty."""
 
-    def __init__(self, target_groups, n_batch: int, on_pass: Callable[[int, int], None] | None = None):
+    def __init__(self, target_groups, n_batch: int, on_pass: Callable[[int, int], None] | None = None,
+                 slowdown: float = SLOWDOWN):
         self.targets = {id(g) for g in target_groups}  # the target's context(s): their pass comes last in a step
         self.n_batch = n_batch
+        self.slowdown = slowdown  # 0: prompt chunks fill the pass whatever the streams beside them
         self.on_pass = on_pass  # told (sequences, tokens) of every target pass
         self.runs: list[Run] = []
         self.costs: dict[int, BatchCost] = {}  # id(group) -> what its passes cost by size
@@ -129,10 +140,15 @@ class Stepper:
     def _decode(self, group, runs: list[Run]) -> None:
         """One batch of these runs' tokens on a shared context, within n_batch; the rest wait."""
         budget = min(self.n_batch, group.n_batch)
+        cost = self.costs.setdefault(id(group), BatchCost())
         taken: list[tuple[Run, int]] = []
-        used = 0
+        used, chunked = 0, False
         for r in sorted(runs, key=lambda r: r.op.split):  # whole passes (verification) before prompt chunks
             n = len(r.op.tokens)
+            if r.op.split and not chunked:
+                chunked = True
+                if used and self.slowdown > 0:  # streams run in this pass: cut the chunks to what they bear
+                    budget = min(budget, cost.most_tokens(self.slowdown * cost.cost(used), used + MIN_CHUNK, budget))
             if n > budget and not r.op.split:
                 self._end(r, ValueError(f"a pass of {n} tokens does not fit --ubatch-size {budget}"))
             elif used + n <= budget:
@@ -156,7 +172,6 @@ class Stepper:
                     self._decode(group, [r])
             return
         t = time.perf_counter() - t
-        cost = self.costs.setdefault(id(group), BatchCost())
         cost.add(used, t)
         if id(group) in self.targets and self.on_pass is not None:
             self.on_pass(len(taken), used)

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 from ..drafters.draft_model import common_prefix
 from ..engine import Engine, Slot
-from .batcher import Batcher, Stepper
+from .batcher import SLOWDOWN, Batcher, Stepper
 
 
 class QueueFull(Exception):
@@ -92,7 +92,7 @@ class Scheduler:
     """The engine thread, the slot pool, and the draining flag, for one server."""
 
     def __init__(self, engine: Engine, parallel: int, max_waiting: int, ubatch: int = 512,
-                 on_pass: Callable[[int, int], None] | None = None):
+                 on_pass: Callable[[int, int], None] | None = None, prefill_slowdown: float = SLOWDOWN):
         """on_pass is told the sequences and tokens of every target pass (metrics)."""
         if parallel < 1:
             raise ValueError(f"--parallel must be >= 1, got {parallel}")
@@ -102,7 +102,7 @@ class Scheduler:
         slots = engine.new_slots(parallel, ubatch)
         self.pool = SlotPool(slots, max_waiting)
         targets = {getattr(s.ctx, "shared", s.ctx) for s in slots}  # one shared context, or each slot's own
-        self.worker = Batcher(Stepper(targets, ubatch, on_pass))
+        self.worker = Batcher(Stepper(targets, ubatch, on_pass, prefill_slowdown))
         self.draining = False  # refuse new requests; those in flight go on
         self.stopping = False  # the drain's deadline passed: requests in flight end at their next step
         self.closed = False

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from ..engine import Engine
 from .metrics import ServerMetrics
 from .profiles import Profile
+from .batcher import SLOWDOWN
 from .scheduler import Scheduler
 
 MAX_BODY_BYTES = 4 << 20
@@ -25,6 +26,7 @@ class ServerSettings:
     parallel: int = 2  # slots: requests generating at once
     queue: int = 16  # requests waiting for a slot before 503
     ubatch: int = 512  # most tokens in one forward pass (--ubatch-size): verifications, then prompt chunks
+    prefill_slowdown: float = SLOWDOWN  # a pass with a prompt chunk beside streams costs at most this x theirs
     api_keys: tuple[str, ...] = ()  # none: no authentication
     max_body: int = MAX_BODY_BYTES
     allowed_hosts: frozenset[str] = frozenset()  # Host names served besides IPs and localhost; "*": any
@@ -45,6 +47,8 @@ class ServerSettings:
                 raise ValueError(f"{name} must be > 0 seconds, got {value}")
         if self.ubatch < MIN_UBATCH:
             raise ValueError(f"ubatch must be >= {MIN_UBATCH} (a verification of the longest draft), got {self.ubatch}")
+        if not 0 <= self.prefill_slowdown < 1e6 or 0 < self.prefill_slowdown <= 1:
+            raise ValueError(f"prefill_slowdown must be > 1 (or 0: off), got {self.prefill_slowdown}")
         if self.max_connections < self.parallel + self.queue + 1:
             raise ValueError(f"max_connections must exceed parallel + queue ({self.parallel + self.queue}), "
                              f"got {self.max_connections}")
@@ -61,7 +65,7 @@ class ServerState:
                                      queue_depth=lambda: self.scheduler.pool.waiting,
                                      suffix_store=engine.suffix_store)
         self.scheduler = Scheduler(engine, settings.parallel, settings.queue, settings.ubatch,
-                                   on_pass=self.metrics.target_pass)
+                                   on_pass=self.metrics.target_pass, prefill_slowdown=settings.prefill_slowdown)
 
     def health(self) -> dict:
         pool = self.scheduler.pool
