@@ -141,6 +141,8 @@ def run(args, clients: int | None = None) -> dict:
                 p = rng.choice(prompts)
                 body = {"messages": list(p.messages), "max_tokens": args.max_tokens, "temperature": args.temperature,
                         "stream_options": {"include_usage": True}}
+                if args.ignore_eos:
+                    body["ignore_eos"] = True
                 if args.model:
                     body["model"] = args.model
                 u = rng.random()
@@ -189,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--ignore-eos", action="store_true", help="every request generates --max-tokens tokens")
     p.add_argument("--stream-share", type=float, default=0.4, help="share of streamed requests (default 0.4)")
     p.add_argument("--cancel-share", type=float, default=0.1, help="share of streams abandoned early (default 0.1)")
     p.add_argument("--pid", type=int, help="the server's process id, for its RSS from /proc")
