@@ -228,3 +228,33 @@ def test_prompt_chunks_beside_streams_are_cut_to_the_slowdown(tiny_models, slots
     b.run()
     assert b.tokens[first] == alone(tiny_models, PROMPTS[0], params)
     assert b.tokens[late] == alone(tiny_models, long_prompt, SamplingParams(max_tokens=5, ignore_eos=True))
+
+
+def test_calls_behind_reader_wakeups_run_at_the_next_step():
+    """Readers wake the engine thread after every chunk they take; a call submitted behind those wake-ups
+    (a new request's start, a cancel) must run between the next two steps, not once the backlog of
+    wake-ups drains (one per step, while streams add three a step: a 2,000-token prompt waited a minute)."""
+    import threading
+
+    from specserve.server.batcher import Batcher
+
+    class Busy:  # three streams that each wake the engine once a step
+        ready, runs = True, []
+
+        def __init__(self):
+            self.steps = 0
+
+        def step(self):
+            self.steps += 1
+            for _ in range(3):
+                batcher._wake()
+
+    busy = Busy()
+    batcher = Batcher(busy)
+    try:
+        while busy.steps < 50:  # a backlog of wake-ups builds up
+            threading.Event().wait(0.001)
+        at = busy.steps
+        assert batcher.submit(lambda: busy.steps).result(timeout=5) <= at + 2
+    finally:
+        batcher.shutdown()

@@ -168,8 +168,8 @@ def test_calibrate_rescales_a_drafting_cost_the_machine_no_longer_has(model_file
     assert factor == pytest.approx(1 / 3, rel=0.15)
     assert ctl.draft_coef("draft", V)[1] == pytest.approx(s.draft_tok, rel=0.1)
     assert ctl.prompt_cost["draft"] < 0.5 * s.catchup * 3
-    # a cost that agrees with the measurement (within 1.5x) is kept as it is
-    assert ctl.calibrate("draft", 1.2 * s.draft_tok) == 1.0
+    # a cost that agrees with the measurement (within 2x) is kept as it is
+    assert ctl.calibrate("draft", 1.8 * s.draft_tok) == 1.0 and ctl.calibrate("draft", 0.6 * s.draft_tok) == 1.0
     assert not Controller().loaded and Controller().calibrate("draft", s.draft_tok) == 1.0  # nothing to check
 
 

@@ -49,3 +49,29 @@ def test_concurrent_clients_are_batched_and_get_their_own_text(server):
     assert after["specserve:batch_tokens_sum"] > after["specserve:batch_tokens_count"]
     assert after["specserve:time_per_output_token_seconds_count"] == 6
     assert after["specserve:queue_time_seconds_count"] == 6
+
+
+def test_interference_check_measures_streams_around_a_long_prompt(server, tmp_path):
+    """The check behind the 2,000-token interference figure, against a real server: streams run, a long
+    prompt arrives, each stream's time per output token is reported before and while it is processed."""
+    import json
+    import subprocess
+
+    out = tmp_path / "inter.json"
+    r = subprocess.run([sys.executable, "-m", "specserve.server.interference", "--url", server.url, "--streams", "2",
+                        "--prompt-tokens", "100", "--max-tokens", "450", "--warmup", "0.3", "--json", str(out)],
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(out.read_text())
+    assert report["errors"] == [] and report["prompt_tokens"] > 100 and report["prompt_seconds"] > 0
+    assert all(s["tokens"] > 200 for s in report["streams_detail"])  # chunks with text: a token may add none
+    assert any(s["tpot_before_s"] for s in report["streams_detail"])  # the tiny model may finish a stream early
+
+
+def test_interference_tpot_counts_a_stall():
+    from specserve.server.interference import _tpot
+
+    times = [0.0, 0.1, 0.2, 0.3, 1.3, 1.4]  # a 1 s stall from 0.3
+    assert _tpot(times, 0.0, 0.3) == pytest.approx(0.1)
+    assert _tpot(times, 0.35, 1.0) == pytest.approx(1.0)  # from the token before to the token after
+    assert _tpot(times, 0.35, 2.0) is None  # the stream ended before the window did

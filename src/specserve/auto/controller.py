@@ -79,7 +79,7 @@ class Controller:
         self.loaded = True
         return True
 
-    def calibrate(self, name: str, seconds_per_token: float, tolerance: float = 1.5) -> float:
+    def calibrate(self, name: str, seconds_per_token: float, tolerance: float = 2.0) -> float:
         """Check a loaded drafting cost against one measured now; the factor applied (1: kept).
 
         seconds_per_token: what one drafted token costs the model now (a 1-token pass). A profile

@@ -304,8 +304,8 @@ class Batcher:
             except queue.Empty:
                 return
             block = False
-            if call is None:  # a wake-up: shutdown, or a reader caught up
-                return
+            if call is None:  # a wake-up (shutdown, or a reader caught up): the calls behind it run now too
+                continue
             fut, fn, args = call
             if fut.set_running_or_notify_cancel():
                 try:
