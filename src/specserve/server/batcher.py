@@ -40,7 +40,7 @@ from ..steps import Eval, Steps
 log = logging.getLogger("specserve.server")
 
 
-MIN_CHUNK = 16  # prompt tokens a pass beside running streams holds at least, whatever it costs
+MIN_CHUNK = 4  # prompt tokens a pass beside running streams holds at least, whatever it costs
 SLOWDOWN = 2.0  # default: a pass with a prompt chunk costs at most this x the streams' tokens alone
 
 
