@@ -132,3 +132,13 @@ def test_jsonl_errors_name_the_line(tmp_path, line, message):
     path.write_text(line + "\n")
     with pytest.raises(ValueError, match=message):
         load_workload(str(path), 5)
+
+
+def test_an_endpoint_that_drafts_without_passes_renders():
+    """llama-server reports drafted and accepted tokens but no passes: its row has no tau, and no crash."""
+    from specserve.bench.table import _row
+
+    e = {"n_drafted": 40, "acceptance": 0.5, "mean_accepted_len": None, "memory_bytes": 0, "rank": 1,
+         "name": "endpoint http://x", "tokens_per_s": 10.0, "speedup": 2.0, "ttft_s": 0.1}
+    row = _row(e, 20)
+    assert row.split()[5:7] == ["50.0%", "-"]

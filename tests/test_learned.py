@@ -123,8 +123,8 @@ def test_saved_every_few_requests_and_nothing_when_off(model_files, tmp_path, mo
     assert not learned.enabled()
 
 
-def test_engine_load_uses_the_profile(tiny_paths, tmp_path, monkeypatch):
-    """Engine.load reads the profile for its models and writes it at close."""
+def engine_profile(tiny_paths, tmp_path, monkeypatch):
+    """(config, profile path) of a real tiny engine that ran one auto request and saved what it learnt."""
     from specserve.config import ModelConfig, SamplingParams
     from specserve.engine import Engine
 
@@ -135,6 +135,15 @@ def test_engine_load_uses_the_profile(tiny_paths, tmp_path, monkeypatch):
     engine.new_slot().generate([1, 2, 3], SamplingParams(max_tokens=20, ignore_eos=True), SpecParams())
     path = engine.controller.store.path
     engine.close()
+    return cfg, path
+
+
+def test_engine_load_uses_the_profile(tiny_paths, tmp_path, monkeypatch):
+    """Engine.load reads the profile for its models and writes it at close."""
+    from specserve.config import ModelConfig
+    from specserve.engine import Engine
+
+    cfg, path = engine_profile(tiny_paths, tmp_path, monkeypatch)
     assert path.parent == tmp_path / "auto" and path.exists()
     again = Engine.load(cfg)
     assert again.controller.verify.table(2) is not None  # it starts from the measured costs
@@ -195,16 +204,9 @@ def test_engine_load_calibrates_a_saved_drafting_cost(tiny_paths, tmp_path, monk
     """A real engine measures its draft model's token cost when it starts from a profile, and a
     saved cost 1000x off comes back to what it measured."""
     from specserve.auto.cost import DraftCost
-    from specserve.config import ModelConfig, SamplingParams
     from specserve.engine import Engine
 
-    monkeypatch.setenv("SPECSERVE_AUTO_PROFILE", "1")
-    monkeypatch.setenv("SPECSERVE_HOME", str(tmp_path / "models"))
-    cfg = ModelConfig(str(tiny_paths["target"]), str(tiny_paths["draft_close"]), n_ctx=256, n_threads=1)
-    engine = Engine.load(cfg)
-    engine.new_slot().generate([1, 2, 3], SamplingParams(max_tokens=20, ignore_eos=True), SpecParams())
-    path = engine.controller.store.path
-    engine.close()
+    cfg, path = engine_profile(tiny_paths, tmp_path, monkeypatch)
     data = json.loads(path.read_text())
     fit = DraftCost()
     for n in range(1, 9):  # a model that drafted at 10 s a token

@@ -11,8 +11,9 @@ def _header(width: int) -> str:
 
 def _row(e: dict, width: int) -> str:
     drafted = e["n_drafted"] > 0  # the target alone and endpoints draft nothing we can see
-    accept = f"{100 * e['acceptance']:.1f}%" if drafted else "-"
-    tau = f"{e['mean_accepted_len']:.2f}" if drafted else "-"
+    # an endpoint may report what it drafted and accepted but not its passes: no tau
+    accept = f"{100 * e['acceptance']:.1f}%" if drafted and e["acceptance"] is not None else "-"
+    tau = f"{e['mean_accepted_len']:.2f}" if drafted and e["mean_accepted_len"] is not None else "-"
     memory = fmt_bytes(e["memory_bytes"]) if e["memory_bytes"] else "-"
     return (f"{e['rank']:>4}  {e['name']:<{width}} {e['tokens_per_s']:>7.1f} {e['speedup']:>7.2f}x "
             f"{accept:>7} {tau:>5} {e['ttft_s']:>7.3f} {memory:>10}")

@@ -189,8 +189,7 @@ def run(args) -> int:
     entries = summarize(configs, results, memory)
     recommendation = recommend(configs, results, entries)
     turns = summarize_turns(configs, results)
-    print(render(entries, recommendation, memory, turns))
-    if args.json:
+    if args.json:  # first: an hour of measurements must survive a failure below
         settings = {"target": args.model or target_path, "drafts": list(draft_paths), "spec": specs,
                     "draft_max": args.draft_max, "workloads": list(dict.fromkeys(p.workload for p in fitting)),
                     "n_prompts": len(fitting), "temperatures": args.temp, "n_predict": args.n_predict,
@@ -200,6 +199,7 @@ def run(args) -> int:
                   "machine": machine_info(args.threads), "settings": settings,
                   "runs": [vars(m) for m in results]}
         _write(args.json, lambda f: (json.dump(report, f, indent=1), f.write("\n")))
+    print(render(entries, recommendation, memory, turns))
     if args.plot:
         from ..bench.plot import write_plot
 
