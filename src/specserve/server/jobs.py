@@ -30,6 +30,7 @@ from .scheduler import QueueFull, SlotPool
 
 log = logging.getLogger("specserve.server")
 CLIENT_GONE = 499  # nginx's "client closed request": nobody reads it, the log and metrics do
+DISCONNECT_CHECK_S = 0.25  # how often a non-streamed generation asks whether its client is still there
 
 
 def prompt_ids(model, req: GenRequest) -> list[int]:
@@ -86,14 +87,21 @@ class Job:
             yield chunk
 
     async def collect(self, request: Request) -> tuple[str, list[int]] | None:
-        """All the text and tokens, or None if the client went away (generation is then stopped)."""
+        """All the text and tokens, or None if the client went away (generation is then stopped).
+
+        Whether the client is still there is asked at most every DISCONNECT_CHECK_S: Starlette's
+        check costs ~0.3 ms of the event loop, which at every token of 4 streams took a sixth of a
+        core from llama.cpp's threads on a 2-core machine."""
         parts, tokens = [], []
+        next_check = time.monotonic() + DISCONNECT_CHECK_S
         async for chunk in self.chunks():
             parts.append(chunk.text)
             tokens.extend(chunk.tokens)
-            if await request.is_disconnected():
-                self.finish()
-                return None
+            if time.monotonic() >= next_check:
+                if await request.is_disconnected():
+                    self.finish()
+                    return None
+                next_check = time.monotonic() + DISCONNECT_CHECK_S
         return "".join(parts), tokens
 
     async def run_to_end(self, request: Request) -> tuple[str, list[int]] | None:
