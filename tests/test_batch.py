@@ -230,6 +230,15 @@ def test_prompt_chunks_beside_streams_are_cut_to_the_slowdown(tiny_models, slots
     assert b.tokens[late] == alone(tiny_models, long_prompt, SamplingParams(max_tokens=5, ignore_eos=True))
 
 
+def test_serve_flag_default_is_the_schedulers():
+    """`specserve serve` does not import the server to build its help: its default is a copy, kept equal."""
+    from specserve.cli import build_parser
+    from specserve.server.batcher import SLOWDOWN
+
+    args = build_parser().parse_args(["serve"])
+    assert args.prefill_slowdown == SLOWDOWN
+
+
 def test_calls_behind_reader_wakeups_run_at_the_next_step():
     """Readers wake the engine thread after every chunk they take; a call submitted behind those wake-ups
     (a new request's start, a cancel) must run between the next two steps, not once the backlog of

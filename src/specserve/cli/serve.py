@@ -46,10 +46,10 @@ def add_parser(sub) -> None:
     g.add_argument("-ub", "--ubatch-size", type=int, default=512, metavar="N",
                    help="most tokens in one forward pass: every slot's verification, then chunks of prompts "
                         "being processed, so that a long prompt does not stall the other streams (default 512)")
-    g.add_argument("--prefill-slowdown", type=float, default=2.0, metavar="F",
+    g.add_argument("--prefill-slowdown", type=float, default=2.0, metavar="F",  # server.batcher.SLOWDOWN
                    help="while streams are generating, a prompt being processed beside them takes only as many "
                         "tokens a pass as keep each pass within F x what the streams' tokens alone cost, so they "
-                        "slow by at most F (default 2; 0: whole --ubatch-size chunks, the fastest prompt "
+                        "slow by about F at most (default %(default)s; 0: whole --ubatch-size chunks, the fastest prompt "
                         "processing)")
     g.add_argument("--queue", type=int, default=16, metavar="N",
                    help="requests waiting for a slot before new ones get 503 (default 16)")
