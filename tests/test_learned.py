@@ -75,6 +75,27 @@ def test_a_fresh_process_plans_its_first_request_like_the_trained_one(model_file
     assert warm.tokens_per_s > cold.tokens_per_s
 
 
+def test_a_loaded_profile_spares_a_long_prompt_the_blind_probe(model_files, tmp_path):
+    """A new process whose profile says the draft model does not pay on this text must not probe it
+    at once on a 2,000-token prompt: the probe pays the prompt's catch-up (24 s here) to learn what
+    the profile already says. A process that knows nothing still probes it."""
+    prose = Scenario(REFERENCE.verify, {"draft": const(0.3), "ngram": const(0.1)}, const(0.3),
+                     draft_tok=0.042, catchup=0.012, n_requests=4, n_tokens=200)
+    st = store(model_files, tmp_path)
+    ctl = Controller(st)
+    spec = SpecParams(draft_max=prose.cap)
+    simulate(prose, lambda: ctl.policy(spec, prose.names), seed=3)
+    ctl.save()
+    long_prompt = type(prose)(**{**prose.__dict__, "n_requests": 1, "prompt": 2000})
+    draft_steps = lambda run: sum(1 for _, d, _ in run.steps if d == "draft")  # noqa: E731
+    cold = simulate(long_prompt, lambda: Controller().policy(spec, prose.names), seed=11)
+    warm_ctl = Controller(store(model_files, tmp_path))
+    assert warm_ctl.load()
+    warm = simulate(long_prompt, lambda: warm_ctl.policy(spec, prose.names), seed=11)
+    assert draft_steps(cold) > 0 and draft_steps(warm) == 0
+    assert warm.tokens_per_s > 1.5 * cold.tokens_per_s
+
+
 @pytest.mark.parametrize("change", ["threads", "target", "version", "garbage"])
 def test_foreign_or_stale_profiles_are_ignored(model_files, tmp_path, change, caplog):
     st = store(model_files, tmp_path)
