@@ -171,8 +171,10 @@ def test_comes_back_on_after_probes_succeed(results):
     steps = auto.steps
     # before the switch: on at first in later requests (the previous ones ended at 95%), soon only
     # 1-token probes, which on this GPU cost 2 ms next to a 20 ms pass
+    # (a position's rate is shrunk toward the request's pooled rate by 6 pseudo-trials, so that two
+    # unlucky drafts do not switch a good draft model off: turning off takes ~15 failures here)
     before = [st for st in steps if st[0] < 250]
-    assert share(Run(0, before), lambda st: st[1] == "draft") < 0.15
+    assert share(Run(0, before), lambda st: st[1] == "draft") < 0.25
     assert all(k == 1 for p, d, k in before if d == "draft" and p >= 50)
     # first steps past the switch in each request
     starts = [i for i, st in enumerate(steps) if st[0] >= 250 and (i == 0 or steps[i - 1][0] < 250)]
@@ -406,5 +408,25 @@ def test_acceptance_learnt_at_one_temperature_is_not_the_prior_at_another():
     simulate(s, lambda: ctl.policy(spec, s.names, temperature=0.0))
     greedy = ctl.prior("draft", 0, ctl.policy(spec, s.names, 0.0).regime)
     hot = ctl.prior("draft", 0, ctl.policy(spec, s.names, 0.8).regime)
-    assert greedy[0] / greedy[1] > 0.9
+    assert greedy[0] / greedy[1] > 0.8  # from the default 0.7 toward the 97% seen
     assert hot[0] / hot[1] == pytest.approx(0.7)  # untouched: the default prior
+
+
+def test_two_unlucky_drafts_do_not_switch_a_good_draft_model_off():
+    """On the reference pair's CPU costs a draft model accepted 70% of the time pays (draft k=2:
+    1.3x); the first two drafts of a new engine both rejected (one engine in eleven) must leave
+    it on: once off, only probes priced by its growing catch-up could bring it back."""
+    ref = curve({1: 200, 2: 200, 4: 230, 9: 386, 17: 617})
+    ctl = Controller()
+    for _ in range(4):
+        for n in (1, 2, 3, 4, 9):
+            ctl.verify.add(n, ref(n))
+    ctl.draft["draft"] = _DraftCost()
+    for n in (1, 2, 3, 4) * 3:
+        ctl.draft["draft"].add(n, 1, 0.042 * n)
+    policy = ctl.policy(SpecParams(draft_max=8), ["draft"])
+    for _ in range(2):
+        c = policy.choose()
+        assert c.drafter == "draft"
+        policy.observe(Outcome(c, c.k, 0, 0.042 * c.k, ref(1 + c.k)))
+    assert policy.plan()[0] == "draft"

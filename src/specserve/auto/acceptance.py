@@ -13,7 +13,7 @@ import bisect
 _G_POS = 0.97  # per-trial decay of a request's counts at one draft position
 _G_POOL = 0.95  # per-step decay of a request's pooled counts
 _G_CONF = 0.995  # per-token decay of a confidence bucket's counts: the pair changes slowly
-_SHRINK = 2.0  # pseudo-trials pulling a position's rate toward the pooled rate
+_SHRINK = 6.0  # pseudo-trials pulling a position's rate toward the pooled rate
 _PRIOR_W = 10.0  # pseudo-trials pulling a request's pooled rate toward the engine's
 _CONF_PRIOR_W = 4.0  # pseudo-trials pulling a confidence bucket toward "calibrated"
 

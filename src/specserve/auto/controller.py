@@ -31,6 +31,10 @@ log = logging.getLogger("specserve")
 # drafters with no model, which copy what follows an earlier occurrence of the text's end:
 # nearly free to query or to catch up, and their offer (match length, tokens available) is known
 FREE = frozenset({"ngram", "suffix"})
+# pseudo-trials behind a model drafter's acceptance before any data: two unlucky first drafts
+# (0 of 2 at 70%: one engine in eleven) must not switch it off for good, since once off only
+# probes priced by its catch-up can bring it back
+PRIOR_TRIALS = 8.0
 
 
 class Controller:
@@ -148,7 +152,8 @@ class Controller:
         p = self.pooled.get(key)
         if p is None:
             a, d = (ORDER_PRIOR[order], 1.0) if order else PRIORS.get(name, (0.7, 1.0))
-            p = self.pooled[key] = [2 * a, 2.0, 2 * d, 2.0]
+            w = PRIOR_TRIALS if name not in FREE else 2.0
+            p = self.pooled[key] = [w * a, w, w * d, w]
         return p
 
     def confidence_map(self, name: str, regime: float) -> ConfidenceMap:
