@@ -66,6 +66,7 @@ def test_interference_check_measures_streams_around_a_long_prompt(server, tmp_pa
     assert report["errors"] == [] and report["prompt_tokens"] > 100 and report["prompt_seconds"] > 0
     assert all(s["tokens"] > 200 for s in report["streams_detail"])  # chunks with text: a token may add none
     assert any(s["tpot_before_s"] for s in report["streams_detail"])  # the tiny model may finish a stream early
+    assert all("tpot_after_s" in s and "after_vs_before" in s for s in report["streams_detail"])
 
 
 def test_interference_tpot_counts_a_stall():

@@ -8,8 +8,10 @@ waits for its answer. For each stream it compares the time per output token whil
 prompt was being processed (from sending it to its answer) with the time per output token
 before it arrived. A server that runs prompts whole stalls every stream for the prompt's
 length (the ratio is the prompt's seconds over a token's); one that chunks prompts between
-decoding steps keeps it near the chunk's share of a step. Works against any OpenAI-compatible
-server that streams and honours ignore_eos (specserve, llama-server).
+decoding steps keeps it near the chunk's share of a step. The time per token just after the
+prompt's answer (`after_vs_before`) tells the rest apart: what the prompt's cached cells and the
+streams' own longer contexts cost every pass (attention over them), chunks or not. Works against
+any OpenAI-compatible server that streams and honours ignore_eos (specserve, llama-server).
 """
 from __future__ import annotations
 
@@ -92,8 +94,10 @@ def run(args) -> dict:
     for ts in times:
         before = _tpot(ts, t_sent - args.warmup / 2, t_sent - 1e-6)
         during = _tpot(ts, t_sent, t_answered)
-        streams.append({"tokens": len(ts), "tpot_before_s": before, "tpot_during_s": during,
-                        "slowdown": round(during / before, 2) if before and during else None})
+        after = _tpot(ts, t_answered + 1e-6, t_answered + args.warmup / 2)  # None if the stream ended first
+        streams.append({"tokens": len(ts), "tpot_before_s": before, "tpot_during_s": during, "tpot_after_s": after,
+                        "slowdown": round(during / before, 2) if before and during else None,
+                        "after_vs_before": round(after / before, 2) if before and after else None})
     slowdowns = [s["slowdown"] for s in streams if s["slowdown"]]
     return {"url": args.url, "streams": args.streams, "prompt_tokens": prompt_tokens,
             "prompt_seconds": round(t_answered - t_sent, 3), "streams_detail": streams,
