@@ -78,7 +78,8 @@ def test_a_fresh_process_plans_its_first_request_like_the_trained_one(model_file
 def test_a_loaded_profile_spares_a_long_prompt_the_blind_probe(model_files, tmp_path):
     """A new process whose profile says the draft model does not pay on this text must not probe it
     at once on a 2,000-token prompt: the probe pays the prompt's catch-up (24 s here) to learn what
-    the profile already says. A process that knows nothing still probes it."""
+    the profile already says. A process that knows nothing still probes it. Drafters the profile
+    measured (the lookup too) wait for the probe budget this process accrues."""
     prose = Scenario(REFERENCE.verify, {"draft": const(0.3), "ngram": const(0.1)}, const(0.3),
                      draft_tok=0.042, catchup=0.012, n_requests=4, n_tokens=200)
     st = store(model_files, tmp_path)
@@ -94,6 +95,10 @@ def test_a_loaded_profile_spares_a_long_prompt_the_blind_probe(model_files, tmp_
     warm = simulate(long_prompt, lambda: warm_ctl.policy(spec, prose.names), seed=11)
     assert draft_steps(cold) > 0 and draft_steps(warm) == 0
     assert warm.tokens_per_s > 1.5 * cold.tokens_per_s
+    # the lookup too: a 1-token probe of it would displace the draft model's longer steps
+    assert warm_ctl.profiled == {"draft", "ngram"}
+    fresh_policy, loaded_policy = Controller().policy(spec, prose.names), warm_ctl.policy(spec, prose.names)
+    assert fresh_policy.since["ngram"] == float("-inf") and loaded_policy.since["ngram"] > float("-inf")
 
 
 @pytest.mark.parametrize("change", ["threads", "target", "version", "garbage"])

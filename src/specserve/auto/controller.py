@@ -55,6 +55,7 @@ class Controller:
         self.requests, self.tokens = 1.0, 256.0  # decayed counts; a prior of 256 tokens a request
         self.cost_ratio: dict[str, float] = {}  # a drafter's token cost / the target's, before any data
         self.loaded = False  # whether it started from a saved profile (whose costs calibrate() checks)
+        self.profiled: frozenset[str] = frozenset()  # drafters the loaded profile measured
 
     def policy(self, spec: SpecParams, drafter_names: list[str], temperature: float = 0.0):
         """A new request's AutoPolicy."""
@@ -140,6 +141,7 @@ class Controller:
                       for name, regime, *counts in state.get("confidence", [])}  # absent in older profiles
         with self.lock:
             self.verify, self.draft, self.pooled, self.confidence = v, draft, pooled, confidence
+            self.profiled = frozenset(draft) | {name for name, _, _ in pooled}
             self.prompt_cost = {str(k): float(x) for k, x in state["prompt_cost"].items()}
             self.requests, self.tokens = float(state["requests"]), float(state["tokens"])
 

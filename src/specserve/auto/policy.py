@@ -26,8 +26,8 @@ half the F16 target's speed, which a short answer never wins back.
 A drafter not in use is probed with a short draft once the steps since its last use
 reach an interval (doubled after a failure, up to 32) and the probe's expected loss,
 catch-up included, fits in _EPS of the decode time since the drafter last ran (in this
-request, plus what the engine saved before it). A model drafter never run in this process
-is probed at once if nothing is known of it; if a loaded profile priced it, its budget
+request, plus what the engine saved before it). A drafter never run in this process is
+probed at once if nothing is known of it; if a loaded profile measured it, its budget
 counts from the process's start. A fully accepted probe is followed up at once, a few
 times; one whose catch-up cost is still unknown, while its lag is short; one that could
 not pay even at 100% acceptance, at 1/8 of the budget. The hybrid is never probed: its
@@ -90,11 +90,12 @@ class AutoPolicy:
         self.used_step = dict.fromkeys(self.names, -(1 << 30))
         # the probe budget accrues with this request's own seconds, from what the engine had saved
         self.clock = 0.0
-        # a drafter never run in this process: probed at once if nothing is known of it; if a saved
-        # profile priced it, its probes wait for the budget this process accrues like any other's
-        # (a new process's first probe would otherwise pay a long prompt's catch-up unasked)
-        self.since = {n: ctl.last_used.get(n, 0.0 if n in ctl.draft and n not in FREE else float("-inf"))
-                      - ctl.clock for n in self.names}
+        # a drafter never run in this process: probed at once if nothing is known of it; if a loaded
+        # profile measured it, its probes wait for the budget this process accrues like any other's
+        # (a new process's first probes would otherwise pay a long prompt's catch-up, or displace
+        # the draft model's 5-token steps with 1-token lookups, unasked)
+        self.since = {n: ctl.last_used.get(n, 0.0 if n in ctl.profiled else float("-inf")) - ctl.clock
+                      for n in self.names}
         self.step = self.generated = 0
         self.probing: tuple | None = None  # (drafter, whether it displaced a drafter, its plan)
         self.pending: tuple | None = None  # (drafter, plan): a probe that found nothing, to ask again
