@@ -49,8 +49,8 @@ def add_parser(sub) -> None:
     g.add_argument("--prefill-slowdown", type=float, default=2.0, metavar="F",  # server.batcher.SLOWDOWN
                    help="while streams are generating, a prompt being processed beside them takes only as many "
                         "tokens a pass as keep each pass within F x what the streams' tokens alone cost, so they "
-                        "slow by about F at most (default %(default)s; 0: whole --ubatch-size chunks, the fastest prompt "
-                        "processing)")
+                        "slow by about F at most (default %(default)s; 0: whole --ubatch-size chunks, the fastest "
+                        "prompt processing)")
     g.add_argument("--queue", type=int, default=16, metavar="N",
                    help="requests waiting for a slot before new ones get 503 (default 16)")
     g.add_argument("--max-body-mib", type=float, default=4.0, metavar="MIB",
