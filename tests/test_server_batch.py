@@ -64,9 +64,13 @@ def test_interference_check_measures_streams_around_a_long_prompt(server, tmp_pa
     assert r.returncode == 0, r.stdout + r.stderr
     report = json.loads(out.read_text())
     assert report["errors"] == [] and report["prompt_tokens"] > 100 and report["prompt_seconds"] > 0
-    assert all(s["tokens"] > 200 for s in report["streams_detail"])  # chunks with text: a token may add none
+    # chunks with text: a token may add none, a speculative step several
+    assert all(s["tokens"] > 100 for s in report["streams_detail"]), json.dumps(report)
     assert any(s["tpot_before_s"] for s in report["streams_detail"])  # the tiny model may finish a stream early
     assert all("tpot_after_s" in s and "after_vs_before" in s for s in report["streams_detail"])
+    # the control: the same streams alone first, timed over the same token positions as the window
+    assert any(s["tpot_control_s"] and s["slowdown_vs_control"] for s in report["streams_detail"])
+    assert report["slowdown_vs_control_max"] and report["growth_max"]
 
 
 def test_interference_tpot_counts_a_stall():
@@ -76,3 +80,14 @@ def test_interference_tpot_counts_a_stall():
     assert _tpot(times, 0.0, 0.3) == pytest.approx(0.1)
     assert _tpot(times, 0.35, 1.0) == pytest.approx(1.0)  # from the token before to the token after
     assert _tpot(times, 0.35, 2.0) is None  # the stream ended before the window did
+
+
+def test_interference_control_is_timed_over_the_measured_positions():
+    from specserve.server.interference import _span, _tpot_between
+
+    measured = [0.0, 0.1, 0.2, 0.3, 1.3, 1.4]
+    control = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5]  # the same stream with nothing arriving
+    span = _span(measured, 0.35, 1.0)
+    assert span == (3, 4)
+    assert _tpot_between(control, span) == pytest.approx(0.1)
+    assert _tpot_between(control[:4], span) is None  # the control stream ended sooner

@@ -10,8 +10,16 @@ before it arrived. A server that runs prompts whole stalls every stream for the 
 length (the ratio is the prompt's seconds over a token's); one that chunks prompts between
 decoding steps keeps it near the chunk's share of a step. The time per token just after the
 prompt's answer (`after_vs_before`) tells the rest apart: what the prompt's cached cells and the
-streams' own longer contexts cost every pass (attention over them), chunks or not. Works against
-any OpenAI-compatible server that streams and honours ignore_eos (specserve, llama-server).
+streams' own longer contexts cost every pass (attention over them), chunks or not.
+
+Streams slow down by themselves as they grow: with llama.cpp's unified KV cache a token's
+attention spans every sequence's cells, so three streams going from 100 to 450 tokens each make
+every pass dearer with no prompt at all. With --control (the default) the same streams first run
+alone, before the measured run, and each stream's time per token over the same token positions as
+the measured window is the control (`tpot_control_s`): `slowdown_vs_control` is what the prompt
+itself costs the streams, `growth` what their own lengths cost. Run it on a freshly started server:
+a prompt already cached in an idle slot would make the control slower too. Works against any
+OpenAI-compatible server that streams and honours ignore_eos (specserve, llama-server).
 """
 from __future__ import annotations
 
@@ -55,14 +63,47 @@ def _stream(client: httpx.Client, body: dict, times: list[float], done: threadin
         done.set()
 
 
-def _tpot(times: list[float], start: float, end: float) -> float | None:
-    """Mean seconds a token over [start, end], stalls included: from the last token at or before start
-    to the first at or after end, over the gaps between them (None: the stream was not running throughout)."""
+def _span(times: list[float], start: float, end: float) -> tuple[int, int] | None:
+    """The token positions around [start, end]: the last token at or before start and the first at or
+    after end (None: the stream was not running throughout)."""
     first = max((i for i, t in enumerate(times) if t <= start), default=None)
     last = next((i for i, t in enumerate(times) if t >= end), None)
     if first is None or last is None or last == first:
         return None
-    return (times[last] - times[first]) / (last - first)
+    return first, last
+
+
+def _tpot(times: list[float], start: float, end: float) -> float | None:
+    """Mean seconds a token over [start, end], stalls included: from the last token at or before start
+    to the first at or after end, over the gaps between them (None: the stream was not running throughout)."""
+    span = _span(times, start, end)
+    return _tpot_between(times, span) if span else None
+
+
+def _tpot_between(times: list[float], span: tuple[int, int]) -> float | None:
+    """Mean seconds a token between two token positions (None: the stream ended before the second)."""
+    first, last = span
+    return (times[last] - times[first]) / (last - first) if last < len(times) else None
+
+
+def _run_streams(client: httpx.Client, args, base: dict, errors: list[str], subject: str,
+                 during=None) -> list[list[float]]:
+    """Run the streams to their end; `during()`, if given, is called after --warmup seconds while they run.
+    Returns each stream's token arrival times."""
+    times: list[list[float]] = [[] for _ in range(args.streams)]
+    dones = [threading.Event() for _ in range(args.streams)]
+    threads = []
+    for i in range(args.streams):
+        body = {**base, "messages": [{"role": "user", "content": f"Write a long story about {subject}, part {i + 1}."}]}
+        threads.append(threading.Thread(target=_stream, args=(client, body, times[i], dones[i], errors)))
+    for t in threads:
+        t.start()
+    if during is not None:
+        time.sleep(args.warmup)
+        during()
+    for t in threads:
+        t.join()
+    return times
 
 
 def run(args) -> dict:
@@ -71,38 +112,48 @@ def run(args) -> dict:
     if args.model:
         base["model"] = args.model
     errors: list[str] = []
-    times: list[list[float]] = [[] for _ in range(args.streams)]
-    dones = [threading.Event() for _ in range(args.streams)]
-    with httpx.Client(base_url=args.url, headers=headers, timeout=args.timeout) as client:
-        threads = []
-        for i in range(args.streams):
-            body = {**base, "messages": [{"role": "user", "content": f"Write a long story about a robot, part {i + 1}."}]}
-            threads.append(threading.Thread(target=_stream, args=(client, body, times[i], dones[i], errors)))
-        for t in threads:
-            t.start()
-        time.sleep(args.warmup)
-        t_sent = time.perf_counter()
-        r = client.post("/v1/chat/completions", json={**base, "max_tokens": 1,
-                                                      "messages": [{"role": "user", "content": long_text(args.prompt_tokens)}]})
-        t_answered = time.perf_counter()
+    sent: dict = {}
+
+    def long_prompt() -> None:
+        sent["t"] = time.perf_counter()
+        body = {**base, "max_tokens": 1, "messages": [{"role": "user", "content": long_text(args.prompt_tokens)}]}
+        r = client.post("/v1/chat/completions", json=body)
+        sent["answered"] = time.perf_counter()
         if r.status_code != 200:
             errors.append(f"long prompt: {r.status_code} {r.content[:200]!r}")
-        prompt_tokens = r.json().get("usage", {}).get("prompt_tokens") if r.status_code == 200 else None
-        for t in threads:
-            t.join()
+        sent["prompt_tokens"] = r.json().get("usage", {}).get("prompt_tokens") if r.status_code == 200 else None
+
+    with httpx.Client(base_url=args.url, headers=headers, timeout=args.timeout) as client:
+        # the control first (nothing cached yet), on another subject: a server that drafts from earlier
+        # answers must not find the measured streams' text there
+        control = _run_streams(client, args, base, errors, "a lighthouse") if args.control else None
+        times = _run_streams(client, args, base, errors, "a robot", during=long_prompt)
+    t_sent, t_answered = sent["t"], sent["answered"]
     streams = []
-    for ts in times:
+    for i, ts in enumerate(times):
         before = _tpot(ts, t_sent - args.warmup / 2, t_sent - 1e-6)
-        during = _tpot(ts, t_sent, t_answered)
+        span = _span(ts, t_sent, t_answered)
+        during = _tpot_between(ts, span) if span else None
         after = _tpot(ts, t_answered + 1e-6, t_answered + args.warmup / 2)  # None if the stream ended first
-        streams.append({"tokens": len(ts), "tpot_before_s": before, "tpot_during_s": during, "tpot_after_s": after,
-                        "slowdown": round(during / before, 2) if before and during else None,
-                        "after_vs_before": round(after / before, 2) if before and after else None})
-    slowdowns = [s["slowdown"] for s in streams if s["slowdown"]]
-    return {"url": args.url, "streams": args.streams, "prompt_tokens": prompt_tokens,
-            "prompt_seconds": round(t_answered - t_sent, 3), "streams_detail": streams,
-            "slowdown_max": max(slowdowns) if slowdowns else None,
-            "slowdown_median": statistics.median(slowdowns) if slowdowns else None, "errors": errors}
+        s = {"tokens": len(ts), "tpot_before_s": before, "tpot_during_s": during, "tpot_after_s": after,
+             "slowdown": _ratio(during, before), "after_vs_before": _ratio(after, before)}
+        if control is not None:
+            ctl = _tpot_between(control[i], span) if span else None
+            s.update(tpot_control_s=ctl, slowdown_vs_control=_ratio(during, ctl), growth=_ratio(ctl, before))
+        streams.append(s)
+    report = {"url": args.url, "streams": args.streams, "prompt_tokens": sent["prompt_tokens"],
+              "prompt_seconds": round(t_answered - t_sent, 3), "streams_detail": streams}
+    keys = ["slowdown"] + (["slowdown_vs_control", "growth"] if control is not None else [])
+    for key in keys:
+        values = [s[key] for s in streams if s[key]]
+        report[f"{key}_max"] = max(values) if values else None
+        report[f"{key}_median"] = statistics.median(values) if values else None
+    report["errors"] = errors
+    return report
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 2) if a and b else None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=400, help="tokens each stream generates (default 400): "
                    "enough to outlast the long prompt")
     p.add_argument("--warmup", type=float, default=4.0, help="seconds the streams run before the prompt arrives")
+    p.add_argument("--control", action=argparse.BooleanOptionalAction, default=True,
+                   help="first run the same streams alone, to tell what the prompt costs them from what their own "
+                   "growing contexts do (default on; run on a freshly started server)")
     p.add_argument("--model", help="model or profile name to request")
     p.add_argument("--api-key")
     p.add_argument("--timeout", type=float, default=600)
