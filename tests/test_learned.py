@@ -208,6 +208,22 @@ def test_calibrate_rescales_a_drafting_cost_the_machine_no_longer_has(model_file
     assert not Controller().loaded and Controller().calibrate("draft", s.draft_tok) == 1.0  # nothing to check
 
 
+def test_calibrate_sees_through_a_slow_spell_of_the_whole_machine(model_files, tmp_path):
+    """An auto-fresh start on the reference pair timed the draft model at 2.3-2.9x its saved cost while
+    the whole machine was slow, and rescaled a right profile. Timed beside a target pass, such a spell
+    slows both alike and nothing is rescaled; a draft that alone got dearer still is."""
+    s = SCENARIOS["cpu_f16_high"]
+    ctl = Controller(poisoned(model_files, tmp_path, "cpu_f16_high", 1.0))  # a right profile
+    assert ctl.load()
+    target_tok = ctl.verify.table(2)[1]
+    assert ctl.calibrate("draft", 2.6 * s.draft_tok, 2.6 * target_tok) == 1.0
+    assert ctl.calibrate("draft", 0.4 * s.draft_tok, 0.4 * target_tok) == 1.0
+    assert ctl.calibrate("draft", 2.6 * s.draft_tok, target_tok) == pytest.approx(2.6, rel=0.15)
+    wrong = Controller(poisoned(model_files, tmp_path, "cpu_f16_high", 3.0))
+    assert wrong.load()
+    assert wrong.calibrate("draft", 1.5 * s.draft_tok, 1.5 * target_tok) == pytest.approx(1 / 3, rel=0.15)
+
+
 def test_a_calibrated_poisoned_profile_drafts_like_a_good_one(model_files, tmp_path):
     """After calibration the first request of a new process drafts as the trained controller would;
     without it, the poisoned profile keeps the draft model off."""

@@ -77,7 +77,7 @@ class Engine:
             self.controller.cost_ratio.setdefault("draft", min(weights[1] / weights[0], 1.0))
         if draft is not None and getattr(self.controller, "loaded", False):
             # a saved profile's drafting cost is checked against the machine as it is now (learned.py)
-            self.controller.calibrate("draft", token_seconds(draft))
+            self.controller.calibrate("draft", *token_seconds(draft, target))
         self.can_speculate = getattr(target, "can_rollback", True)
         if not self.can_speculate:
             log.warning("target %s has a recurrent or hybrid memory, which cannot drop rejected tokens: "
@@ -151,20 +151,23 @@ class Engine:
                 m.close()
 
 
-def token_seconds(model: Model, n: int = 3) -> float:
-    """Seconds a 1-token pass of the model takes now, with its argmax: the median of n after a
-    warm-up, in a small context of its own (about n + 1 passes; 0.2 s for a 0.5B model on 2 cores)."""
-    ctx = model.new_context(32)
+def token_seconds(*models: Model, n: int = 3) -> list[float]:
+    """Seconds a 1-token pass of each model takes now, with its argmax: the median of n after a
+    warm-up, in a small context of its own (about n + 1 passes each; 0.2 s for a 0.5B model on 2
+    cores). The models' passes alternate, so that a slow spell of the machine falls on all of them."""
+    ctxs = [m.new_context(32) for m in models]
     try:
-        token = model.vocab.bos if model.vocab.bos is not None else 0
-        times = []
+        tokens = [m.vocab.bos if m.vocab.bos is not None else 0 for m in models]
+        times: list[list[float]] = [[] for _ in models]
         for _ in range(n + 1):
-            t = time.perf_counter()
-            int(np.argmax(ctx.eval([token], logits="last")))
-            times.append(time.perf_counter() - t)
-        return float(np.median(times[1:]))
+            for ctx, token, ts in zip(ctxs, tokens, times):
+                t = time.perf_counter()
+                int(np.argmax(ctx.eval([token], logits="last")))
+                ts.append(time.perf_counter() - t)
+        return [float(np.median(ts[1:])) for ts in times]
     finally:
-        ctx.close()
+        for ctx in ctxs:
+            ctx.close()
 
 
 def learning_controller(cfg: ModelConfig, target: Model) -> Controller:

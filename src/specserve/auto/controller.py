@@ -84,7 +84,8 @@ class Controller:
         self.loaded = True
         return True
 
-    def calibrate(self, name: str, seconds_per_token: float, tolerance: float = 2.0) -> float:
+    def calibrate(self, name: str, seconds_per_token: float, target_seconds: float | None = None,
+                  tolerance: float = 2.0) -> float:
         """Check a loaded drafting cost against one measured now; the factor applied (1: kept).
 
         seconds_per_token: what one drafted token costs the model now (a 1-token pass). A profile
@@ -92,20 +93,27 @@ class Controller:
         then never drafts with it and never measures it again. Where the saved per-token cost b
         is off by more than `tolerance` either way, the drafter's saved costs (its regression and
         its prompt catch-up) are rescaled by measured / b: they all scale with the machine's speed.
+
+        target_seconds: a 1-token target pass timed beside it. A slow spell of the whole machine
+        slows both alike and changes no choice between them, so the draft's cost is then judged
+        relative to the target's: only a draft that got dearer or cheaper than the target than
+        the profile says is rescaled (an auto-fresh start once measured the 0.5B draft at 2.3-2.9x
+        its saved cost during such a spell, and rescaled it).
         """
         with self.lock:
             fit, V = self.draft.get(name), self.verify.table(2)
             if fit is None or V is None or seconds_per_token <= 0:
                 return 1.0
             b = self.draft_coef(name, V)[1]
-            if b <= 0 or 1 / tolerance <= seconds_per_token / b <= tolerance:
+            machine = target_seconds / V[1] if target_seconds and V[1] > 0 else 1.0
+            factor = seconds_per_token / b / machine if b > 0 else 1.0
+            if 1 / tolerance <= factor <= tolerance:
                 return 1.0
-            factor = seconds_per_token / b
             fit.scale(factor)
             if name in self.prompt_cost:
                 self.prompt_cost[name] *= factor
-        log.info("auto: the saved cost of drafter %r was %.1f ms a token, measured now %.1f: rescaled by %.2f",
-                 name, 1e3 * b, 1e3 * seconds_per_token, factor)
+        log.info("auto: the saved cost of drafter %r was %.1f ms a token, measured now %.1f (the target's pass "
+                 "%.2fx its saved cost): rescaled by %.2f", name, 1e3 * b, 1e3 * seconds_per_token, machine, factor)
         return factor
 
     def save(self) -> None:

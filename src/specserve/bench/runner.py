@@ -218,7 +218,7 @@ def fresh_controller(engine: Engine):
         fresh.load_state_dict(own.state_dict())
         fresh.loaded = True
         if engine.draft is not None:
-            fresh.calibrate("draft", token_seconds(engine.draft))
+            fresh.calibrate("draft", *token_seconds(engine.draft, engine.target))
     engine.controller = fresh
     try:
         yield fresh
