@@ -25,9 +25,10 @@ model file replaced in place changes its size, mtime or first MiB). Writes are a
 What a profile claims is checked against the machine as it is now, since it may have been
 learnt while other processes loaded it: loaded evidence counts half (pass costs at most 4
 observations each, so this process's own passes take over within a few steps), and an
-engine with a draft model times a few of its 1-token passes at start (0.2 s for the 0.5B
-on 2 cores) and rescales the saved drafting costs if they are off by more than 2x
-(`Controller.calibrate`). Without that, a profile learnt under load that claimed the draft
+engine with a draft model times a few of its 1-token passes at start, alternating with the
+target's, and rescales the saved drafting costs if the draft's cost relative to the target's is
+off by more than 2x (`Controller.calibrate`; relative, so that a slow spell of the whole
+machine rescales nothing). Without that, a profile learnt under load that claimed the draft
 model costs 2.7x what it does kept auto from ever drafting with it again.
 `--no-auto-profile` (or SPECSERVE_AUTO_PROFILE=0) turns all of it off.
 """
