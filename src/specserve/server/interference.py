@@ -12,9 +12,9 @@ decoding steps keeps it near the chunk's share of a step. The time per token jus
 prompt's answer (`after_vs_before`) tells the rest apart: what the prompt's cached cells and the
 streams' own longer contexts cost every pass (attention over them), chunks or not.
 
-Streams slow down by themselves as they grow: with llama.cpp's unified KV cache a token's
-attention spans every sequence's cells, so three streams going from 100 to 450 tokens each make
-every pass dearer with no prompt at all. With --control (the default) the same streams first run
+Streams may also slow down by themselves as they grow: with llama.cpp's unified KV cache a
+token's attention spans every cell in use, so the streams' own growing contexts make every pass
+dearer with no prompt at all. With --control (the default) the same streams first run
 alone, before the measured run, and each stream's time per token over the same token positions as
 the measured window is the control (`tpot_control_s`): `slowdown_vs_control` is what the prompt
 itself costs the streams, `growth` what their own lengths cost. Run it on a freshly started server:
