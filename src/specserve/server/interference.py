@@ -47,7 +47,7 @@ def long_text(n_tokens: int) -> str:
     return "Summarize the following in one sentence.\n\n" + "\n\n".join(out)[:4 * n_tokens]
 
 
-def _stream(client: httpx.Client, body: dict, times: list[float], done: threading.Event, errors: list) -> None:
+def _stream(client: httpx.Client, body: dict, times: list[float], errors: list) -> None:
     try:
         with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
             if r.status_code != 200:
@@ -59,8 +59,6 @@ def _stream(client: httpx.Client, body: dict, times: list[float], done: threadin
                         times.append(time.perf_counter())
     except Exception as e:  # noqa: BLE001 - reported, not raised: the other streams go on
         errors.append(str(e)[:200])
-    finally:
-        done.set()
 
 
 def _span(times: list[float], start: float, end: float) -> tuple[int, int] | None:
@@ -91,11 +89,10 @@ def _run_streams(client: httpx.Client, args, base: dict, errors: list[str], subj
     """Run the streams to their end; `during()`, if given, is called after --warmup seconds while they run.
     Returns each stream's token arrival times."""
     times: list[list[float]] = [[] for _ in range(args.streams)]
-    dones = [threading.Event() for _ in range(args.streams)]
     threads = []
     for i in range(args.streams):
         body = {**base, "messages": [{"role": "user", "content": f"Write a long story about {subject}, part {i + 1}."}]}
-        threads.append(threading.Thread(target=_stream, args=(client, body, times[i], dones[i], errors)))
+        threads.append(threading.Thread(target=_stream, args=(client, body, times[i], errors)))
     for t in threads:
         t.start()
     if during is not None:
