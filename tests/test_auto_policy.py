@@ -116,3 +116,82 @@ def test_a_saved_profile_plans_the_first_step_as_the_saved_controller(tmp_path, 
             plans.append((name, plan.k, plan.rate))
         assert plans[1][:2] == plans[0][:2], (offer, plans)
         assert plans[1][2] == pytest.approx(plans[0][2], rel=0.05)
+
+
+def test_spread_weighs_the_pooled_rate_by_how_alike_requests_were():
+    """Requests whose rates only scatter binomially around the pooled rate make it worth many trials;
+    requests far from it (code, then translation, then code) make it worth few."""
+    from specserve.auto.acceptance import _PRIOR_W, _W_MAX, _W_MIN, Spread
+
+    alike, unlike = Spread(), Spread()
+    assert alike.weight(0.7) == _PRIOR_W  # nothing seen yet: the fixed weight
+    for i in range(12):
+        alike.add(0.7 + (0.05 if i % 2 else -0.05), 0.7, 20)  # within 20 trials' binomial noise (0.10)
+        unlike.add(0.9 if i % 2 else 0.1, 0.5, 20)
+    assert alike.weight(0.7) == _W_MAX
+    assert unlike.weight(0.5) == _W_MIN
+    middling = Spread()
+    for i in range(12):
+        middling.add(0.7 + (0.2 if i % 2 else -0.2), 0.7, 20)  # variance 0.04 - 0.0105 of noise
+    assert _W_MIN < middling.weight(0.7) < _PRIOR_W
+    assert middling.weight(0.7) == pytest.approx(0.21 / (0.04 - 0.0105) - 1, rel=0.05)
+
+
+def test_a_request_unlike_the_last_ones_leans_less_on_their_rate():
+    """Lookups accepted in code (all kept) and rejected in translations (none kept), alternately:
+    a new request that has seen its first 2 suffix drafts rejected trusts the pooled rate less than
+    the fixed weight would (that is, before the engine knew how much requests differ)."""
+    from specserve.auto.acceptance import _PRIOR_W
+
+    ctl = measured(CPU_F16, 0.02)
+    offers = {"suffix": (8, 6), "ngram": (0, 0)}
+
+    def request(kept: bool, steps: int = 6):
+        policy = ctl.policy(SpecParams(draft_max=8), NAMES)
+        no_probes(policy)
+        teach(policy, "suffix", steps, 6, 6 if kept else 0, offers)
+        policy.finish()
+
+    def after_two_misses() -> tuple[float, float]:
+        """(its first position's rate, the same with the fixed weight)"""
+        policy = ctl.policy(SpecParams(draft_max=8), NAMES)
+        no_probes(policy)
+        teach(policy, "suffix", 2, 6, 0, offers)
+        p = ctl.prior("suffix", 8, 0.0)
+        return policy._lookup_rates("suffix", 8)[0], policy.acc_order[("suffix", 8)].rates(p[0] / p[1], _PRIOR_W)[0]
+
+    request(True)
+    now, fixed = after_two_misses()  # (not finished: it tells the spread nothing)
+    assert now == fixed  # one request seen: the fixed weight
+    for i in range(9):
+        request(i % 2 == 0)  # ... the last one kept all, as the first did
+    assert ctl.spread[("suffix", 8, 0.0)].n > 3
+    now, fixed = after_two_misses()
+    assert fixed > 0.5 and now < fixed - 0.2
+
+
+def test_the_spread_is_kept_in_a_saved_profile():
+    ctl = measured(GPU, 0.001)
+    for i in range(5):
+        ctl.learn_spread("suffix", 8, 0.0, 0.9 if i % 2 else 0.1, 12.0)
+    fresh = Controller()
+    fresh.load_state_dict(ctl.state_dict())
+    assert fresh.prior_weight("suffix", 8, 0.0, 0.5) == ctl.prior_weight("suffix", 8, 0.0, 0.5)
+    state = ctl.state_dict()
+    del state["spread"]  # a profile written before the spread was kept
+    older = Controller()
+    older.load_state_dict(state)
+    assert older.spread == {}
+
+
+def test_a_draft_models_prior_weight_never_falls_below_the_fixed_one():
+    """Requests far apart in the draft model's acceptance still leave its prior the fixed weight: a
+    request that turns it off pays its catch-up to try it again, a lookup nothing."""
+    from specserve.auto.acceptance import _PRIOR_W, _W_MIN
+
+    ctl = Controller()
+    for i in range(8):
+        ctl.learn_spread("draft", 0, 0.0, 0.95 if i % 2 else 0.3, 20.0)
+        ctl.learn_spread("ngram", 0, 0.0, 0.95 if i % 2 else 0.3, 20.0)
+    assert ctl.prior_weight("draft", 0, 0.0, 0.7) == _PRIOR_W
+    assert ctl.prior_weight("ngram", 0, 0.0, 0.7) == _W_MIN

@@ -309,6 +309,9 @@ class Timed:
     def prefilled(self, drafter: str, n_tokens: int, seconds: float) -> None:
         self.policy.prefilled(drafter, n_tokens, seconds)
 
+    def finish(self) -> None:
+        self.policy.finish()
+
     @property
     def predicted_tokens_per_s(self):
         return self.policy.predicted_tokens_per_s

@@ -70,6 +70,9 @@ class GpuLikeTimes:
     def prefilled(self, drafter: str, n_tokens: int, seconds: float) -> None:
         self.policy.prefilled(drafter, n_tokens, 1e-5 * n_tokens)
 
+    def finish(self) -> None:
+        self.policy.finish()
+
     @property
     def predicted_tokens_per_s(self) -> float:
         return self.policy.predicted_tokens_per_s

@@ -274,6 +274,7 @@ class Slot:
             stats.t_total = time.perf_counter() - t0
             stats.t_forward = self._forward_seconds() - forward0
             stats.predicted_tokens_per_s = policy.predicted_tokens_per_s
+            policy.finish()
             stats.stop_word = req.decoder.stop_word
             if not stats.finish_reason:
                 stats.finish_reason = "cancelled"

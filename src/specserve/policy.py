@@ -53,6 +53,10 @@ class Policy(Protocol):
         """Told what that prefill cost."""
         ...
 
+    def finish(self) -> None:
+        """The request ended (finished, stopped or cancelled)."""
+        ...
+
 
 OFF = Choice(None, 0)
 
@@ -90,4 +94,7 @@ class FixedPolicy:
         return drafter == self._choice.drafter  # it would catch up at its first step anyway
 
     def prefilled(self, drafter: str, n_tokens: int, seconds: float) -> None:
+        pass
+
+    def finish(self) -> None:
         pass

@@ -2,9 +2,10 @@
 
 `Rates` holds P(draft token i accepted | 1..i-1 accepted) for i = 1..cap as decayed
 counts, shrunk toward a pooled rate: a request keeps one per drafter (and per match
-bucket for the lookups). `ConfidenceMap` is what a draft model's own top probability at
-a drafted token says about that token's acceptance, bucketed and learnt online; the
-confidence stop (planner.ConfidenceStop) reads it.
+bucket for the lookups). How hard a request's rate leans on the engine's pooled rate is
+`Spread`'s to say: as much as requests have been alike. `ConfidenceMap` is what a draft
+model's own top probability at a drafted token says about that token's acceptance,
+bucketed and learnt online; the confidence stop (planner.ConfidenceStop) reads it.
 """
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ _G_POS = 0.97  # per-trial decay of a request's counts at one draft position
 _G_POOL = 0.95  # per-step decay of a request's pooled counts
 _G_CONF = 0.995  # per-token decay of a confidence bucket's counts: the pair changes slowly
 _SHRINK = 6.0  # pseudo-trials pulling a position's rate toward the pooled rate
-_PRIOR_W = 10.0  # pseudo-trials pulling a request's pooled rate toward the engine's
+_PRIOR_W = 10.0  # pseudo-trials pulling a request's pooled rate toward the engine's, until Spread knows
+_G_SPREAD = 0.9  # per-request decay of a Spread's moments: about the last 10 requests
+_SPREAD_MIN_TRIED = 3.0  # a request's (decayed) trials before its rate tells the spread anything
+_SPREAD_MIN_N = 3.0  # requests seen before the spread replaces _PRIOR_W
+_W_MIN, _W_MAX = 2.0, 40.0  # the prior's weight in pseudo-trials, whatever the spread says
 _CONF_PRIOR_W = 4.0  # pseudo-trials pulling a confidence bucket toward "calibrated"
 
 PRIORS = {"ngram": (0.6, 0.6)}  # (acceptance, delivery) before any data; others (0.7, 1.0)
@@ -37,6 +42,7 @@ class Rates:
         self.hit, self.tried = [0.0] * cap, [0.0] * cap  # [cap] decayed counts per position
         self.h = self.t = 0.0  # pooled over positions
         self._cache: list[float] | None = None
+        self._key: tuple[float, float] | None = None  # (prior, weight) the cache was made with
 
     def add(self, n_tried: int, n_hit: int) -> None:
         for i in range(n_tried):
@@ -44,12 +50,60 @@ class Rates:
             self.tried[i] = self.tried[i] * _G_POS + 1.0
         self.h, self.t, self._cache = self.h * _G_POOL + n_hit, self.t * _G_POOL + n_tried, None
 
-    def rates(self, prior: float) -> list[float]:
-        """[cap], each shrunk toward the pooled rate, itself shrunk toward `prior`."""
-        if self._cache is None:
-            pooled = (self.h + _PRIOR_W * prior) / (self.t + _PRIOR_W)
+    def rates(self, prior: float, weight: float = _PRIOR_W) -> list[float]:
+        """[cap], each shrunk toward the pooled rate, itself shrunk toward `prior` by `weight` trials."""
+        if self._cache is None or self._key != (prior, weight):
+            self._key = (prior, weight)
+            pooled = (self.h + weight * prior) / (self.t + weight)
             self._cache = [(h + _SHRINK * pooled) / (t + _SHRINK) for h, t in zip(self.hit, self.tried)]
         return self._cache
+
+    @property
+    def rate(self) -> float | None:
+        """The request's own pooled rate, once it has tried enough to say (None before)."""
+        return self.h / self.t if self.t >= _SPREAD_MIN_TRIED else None
+
+
+class Spread:
+    """How much requests differ in one acceptance rate (a drafter's, at one match bucket and regime).
+
+    A request's rate leans on the engine's pooled rate, which the last request or two made.
+    Where requests are alike (code after code) that prior deserves much weight; where they
+    are not (a translation after code, whose lookups rarely hold) little, or the new request
+    pays for the last one's habits for half its length. Empirical Bayes with a beta prior:
+    if request rates scatter around the pooled rate m with variance v, the prior is worth
+    m (1 - m) / v - 1 trials. v is estimated from each finished request's own rate r over t
+    trials: (r - m)^2 less the binomial noise m (1 - m) / t, over the last ~10 requests.
+    """
+
+    def __init__(self):
+        self.n = self.dev = self.noise = 0.0  # decayed: requests, squared deviations, binomial noise
+
+    def add(self, rate: float, mean: float, tried: float) -> None:
+        g = _G_SPREAD
+        self.n = g * self.n + 1.0
+        self.dev = g * self.dev + (rate - mean) ** 2
+        self.noise = g * self.noise + mean * (1.0 - mean) / tried
+
+    def weight(self, mean: float) -> float:
+        """Pseudo-trials the pooled rate `mean` is worth to a new request."""
+        if self.n < _SPREAD_MIN_N:
+            return _PRIOR_W
+        var, spread = (self.dev - self.noise) / self.n, mean * (1.0 - mean)
+        if var * (_W_MAX + 1.0) <= spread:
+            return _W_MAX
+        return max(spread / var - 1.0, _W_MIN)
+
+    def state(self) -> list[float]:
+        return [self.n, self.dev, self.noise]
+
+    @classmethod
+    def from_state(cls, state) -> "Spread":
+        s = cls()
+        s.n, s.dev, s.noise = (float(x) for x in state)
+        if min(s.n, s.dev, s.noise) < 0:
+            raise ValueError("negative spread moments")
+        return s
 
 
 class ConfidenceMap:

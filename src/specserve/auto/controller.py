@@ -1,7 +1,8 @@
 """The engine-level state of `--spec auto`, shared by the requests of one engine.
 
 Holds what every request plans from: the measured costs (cost.py), the pooled acceptance
-per drafter, match bucket and temperature regime (the prior of a new request), the draft
+per drafter, match bucket and temperature regime (the prior of a new request) and how much
+requests have differed from it (how much that prior is worth), the draft
 model's confidence map, the probe pacing, and how long requests run. Each request plans
 with its own `AutoPolicy` (policy.py), which reads and updates this state.
 
@@ -23,7 +24,7 @@ import logging
 import threading
 
 from ..config import SpecParams
-from .acceptance import ORDER_PRIOR, PRIORS, ConfidenceMap
+from .acceptance import ORDER_PRIOR, PRIORS, ConfidenceMap, Spread
 from .cost import DraftCost, VerifyCost
 
 log = logging.getLogger("specserve")
@@ -48,6 +49,7 @@ class Controller:
         self.draft: dict[str, DraftCost] = {}
         self.prompt_cost: dict[str, float] = {}  # seconds per prompt token a model drafter catches up (EMA)
         self.pooled: dict[tuple, list[float]] = {}  # (drafter, order, regime) -> decayed counts
+        self.spread: dict[tuple, Spread] = {}  # (drafter, order, regime) -> how much requests differ there
         self.confidence: dict[tuple, ConfidenceMap] = {}  # (drafter, regime) -> acceptance by top probability
         self.interval: dict[str, int] = {}  # probe interval, steps
         self.last_used: dict[str, float] = {}  # self.clock when the drafter last drafted, any request
@@ -132,6 +134,7 @@ class Controller:
             "prompt_cost": dict(self.prompt_cost),
             "pooled": [[name, order, regime, *counts] for (name, order, regime), counts in self.pooled.items()],
             "confidence": [[name, regime, *m.state()] for (name, regime), m in self.confidence.items()],
+            "spread": [[name, order, regime, *sp.state()] for (name, order, regime), sp in self.spread.items()],
             "requests": self.requests, "tokens": self.tokens,
         }
 
@@ -147,8 +150,11 @@ class Controller:
             pooled[(str(name), int(order), float(regime))] = [float(c) * weight for c in counts]
         confidence = {(str(name), float(regime)): ConfidenceMap.from_state(counts, weight)
                       for name, regime, *counts in state.get("confidence", [])}  # absent in older profiles
+        spread = {(str(name), int(order), float(regime)): Spread.from_state(moments)
+                  for name, order, regime, *moments in state.get("spread", [])}  # (likewise)
         with self.lock:
             self.verify, self.draft, self.pooled, self.confidence = v, draft, pooled, confidence
+            self.spread = spread
             self.profiled = frozenset(draft) | {name for name, _, _ in pooled}
             self.prompt_cost = {str(k): float(x) for k, x in state["prompt_cost"].items()}
             self.requests, self.tokens = float(state["requests"]), float(state["tokens"])
@@ -165,6 +171,21 @@ class Controller:
             w = PRIOR_TRIALS if name not in FREE else 2.0
             p = self.pooled[key] = [w * a, w, w * d, w]
         return p
+
+    def prior_weight(self, name: str, order: int, regime: float, mean: float) -> float:
+        """Pseudo-trials the pooled rate `mean` of (drafter, order, regime) is worth to a request.
+
+        A model drafter's never falls below the fixed weight: once a request stops drafting with
+        it, only probes that pay its catch-up bring it back, so two unlucky drafts must not be
+        enough. A lookup is planned again wherever it matches, at no cost to try."""
+        sp = self.spread.get((name, order, regime))
+        w = sp.weight(mean) if sp is not None else Spread().weight(mean)
+        return w if name in FREE else max(w, Spread().weight(mean))
+
+    def learn_spread(self, name: str, order: int, regime: float, rate: float, tried: float) -> None:
+        """A finished request's own rate there, over `tried` (decayed) trials."""
+        p = self.prior(name, order, regime)
+        self.spread.setdefault((name, order, regime), Spread()).add(rate, p[0] / p[1], tried)
 
     def confidence_map(self, name: str, regime: float) -> ConfidenceMap:
         m = self.confidence.get((name, regime))

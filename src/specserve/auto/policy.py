@@ -119,8 +119,13 @@ class AutoPolicy:
                 plans.clear()
 
     def _lookup_rates(self, name: str, bucket: int) -> list[float]:
+        return self._rates(name, bucket, self.acc_order.setdefault((name, bucket), Rates(self.caps[name])))
+
+    def _rates(self, name: str, bucket: int, rates: Rates) -> list[float]:
+        """A request's acceptance by position, leaning on the engine's pooled rate as much as requests were alike."""
         q = self.ctl.prior(name, bucket, self.regime)
-        return self.acc_order.setdefault((name, bucket), Rates(self.caps[name])).rates(q[0] / q[1])
+        mean = q[0] / q[1]
+        return rates.rates(mean, self.ctl.prior_weight(name, bucket, self.regime, mean))
 
     def _plan(self, name, V, kmin=1, kmax=None, found=False, ceiling=False) -> planner.Plan:
         """Best plan of one drafter over k in [kmin, kmax].
@@ -147,8 +152,7 @@ class AutoPolicy:
         elif order:
             acc = self._lookup_rates(name, order)
         else:
-            p = self.ctl.prior(name, 0, self.regime)
-            acc = self.acc[name].rates(p[0] / p[1])
+            acc = self._rates(name, 0, self.acc[name])
         p = self.ctl.prior(name, 0, self.regime)
         # a known match delivers every token up to `available`, which bounds kmax
         dlv = None if order else self.dlv[name].rates(p[2] / p[3])
@@ -177,7 +181,7 @@ class AutoPolicy:
         if best is None:
             p = self.ctl.prior(MODEL, 0, self.regime)
             jmax = min(self.caps[MODEL], self.cap - m)
-            option = planner.Option(HYBRID, self.acc[MODEL].rates(p[0] / p[1]), tuple(self.ctl.draft_coef(MODEL, V)),
+            option = planner.Option(HYBRID, self._rates(MODEL, 0, self.acc[MODEL]), tuple(self.ctl.draft_coef(MODEL, V)),
                                     jmax, 1, self.dlv[MODEL].rates(p[2] / p[3]), False,
                                     self._lookup_rates(name, bucket)[:m])
             best = self._plans[HYBRID][head] = planner.best_length(option, V)
@@ -292,6 +296,15 @@ class AutoPolicy:
         if n_tokens > 0:
             with self.ctl.lock:
                 self.ctl.learn_prompt_cost(name, seconds / n_tokens)
+
+    def finish(self) -> None:
+        """The request ended: tell the engine how far its rates were from the pooled ones (Spread)."""
+        with self.ctl.lock:
+            rates = [(name, 0, r) for name, r in self.acc.items()]
+            rates += [(name, bucket, r) for (name, bucket), r in self.acc_order.items()]
+            for name, bucket, r in rates:
+                if r.rate is not None:
+                    self.ctl.learn_spread(name, bucket, self.regime, r.rate, r.t)
 
     def see(self, name: str, offer: tuple[int, int]) -> None:
         """What a lookup drafter would draft this step: its match length (0: none), tokens available."""
