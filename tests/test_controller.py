@@ -94,6 +94,7 @@ def simulate(s: Scenario, make_policy, seed: int = 0) -> Run:
     for r in range(s.n_requests):
         policy = make_policy()
         elapsed += sum(request(s, policy, seed, r, noise, steps))
+        policy.finish()  # as the engine does at a request's end
         pred.append(policy.predicted_tokens_per_s)
     return Run(s.n_requests * s.n_tokens / elapsed, steps, float(np.mean(pred)))
 
@@ -433,3 +434,34 @@ def test_two_unlucky_drafts_do_not_switch_a_good_draft_model_off():
         assert c.drafter == "draft"
         policy.observe(Outcome(c, c.k, 0, 0.042 * c.k, ref(1 + c.k)))
     assert policy.plan()[0] == "draft"
+
+
+def test_requests_unlike_the_last_ones_gain_from_the_spread(monkeypatch):
+    """Code (the n-gram's drafts 90% right, 60-token answers) alternating with translations (10% right,
+    20 tokens), one controller: with the pooled acceptance weighted by how alike requests were
+    (acceptance.Spread), the translations run faster than with the fixed weight, and code no slower."""
+    from specserve.auto.acceptance import _PRIOR_W
+
+    code = Scenario(CPU_F16, {"draft": const(0.8), "ngram": const(0.9)}, const(0.6), n_tokens=60)
+    translation = Scenario(CPU_F16, {"draft": const(0.7), "ngram": const(0.1)}, const(0.5), n_tokens=20)
+
+    def speeds(seed: int) -> np.ndarray:
+        """[requests] tokens/s, alternately code and translation"""
+        ctl, noise, out = Controller(), np.random.default_rng([seed, 99]), []
+        for r in range(20):
+            s = code if r % 2 == 0 else translation
+            policy = ctl.policy(SpecParams(draft_max=8), s.names)
+            out.append(s.n_tokens / sum(request(s, policy, seed, r, noise, [])))
+            policy.finish()
+        return np.array(out)[6:]  # warm: after 3 of each
+
+    def geomean(x) -> float:
+        return float(np.exp(np.log(x).mean()))
+
+    spread = np.array([speeds(seed) for seed in range(4)])
+    monkeypatch.setattr(Controller, "prior_weight", lambda self, *args: _PRIOR_W)
+    fixed = np.array([speeds(seed) for seed in range(4)])
+    code_gain = geomean(spread[:, 0::2]) / geomean(fixed[:, 0::2])
+    translation_gain = geomean(spread[:, 1::2]) / geomean(fixed[:, 1::2])
+    print(f"translations {translation_gain:.3f}x, code {code_gain:.3f}x")
+    assert translation_gain > 1.03 and code_gain > 0.98, (translation_gain, code_gain)
