@@ -24,7 +24,7 @@ import logging
 import threading
 
 from ..config import SpecParams
-from .acceptance import ORDER_PRIOR, PRIORS, ConfidenceMap, Spread
+from .acceptance import _PRIOR_W, ORDER_PRIOR, PRIORS, ConfidenceMap, Spread
 from .cost import DraftCost, VerifyCost
 
 log = logging.getLogger("specserve")
@@ -179,8 +179,8 @@ class Controller:
         it, only probes that pay its catch-up bring it back, so two unlucky drafts must not be
         enough. A lookup is planned again wherever it matches, at no cost to try."""
         sp = self.spread.get((name, order, regime))
-        w = sp.weight(mean) if sp is not None else Spread().weight(mean)
-        return w if name in FREE else max(w, Spread().weight(mean))
+        w = sp.weight(mean) if sp is not None else _PRIOR_W
+        return w if name in FREE else max(w, _PRIOR_W)
 
     def learn_spread(self, name: str, order: int, regime: float, rate: float, tried: float) -> None:
         """A finished request's own rate there, over `tried` (decayed) trials."""
