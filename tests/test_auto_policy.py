@@ -195,3 +195,20 @@ def test_a_draft_models_prior_weight_never_falls_below_the_fixed_one():
         ctl.learn_spread("ngram", 0, 0.0, 0.95 if i % 2 else 0.3, 20.0)
     assert ctl.prior_weight("draft", 0, 0.0, 0.7) == _PRIOR_W
     assert ctl.prior_weight("ngram", 0, 0.0, 0.7) == _W_MIN
+
+
+def test_each_step_is_traced_at_debug_level(caplog):
+    """SPECSERVE_LOG=debug: one line a step, with what was planned and what ran."""
+    ctl = measured(GPU, 0.002)
+    policy = ctl.policy(SpecParams(mode="auto", draft_max=8), NAMES, temperature=0.8)
+    no_probes(policy)
+    with caplog.at_level("DEBUG", logger="specserve.auto"):
+        teach(policy, "draft", 3, 4, 2)
+    lines = [r.getMessage() for r in caplog.records if r.name == "specserve.auto"]
+    assert len(lines) == 3
+    assert lines[0].startswith("step 1 T0.75: planned ") and "ran draft k=4 drafted 4 accepted 2" in lines[0]
+    assert "first-token rates draft:" in lines[2]
+    caplog.clear()
+    with caplog.at_level("INFO", logger="specserve.auto"):
+        teach(policy, "draft", 2, 4, 2)
+    assert not [r for r in caplog.records if r.name == "specserve.auto"]

@@ -38,6 +38,8 @@ holds its lock for the whole call (see controller.py).
 """
 from __future__ import annotations
 
+import logging
+
 from ..config import SpecParams
 from ..drafters.hybrid import LOOKUPS
 from ..policy import OFF, Choice, Outcome
@@ -54,6 +56,8 @@ LOOKUP_MAX = 64  # how far a lookup drafter may draft under auto where the user 
 MODEL = "draft"  # the draft model's drafter name
 HYBRID = "hybrid"  # a lookup's match, then the draft model (drafters.hybrid)
 HYBRID_LOOKUPS = LOOKUPS  # the lookups the hybrid follows, in the order it tries them
+
+trace = logging.getLogger("specserve.auto")  # one DEBUG line a step: SPECSERVE_LOG=debug
 
 
 class AutoPolicy:
@@ -345,6 +349,7 @@ class AutoPolicy:
                 break
         self.pred_tokens += plan.tokens
         self.pred_time += plan.seconds
+        self._step_plan = (name, plan)
         if not plan.k:
             return OFF
         return Choice(name, plan.k, self._stop_rule(name, plan, V))
@@ -354,6 +359,8 @@ class AutoPolicy:
             self._observe(o)
 
     def _observe(self, o: Outcome) -> None:
+        if trace.isEnabledFor(logging.DEBUG):
+            self._trace(o)
         ctl, k, n, acc = self.ctl, o.choice.k, o.n_drafted, o.n_accepted
         used = o.choice.drafter if k > 0 else None
         self.generated += acc + 1
@@ -404,6 +411,17 @@ class AutoPolicy:
             ok = good or self._best(V)[0] == probed
             ctl.interval[probed] = 1 if ok else min(max(2 * iv, _PROBE_MIN), _PROBE_MAX)
             self.follow_up = (probed, done + 1) if good else None
+
+    def _trace(self, o: Outcome) -> None:
+        """The step as planned and as it went, for SPECSERVE_LOG=debug."""
+        name, plan = getattr(self, "_step_plan", (None, None))
+        planned = f"{name or 'plain'} k={plan.k} rate {plan.rate:.2f} tok/s" if plan else "plain (measuring)"
+        probe = f" probe of {self.probing[0]}" if self.probing else ""
+        rates = " ".join(f"{d}:{r.rate:.2f}" for d, r in self.acc.items() if r.rate is not None)
+        trace.debug("step %d T%s: planned %s%s; ran %s k=%d drafted %d accepted %d; draft %.3f s verify %.3f s; "
+                    "lags %s; first-token rates %s", self.step, self.regime, planned, probe,
+                    o.choice.drafter if o.choice.k else "plain", o.choice.k, o.n_drafted, o.n_accepted,
+                    o.t_draft, o.t_verify, dict(self.lag), rates or "-")
 
     def _observe_hybrid(self, o: Outcome) -> None:
         """A hybrid step teaches the lookup about its m tokens and the draft model about the rest."""
