@@ -102,6 +102,7 @@ class AutoPolicy:
                       for n in self.names}
         self.step = self.generated = 0
         self.probing: tuple | None = None  # (drafter, whether it displaced a drafter, its plan)
+        self._step_plan: tuple = (None, None)  # (drafter, plan) this step runs, for the trace
         self.pending: tuple | None = None  # (drafter, plan): a probe that found nothing, to ask again
         self.follow_up: tuple | None = None  # (drafter, successes): its last probe succeeded, probe again
         self.pred_tokens = self.pred_time = 0.0
@@ -332,6 +333,7 @@ class AutoPolicy:
     def _choose(self) -> Choice:
         self.step += 1
         self.probing = None
+        self._step_plan = (None, None)
         self._step_offers = dict(self.offers)
         self._step_head = self._hybrid_head() if self.hybrid else None
         V = self.ctl.verify.table(self.cap + 1)  # [cap + 2] seconds per pass over n tokens
@@ -414,7 +416,7 @@ class AutoPolicy:
 
     def _trace(self, o: Outcome) -> None:
         """The step as planned and as it went, for SPECSERVE_LOG=debug."""
-        name, plan = getattr(self, "_step_plan", (None, None))
+        name, plan = self._step_plan
         planned = f"{name or 'plain'} k={plan.k} rate {plan.rate:.2f} tok/s" if plan else "plain (measuring)"
         probe = f" probe of {self.probing[0]}" if self.probing else ""
         rates = " ".join(f"{d}:{r.rate:.2f}" for d, r in self.acc.items() if r.rate is not None)

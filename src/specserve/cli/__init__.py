@@ -24,8 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    level = os.environ.get("SPECSERVE_LOG", "info").upper()  # debug: also --spec auto's every step
-    logging.basicConfig(level=getattr(logging, level, logging.INFO), format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    level = os.environ.get("SPECSERVE_LOG", "info").upper()  # specserve's own loggers; debug: auto's every step
+    logging.getLogger("specserve").setLevel(getattr(logging, level, logging.INFO))
     args = build_parser().parse_args(argv)
     try:
         return args.run(args) or 0
