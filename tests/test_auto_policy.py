@@ -207,7 +207,7 @@ def test_each_step_is_traced_at_debug_level(caplog):
     lines = [r.getMessage() for r in caplog.records if r.name == "specserve.auto"]
     assert len(lines) == 3
     assert lines[0].startswith("step 1 T0.75: planned ") and "ran draft k=4 drafted 4 accepted 2" in lines[0]
-    assert "first-token rates draft:" in lines[2]
+    assert "acceptance so far draft:" in lines[2]
     caplog.clear()
     with caplog.at_level("INFO", logger="specserve.auto"):
         teach(policy, "draft", 2, 4, 2)

@@ -186,8 +186,9 @@ class AutoPolicy:
         if best is None:
             p = self.ctl.prior(MODEL, 0, self.regime)
             jmax = min(self.caps[MODEL], self.cap - m)
-            option = planner.Option(HYBRID, self._rates(MODEL, 0, self.acc[MODEL]), tuple(self.ctl.draft_coef(MODEL, V)),
-                                    jmax, 1, self.dlv[MODEL].rates(p[2] / p[3]), False,
+            option = planner.Option(HYBRID, self._rates(MODEL, 0, self.acc[MODEL]),
+                                    tuple(self.ctl.draft_coef(MODEL, V)), jmax, 1,
+                                    self.dlv[MODEL].rates(p[2] / p[3]), False,
                                     self._lookup_rates(name, bucket)[:m])
             best = self._plans[HYBRID][head] = planner.best_length(option, V)
         return best
@@ -421,7 +422,7 @@ class AutoPolicy:
         probe = f" probe of {self.probing[0]}" if self.probing else ""
         rates = " ".join(f"{d}:{r.rate:.2f}" for d, r in self.acc.items() if r.rate is not None)
         trace.debug("step %d T%s: planned %s%s; ran %s k=%d drafted %d accepted %d; draft %.3f s verify %.3f s; "
-                    "lags %s; first-token rates %s", self.step, self.regime, planned, probe,
+                    "lags %s; acceptance so far %s", self.step, self.regime, planned, probe,
                     o.choice.drafter if o.choice.k else "plain", o.choice.k, o.n_drafted, o.n_accepted,
                     o.t_draft, o.t_verify, dict(self.lag), rates or "-")
 
