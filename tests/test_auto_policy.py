@@ -93,6 +93,21 @@ def test_the_confidence_map_is_learnt_from_the_draft_models_steps():
     assert not stop(0, 0.98) and stop(1, 0.55)  # it stops at the token the map predicts rejected
 
 
+def test_a_draft_that_stopped_early_is_costed_by_the_tokens_it_evaluated():
+    """2 tokens kept after a declined third cost 3 evaluations: what the drafting cost learns."""
+    from specserve.policy import Choice
+
+    seen = []
+    for stopped in (True, False):
+        ctl = measured(GPU, 0.001)
+        fit = ctl.draft["draft"]
+        fit.add = lambda n, lag, t, add=fit.add: (seen.append(n), add(n, lag, t))
+        policy = ctl.policy(SpecParams(draft_max=8), ["draft"])
+        policy.fresh.discard("draft")  # its cache holds the prompt: the time is all drafting
+        policy.observe(Outcome(Choice("draft", 4), 2, 2, 0.003, GPU(3), [0.9, 0.9], stopped))
+    assert seen == [3, 2]
+
+
 @pytest.mark.parametrize("scenario", ["gpu_high", "cpu_q41_high", "cpu_ngram"])
 def test_a_saved_profile_plans_the_first_step_as_the_saved_controller(tmp_path, scenario):
     target, draft = tmp_path / "t.gguf", tmp_path / "d.gguf"
@@ -208,6 +223,11 @@ def test_each_step_is_traced_at_debug_level(caplog):
     assert len(lines) == 3
     assert lines[0].startswith("step 1 T0.75: planned ") and "ran draft k=4 drafted 4 accepted 2" in lines[0]
     assert "acceptance so far draft:" in lines[2]
+    caplog.clear()
+    with caplog.at_level("DEBUG", logger="specserve.auto"):  # a lookup's step says what it matched
+        teach(policy, "ngram", 1, 6, 6, {"ngram": (5, 6), "suffix": (0, 0)})
+    line = [r.getMessage() for r in caplog.records if r.name == "specserve.auto"][0]
+    assert "(match 5, 6 available)" in line and "ran ngram k=6" in line, line
     caplog.clear()
     with caplog.at_level("INFO", logger="specserve.auto"):
         teach(policy, "draft", 2, 4, 2)

@@ -354,7 +354,8 @@ class Slot:
         real acceptance; the stats count only positions up to where the text ended."""
         if draft.tokens:
             req.drafters[choice.drafter].accepted(verdict.n_accepted)
-        req.policy.observe(Outcome(choice, len(draft), verdict.n_accepted, req.t_draft, req.t_verify, draft.confidence))
+        req.policy.observe(Outcome(choice, len(draft), verdict.n_accepted, req.t_draft, req.t_verify,
+                                   draft.confidence, draft.stopped))
         stats.record_step(choice.drafter or "none", choice.k, min(len(draft), n_kept), min(verdict.n_accepted, n_kept))
         stats.n_generated += n_kept
         self.engine.check_pairing_at_run_time()

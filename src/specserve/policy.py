@@ -32,6 +32,7 @@ class Outcome:
     t_draft: float  # seconds spent drafting
     t_verify: float  # seconds of the target pass over 1 + n_drafted tokens
     confidence: Sequence[float] | None = None  # the draft's own per-token confidence (Draft.confidence)
+    stopped: bool = False  # the drafter evaluated one token more than it kept (Draft.stopped)
 
 
 class Policy(Protocol):

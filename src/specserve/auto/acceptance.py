@@ -17,7 +17,11 @@ _G_CONF = 0.995  # per-token decay of a confidence bucket's counts: the pair cha
 _SHRINK = 6.0  # pseudo-trials pulling a position's rate toward the pooled rate
 _PRIOR_W = 10.0  # pseudo-trials pulling a request's pooled rate toward the engine's, until Spread knows
 _G_SPREAD = 0.9  # per-request decay of a Spread's moments: about the last 10 requests
-_SPREAD_MIN_TRIED = 3.0  # a request's (decayed) trials before its rate tells the spread anything
+# a request's (decayed) trials before its rate tells the spread anything. One is enough: the
+# binomial noise is subtracted, and a request where a lookup failed at once stops planning it,
+# so a higher bar would hear only from the requests where it kept working (writing after code:
+# its 1-trial failures never counted, and the n-gram's prior was taken as alike everywhere)
+_SPREAD_MIN_TRIED = 1.0
 _SPREAD_MIN_N = 3.0  # requests seen before the spread replaces _PRIOR_W
 _W_MIN, _W_MAX = 2.0, 40.0  # the prior's weight in pseudo-trials, whatever the spread says
 _CONF_PRIOR_W = 4.0  # pseudo-trials pulling a confidence bucket toward "calibrated"
