@@ -108,6 +108,41 @@ def test_a_draft_that_stopped_early_is_costed_by_the_tokens_it_evaluated():
     assert seen == [3, 2]
 
 
+def test_lookups_are_learnt_from_the_steps_they_did_not_draft():
+    """Outcome.shadow: a request whose n-gram matches keep failing learns it at the steps the
+    draft model drafts, instead of paying a pass per failed n-gram step (here: the probes a
+    blind policy sends); a lookup judged that way is never probed."""
+    from specserve.policy import Choice
+
+    def run(shadow: bool):
+        ctl = measured(CPU_F16, 0.008)  # a dear draft model: a pass of the n-gram is a real choice
+        policy = ctl.policy(SpecParams(draft_max=8), ["draft", "ngram"])
+        offer, failed = (2, 40), 0  # a 2-token match, 40 tokens follow; its proposal is always wrong
+        for step in range(40):  # the draft model keeps all it drafts, then (a harder passage) nothing
+            kept = 4 if step < 20 else 0
+            policy.see("ngram", offer)
+            c = policy.choose()
+            if c.drafter == "ngram":
+                failed += 1
+                policy.observe(Outcome(c, c.k, 0, 0.0, CPU_F16(1 + c.k)))
+            else:
+                policy.observe(Outcome(c, c.k, min(kept, c.k), 0.008 * c.k, CPU_F16(1 + c.k),
+                                       shadow={"ngram": (1, 0)} if shadow else None))
+        return policy, failed
+
+    policy, failed = run(shadow=True)
+    _, failed_blind = run(shadow=False)
+    assert failed < failed_blind, (failed, failed_blind)
+    assert policy.acc_order[("ngram", 2)].t > 10  # judged at the draft model's steps too
+    ctl = policy.ctl
+    assert "ngram" in ctl.shadowed and policy._probe("ngram", ctl.verify.table(9), 1.0) is None
+    # a hybrid step's lookup was judged by verification itself: its shadow entry is not counted twice
+    before = policy.acc_order[("ngram", 2)].t
+    policy._step_head, policy._step_offers = ("ngram", 2, 3), {"ngram": (2, 3)}
+    policy._observe_shadow({"ngram": (1, 0)}, "hybrid")
+    assert policy.acc_order[("ngram", 2)].t == before
+
+
 @pytest.mark.parametrize("scenario", ["gpu_high", "cpu_q41_high", "cpu_ngram"])
 def test_a_saved_profile_plans_the_first_step_as_the_saved_controller(tmp_path, scenario):
     target, draft = tmp_path / "t.gguf", tmp_path / "d.gguf"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from specserve.config import SamplingParams, SpecParams
 from specserve.drafters import BaseDrafter, Draft, Offer
 from specserve.engine import Engine, Slot
-from specserve.policy import Choice, FixedPolicy, tell_offers
+from specserve.policy import Choice, FixedPolicy, judge, tell_offers
 
 
 class Repeat(BaseDrafter):
@@ -52,6 +52,43 @@ def test_a_new_drafter_plugs_in_by_name(tiny_models, monkeypatch):
     assert g.tokens == alone.tokens
     assert g.stats.drafter_steps.get("repeat") and len(repeat.kept) == g.stats.drafter_steps["repeat"]
     assert policy.offers and all(o == ("repeat", (1, 1000)) for o in policy.offers)
+
+
+class Echo(Repeat):
+    """Another lookup-like drafter: proposes the last token, then 7, 7, ..."""
+
+    name = "echo"
+
+    def propose(self, seq, k, sampler):
+        return Draft([seq[-1]] + [7] * (k - 1))
+
+
+def test_drafters_that_did_not_draft_are_judged_against_what_was_committed(tiny_models, monkeypatch):
+    """Outcome.shadow: each matching drafter but the one that drafted, judged as verification would have."""
+    target = tiny_models["target"]
+    monkeypatch.setattr(Slot, "_drafters", lambda self, spec: {"repeat": Repeat(), "echo": Echo()})
+    engine = Engine(target, None, n_ctx=256)
+    policy = Listening("repeat", 3)
+    outcomes = []
+    policy.observe = outcomes.append
+    monkeypatch.setattr(engine, "policy_for", lambda spec, temperature=0.0: policy)
+    g = engine.new_slot().generate("a a a a a a", SamplingParams(max_tokens=20, ignore_eos=True), SpecParams(mode="auto"))
+    done = 0
+    for o in outcomes:
+        committed = g.tokens[done : done + o.n_accepted + 1]
+        drafted = {o.choice.drafter} if o.choice.k else set()  # judged by verification itself
+        assert set(o.shadow) == {"repeat", "echo"} - drafted
+        if done:  # echo proposed [the last token, 7, 7, ...]
+            assert o.shadow["echo"] == judge([g.tokens[done - 1]] + [7] * 63, committed)
+        done += len(committed)
+    assert done == len(g.tokens) == 20 and any(o.choice.k for o in outcomes)
+
+
+def test_judging_a_draft_stops_at_its_first_wrong_token():
+    assert judge([1, 2, 3], [1, 2, 9, 4]) == (3, 2)  # the third was judged and wrong
+    assert judge([1, 2, 3], [1, 2, 3, 4]) == (3, 3)  # all right; the fourth position was not drafted
+    assert judge([1, 2, 3, 4], [1, 2]) == (2, 2)  # the rest was never judged: the step committed 2
+    assert judge([5], [1]) == (1, 0) and judge([], [1]) == (0, 0)
 
 
 def test_offers_reach_the_first_controllers_shape():

@@ -28,7 +28,7 @@ from .drafters.hybrid import LOOKUPS, HybridDrafter
 from .drafters.ngram import NgramDrafter
 from .drafters.suffix import SuffixDrafter
 from .drafters.suffix_store import SuffixStore
-from .policy import OFF, Choice, FixedPolicy, Outcome, Policy, tell_offers, wants_offers
+from .policy import OFF, Choice, FixedPolicy, Outcome, Policy, judge, tell_offers, wants_offers
 from .sampling import Sampler
 from .stats import GenerationStats
 from .text import StreamDecoder
@@ -39,6 +39,7 @@ log = logging.getLogger("specserve")
 # A same-family draft accepts 60-95% of its greedy drafts; below this after enough
 # drafted tokens, the pair is probably wrong (a subtle tokenizer mismatch, say).
 _PAIRING_WARN_ACCEPTANCE = 0.25
+_SHADOW_MAX = 64  # tokens of a lookup's proposal judged unasked (Outcome.shadow): its longest draft under auto
 _PAIRING_WARN_AFTER = 300
 
 
@@ -299,9 +300,13 @@ class Slot:
     def _propose(self, req: "_Request", seq: list[int], n_left: int, stats: GenerationStats) -> steps.Steps:
         """The policy's choice and the chosen drafter's draft, at most what the context and max_tokens
         leave room for. Returns (Choice, Draft)."""
+        req.shadow = {}
         if wants_offers(req.policy):  # what the drafters that can tell would draft now: lookups
-            offers = {name: d.peek(seq) for name, d in req.drafters.items()}
-            tell_offers(req.policy, {name: o for name, o in offers.items() if o is not None})
+            offers = {name: o for name, d in req.drafters.items() if (o := d.peek(seq)) is not None}
+            tell_offers(req.policy, offers)
+            # and what each that matches would propose, to judge against what the step commits
+            req.shadow = {name: req.drafters[name].propose(seq, _SHADOW_MAX, req.sampler).tokens
+                          for name, o in offers.items() if o[0]}
         choice = req.policy.choose()
         k = min(choice.k, self.engine.n_ctx - len(seq) - 1, n_left - 1)  # the verified token needs room too
         t, meter = time.perf_counter(), steps.Meter()
@@ -354,8 +359,10 @@ class Slot:
         real acceptance; the stats count only positions up to where the text ended."""
         if draft.tokens:
             req.drafters[choice.drafter].accepted(verdict.n_accepted)
+        committed = verdict.tokens[:n_kept]
+        shadow = {name: judge(tokens, committed) for name, tokens in req.shadow.items() if name != choice.drafter}
         req.policy.observe(Outcome(choice, len(draft), verdict.n_accepted, req.t_draft, req.t_verify,
-                                   draft.confidence, draft.stopped))
+                                   draft.confidence, draft.stopped, shadow or None))
         stats.record_step(choice.drafter or "none", choice.k, min(len(draft), n_kept), min(verdict.n_accepted, n_kept))
         stats.n_generated += n_kept
         self.engine.check_pairing_at_run_time()
@@ -377,3 +384,4 @@ class _Request:
     policy: Policy
     t_draft: float = 0.0
     t_verify: float = 0.0
+    shadow: dict[str, list[int]] = field(default_factory=dict)  # what this step's matching lookups would propose

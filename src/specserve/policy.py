@@ -8,6 +8,11 @@ Before choosing, a policy that wants it is told what each drafter could draft th
 when the drafter can tell cheaply (`Drafter.peek`: prompt lookup's match). `tell_offers`
 is the one place that speaks both shapes: `see(drafter, offer)` for every drafter, or the
 first controller's `see_ngram(order, available)` for the n-gram alone.
+
+Such a policy is also told, after the step, how each of those drafters would have fared had
+it drafted (`Outcome.shadow`): what it would have proposed, judged against the tokens the
+step committed as verification would have judged it (`judge`). A lookup costs nothing to
+ask, so its acceptance is measured at every step, not only at the steps it drafts.
 """
 from __future__ import annotations
 
@@ -33,6 +38,23 @@ class Outcome:
     t_verify: float  # seconds of the target pass over 1 + n_drafted tokens
     confidence: Sequence[float] | None = None  # the draft's own per-token confidence (Draft.confidence)
     stopped: bool = False  # the drafter evaluated one token more than it kept (Draft.stopped)
+    # drafter -> (positions judged, positions right): a drafter that did not draft this step
+    # (a lookup that had a match), judged against the committed tokens (`judge`)
+    shadow: Mapping[str, tuple[int, int]] | None = None
+
+
+def judge(proposal: Sequence[int], committed: Sequence[int]) -> tuple[int, int]:
+    """(judged, right): a draft against the tokens a step committed (the target's own tokens
+    there), as verification judges it: up to its first wrong token, and no further than
+    what was committed. Under greedy decoding and --verify gumbel a draft token is accepted
+    exactly where it equals the committed one; under rejection sampling a deterministic
+    draft token x is accepted with the target's p(x), the chance the committed token is x."""
+    right = 0
+    for x, y in zip(proposal, committed):
+        if x != y:
+            return right + 1, right
+        right += 1
+    return right, right
 
 
 class Policy(Protocol):

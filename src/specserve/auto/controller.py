@@ -53,6 +53,7 @@ class Controller:
         self.confidence: dict[tuple, ConfidenceMap] = {}  # (drafter, regime) -> acceptance by top probability
         self.interval: dict[str, int] = {}  # probe interval, steps
         self.last_used: dict[str, float] = {}  # self.clock when the drafter last drafted, any request
+        self.shadowed: set[str] = set()  # lookups the engine judges at every step (Outcome.shadow): never probed
         self.clock = 0.0  # seconds of drafting and verifying observed, all requests
         self.requests, self.tokens = 1.0, 256.0  # decayed counts; a prior of 256 tokens a request
         self.cost_ratio: dict[str, float] = {}  # a drafter's token cost / the target's, before any data

@@ -12,7 +12,10 @@ with the most expected tokens per second; then it learns from the step's outcome
 - lags: how far each drafter's cache is behind, and whether it holds this request's prompt.
 
 The engine tells it, each step, what each lookup drafter would match (`see`), so a lookup
-is planned only when it has a match, up to what it has. With a draft model and a lookup,
+is planned only when it has a match, up to what it has; and after the step, how each lookup
+that matched but did not draft would have fared against the committed tokens
+(`Outcome.shadow`), so a lookup's acceptance is learnt at every step for free: a request
+where lookups fail (a translation) learns it without paying a pass per failed lookup. With a draft model and a lookup,
 the hybrid (drafters.hybrid) is planned too: the lookup's m tokens, then the draft model
 from where they end; it is planned only when a lookup matches fewer tokens than its cap.
 Switching on a lagging drafter charges its catch-up over the tokens the request is still
@@ -23,7 +26,8 @@ to save more over the request than the prompt costs it (its measured seconds per
 token x the tokens its cache lacks): on a CPU a Q4_1 draft processes a long prompt at
 half the F16 target's speed, which a short answer never wins back.
 
-A drafter not in use is probed with a short draft once the steps since its last use
+A drafter not in use (a draft model; a lookup only until the engine has judged it unasked)
+is probed with a short draft once the steps since its last use
 reach an interval (doubled after a failure, up to 32) and the probe's expected loss,
 catch-up included, fits in _EPS of the decode time since the drafter last ran (in this
 request, plus what the engine saved before it). A drafter never run in this process is
@@ -243,6 +247,8 @@ class AutoPolicy:
         ctl = self.ctl
         if name in self.offers and not self.offers[name][0]:
             return None  # nothing to probe with
+        if name in ctl.shadowed:
+            return None  # judged at every step where it matches, unasked: nothing a probe would add
         if self.step - self.used_step[name] < ctl.interval.get(name, _PROBE_MIN):
             return None
         budget = _EPS * (self.clock - self.since[name])
@@ -366,6 +372,8 @@ class AutoPolicy:
             self._trace(o)
         ctl, k, n, acc = self.ctl, o.choice.k, o.n_drafted, o.n_accepted
         used = o.choice.drafter if k > 0 else None
+        if o.shadow:
+            self._observe_shadow(o.shadow, used)
         self.generated += acc + 1
         self.clock += o.t_draft + o.t_verify
         ctl.clock += o.t_draft + o.t_verify
@@ -458,6 +466,21 @@ class AutoPolicy:
         self._probe_cost.pop(MODEL, None)
         self.used_step[MODEL] = self.step
         self._forget_plans(MODEL)
+
+    def _observe_shadow(self, shadow, used: str | None) -> None:
+        """What the lookups that did not draft would have: their acceptance at every step, unasked.
+
+        A lookup is judged against the committed tokens at each step where it matched
+        (engine: Outcome.shadow), so this request learns how its lookups fare without paying a
+        pass for a failed one, and never needs to probe them."""
+        head = self._step_head[0] if used == HYBRID and self._step_head else None
+        for name, (tried, hit) in shadow.items():
+            order = self._step_offers.get(name, (0, 0))[0]
+            if name in FREE and name in self.caps and name not in (used, head) and order and tried:
+                self._learn_lookup(name, match_bucket(order), tried, hit)
+                self.acc[name].add(tried, hit)
+                self.ctl.shadowed.add(name)
+                self._forget_plans(name)
 
     def _learn_lookup(self, name: str, bucket: int, tried: int, hit: int) -> None:
         """A lookup's tokens after a match in `bucket`: this request's rates and the engine's prior."""
