@@ -143,6 +143,31 @@ def test_lookups_are_learnt_from_the_steps_they_did_not_draft():
     assert policy.acc_order[("ngram", 2)].t == before
 
 
+def test_a_lookups_match_at_the_first_step_is_learnt_apart():
+    """At a request's first step a match ends in the prompt's last tokens (the template's header):
+    the suffix drafter then proposes an earlier answer's opening. Its acceptance there is its own."""
+    from specserve.auto.acceptance import OPENING
+    from specserve.policy import Choice
+
+    ctl = measured(CPU_F16, 0.008)
+    spec = SpecParams(draft_max=8)
+    offer = {"suffix": (4, 8)}
+    for _ in range(3):  # earlier requests: within an answer a 4-token match held; at the opening, never
+        policy = ctl.policy(spec, ["suffix"])
+        teach(policy, "suffix", 1, 2, 0, offer)
+        teach(policy, "suffix", 12, 2, 2, offer)
+        policy.finish()
+    rate = {b: ctl.prior("suffix", b)[0] / ctl.prior("suffix", b)[1] for b in (OPENING, 4)}
+    assert rate[OPENING] < 0.2 and rate[4] > 0.7, rate
+    policy = ctl.policy(spec, ["suffix"])
+    policy.see("suffix", offer["suffix"])
+    assert policy.plan()[0] is None  # the opening: plain decoding
+    policy.choose()
+    policy.observe(Outcome(Choice(None, 0), 0, 0, 0.0, CPU_F16(1)))
+    policy.see("suffix", offer["suffix"])
+    assert policy.plan()[0] == "suffix"  # the same match within the answer: drafted
+
+
 @pytest.mark.parametrize("scenario", ["gpu_high", "cpu_q41_high", "cpu_ngram"])
 def test_a_saved_profile_plans_the_first_step_as_the_saved_controller(tmp_path, scenario):
     target, draft = tmp_path / "t.gguf", tmp_path / "d.gguf"
@@ -206,7 +231,7 @@ def test_a_request_unlike_the_last_ones_leans_less_on_their_rate():
         """(its first position's rate, the same with the fixed weight)"""
         policy = ctl.policy(SpecParams(draft_max=8), NAMES)
         no_probes(policy)
-        teach(policy, "suffix", 2, 6, 0, offers)
+        teach(policy, "suffix", 3, 6, 0, offers)  # (the first step's match is the opening's: learnt apart)
         p = ctl.prior("suffix", 8, 0.0)
         return policy._lookup_rates("suffix", 8)[0], policy.acc_order[("suffix", 8)].rates(p[0] / p[1], _PRIOR_W)[0]
 

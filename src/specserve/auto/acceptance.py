@@ -30,6 +30,11 @@ PRIORS = {"ngram": (0.6, 0.6)}  # (acceptance, delivery) before any data; others
 # a lookup's acceptance given the order n of the match it follows (its draft follows an
 # earlier occurrence of the last n tokens): longer matches predict better
 ORDER_PRIOR = {1: 0.15, 2: 0.3, 3: 0.45, 4: 0.6, 8: 0.7, 16: 0.8, 32: 0.85}
+# a match at a request's first step, whatever its length: it ends in the prompt's last tokens
+# (the chat template's "assistant" header), so the suffix drafter proposes an earlier answer's
+# opening, right only where the question repeats; learnt apart from matches within an answer
+OPENING = -1
+ORDER_PRIOR[OPENING] = 0.15
 
 
 def match_bucket(order: int) -> int:

@@ -48,7 +48,7 @@ from ..config import SpecParams
 from ..drafters.hybrid import LOOKUPS
 from ..policy import OFF, Choice, Outcome
 from . import planner
-from .acceptance import ConfidenceMap, Rates, match_bucket
+from .acceptance import OPENING, ConfidenceMap, Rates, match_bucket
 from .controller import FREE, Controller
 from .cost import DraftCost
 
@@ -89,6 +89,7 @@ class AutoPolicy:
         self.acc_order: dict[tuple[str, int], Rates] = {}  # a lookup drafter's acceptance by match bucket
         self.offers: dict[str, tuple[int, int]] = {}  # lookup drafter -> (match length, tokens available)
         self._step_offers: dict[str, tuple[int, int]] = {}
+        self._step_opening = True
         self._step_head: tuple[str, int, int] | None = None  # a hybrid step's (lookup, match bucket, m)
         self.dlv = {n: Rates(self.caps[n]) for n in self.names}
         self.lag = dict.fromkeys(self.names, 0)  # tokens the drafter's cache is behind (after the prompt)
@@ -127,6 +128,11 @@ class AutoPolicy:
             for plans in self._plans.values():
                 plans.clear()
 
+    @staticmethod
+    def _bucket(order: int, opening: bool) -> int:
+        """The acceptance bucket of a lookup's match: by its length, or OPENING at a request's first step."""
+        return OPENING if opening else match_bucket(order)
+
     def _lookup_rates(self, name: str, bucket: int) -> list[float]:
         return self._rates(name, bucket, self.acc_order.setdefault((name, bucket), Rates(self.caps[name])))
 
@@ -151,7 +157,7 @@ class AutoPolicy:
             found, kmax = True, min(kmax, available)
             if not order or kmax < kmin:
                 return planner.plain(V)._replace(rate=0.0)  # no match: nothing to draft
-            order = match_bucket(order)
+            order = self._bucket(order, self.generated == 0)
         key = (kmin, kmax, found, ceiling, order)
         best = self._plans[name].get(key)
         if best is not None:
@@ -177,7 +183,8 @@ class AutoPolicy:
             order, available = self.offers.get(name, (0, 0))
             if name in self.caps and order:
                 # the draft model continues only where the match runs out before the caps
-                return (name, match_bucket(order), available) if available < min(self.caps[name], self.cap) else None
+                bucket = self._bucket(order, self.generated == 0)
+                return (name, bucket, available) if available < min(self.caps[name], self.cap) else None
         return None
 
     def _plan_hybrid(self, V) -> planner.Plan | None:
@@ -342,6 +349,7 @@ class AutoPolicy:
         self.probing = None
         self._step_plan = (None, None)
         self._step_offers = dict(self.offers)
+        self._step_opening = self.generated == 0  # the request's first step: its lookups match the prompt's end
         self._step_head = self._hybrid_head() if self.hybrid else None
         V = self.ctl.verify.table(self.cap + 1)  # [cap + 2] seconds per pass over n tokens
         if V is None:
@@ -399,7 +407,7 @@ class AutoPolicy:
             self.acc[used].add(min(n, acc + 1), acc)
             order = self._step_offers.get(used, (0, 0))[0]
             if order:
-                self._learn_lookup(used, match_bucket(order), min(n, acc + 1), acc)
+                self._learn_lookup(used, self._bucket(order, self._step_opening), min(n, acc + 1), acc)
             if used == MODEL and o.confidence:
                 ctl.confidence_map(MODEL, self.regime).add(o.confidence, acc)
         self.lag[used] = 2 if n and acc == n else 1  # it holds all but the bonus (and last draft)
@@ -477,7 +485,7 @@ class AutoPolicy:
         for name, (tried, hit) in shadow.items():
             order = self._step_offers.get(name, (0, 0))[0]
             if name in FREE and name in self.caps and name not in (used, head) and order and tried:
-                self._learn_lookup(name, match_bucket(order), tried, hit)
+                self._learn_lookup(name, self._bucket(order, self._step_opening), tried, hit)
                 self.acc[name].add(tried, hit)
                 self.ctl.shadowed.add(name)
                 self._forget_plans(name)
