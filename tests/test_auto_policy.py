@@ -93,21 +93,6 @@ def test_the_confidence_map_is_learnt_from_the_draft_models_steps():
     assert not stop(0, 0.98) and stop(1, 0.55)  # it stops at the token the map predicts rejected
 
 
-def test_a_draft_that_stopped_early_is_costed_by_the_tokens_it_evaluated():
-    """2 tokens kept after a declined third cost 3 evaluations: what the drafting cost learns."""
-    from specserve.policy import Choice
-
-    seen = []
-    for stopped in (True, False):
-        ctl = measured(GPU, 0.001)
-        fit = ctl.draft["draft"]
-        fit.add = lambda n, lag, t, add=fit.add: (seen.append(n), add(n, lag, t))
-        policy = ctl.policy(SpecParams(draft_max=8), ["draft"])
-        policy.fresh.discard("draft")  # its cache holds the prompt: the time is all drafting
-        policy.observe(Outcome(Choice("draft", 4), 2, 2, 0.003, GPU(3), [0.9, 0.9], stopped))
-    assert seen == [3, 2]
-
-
 def test_lookups_are_learnt_from_the_steps_they_did_not_draft():
     """Outcome.shadow: a request whose n-gram matches keep failing learns it at the steps the
     draft model drafts, instead of paying a pass per failed n-gram step (here: the probes a

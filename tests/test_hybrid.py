@@ -49,10 +49,8 @@ def test_a_stop_rule_ends_the_draft_and_sees_the_top_probability(engine):
     draft = d.propose(seq, 6, Sampler(GREEDY), stop=stop)
     assert len(draft) == 2 and [i for i, _ in seen] == [0, 1, 2]
     assert draft.confidence == [p for _, p in seen[:2]] and all(0 < p <= 1 for _, p in seen)
-    assert draft.stopped  # the third token was evaluated, then declined
     again = d.propose(seq, 2, Sampler(GREEDY))  # no rule: drafts k, as before
-    assert again.tokens == draft.tokens and again.confidence is None and not again.stopped
-    assert not d.propose(seq, 2, Sampler(GREEDY), stop=lambda i, p: False).stopped  # k reached: nothing declined
+    assert again.tokens == draft.tokens and again.confidence is None
     d.ctx.close()
 
 

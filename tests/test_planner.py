@@ -55,18 +55,6 @@ def test_the_textbook_formula_when_every_token_is_returned():
     assert (p.k, p.rate, p.tokens) == (k, pytest.approx(rates[k][0]), pytest.approx(rates[k][1]))
 
 
-def test_a_draft_that_stops_early_pays_for_the_token_it_declined():
-    """A draft model returning l < k tokens evaluated l + 1 (the one its stop declined): draft(l + 1)."""
-    a, b = 0.003, 0.002
-    V = CPU_F16
-    o = Option("draft", [0.8, 0.8], (a, b, 0.0), 2, dlv=[0.5, 0.5])
-    # returns 0 tokens w.p. 0.5 (evaluated 1), 1 token w.p. 0.25 (evaluated 2), 2 tokens w.p. 0.25
-    seconds = 0.5 * (a + b + V[1]) + 0.25 * (a + 2 * b + V[2]) + 0.25 * (a + 2 * b + V[3])
-    tokens = 1 + 0.5 * 0.8 + 0.25 * 0.8 * 0.8
-    p = best_length(o._replace(kmin=2), V)
-    assert p.k == 2 and (p.tokens, p.seconds) == (pytest.approx(tokens), pytest.approx(seconds))
-
-
 def test_long_matches_at_high_acceptance_draft_long():
     name, p = plan(GPU, [lookup("suffix", 0.97, 60)])
     assert name == "suffix" and p.k >= 40  # far past --draft-max's 8: a pass of 60 costs ~1.3 of one

@@ -37,7 +37,6 @@ class Outcome:
     t_draft: float  # seconds spent drafting
     t_verify: float  # seconds of the target pass over 1 + n_drafted tokens
     confidence: Sequence[float] | None = None  # the draft's own per-token confidence (Draft.confidence)
-    stopped: bool = False  # the drafter evaluated one token more than it kept (Draft.stopped)
     # drafter -> (positions judged, positions right): a drafter that did not draft this step
     # (a lookup that had a match), judged against the committed tokens (`judge`)
     shadow: Mapping[str, tuple[int, int]] | None = None

@@ -8,8 +8,7 @@ makes, in expectation,
 
 a_i = P(draft token i accepted | 1..i-1 accepted); d_i = P(the drafter returns an i-th
 token | it returned i - 1): 1 for a lookup whose match is known, learnt for a draft model
-that may stop early. A draft model that stops early has evaluated the token it declined:
-a draft of l < k tokens costs draft(l + 1), one of k tokens draft(k). With every d_i = 1 this is the textbook 1 + sum_j prod_{i<=j} a_i
+that may stop early. With every d_i = 1 this is the textbook 1 + sum_j prod_{i<=j} a_i
 over verify(k + 1) + draft(k). Each drafter's k maximises E[tokens] / E[seconds] up to its
 cap (a lookup: --suffix-max, 64 by default, so a long, well-predicted match drafts long;
 a draft model: --draft-max); `pick` then takes the drafter with the best rate after its
@@ -44,7 +43,7 @@ class Option(NamedTuple):
     """One drafter as the planner sees it this step.
 
     acc: [>= kmax] a_i; dlv: [>= kmax] d_i, or None (every token up to kmax is returned);
-    cost: (a, b, c), seconds to evaluate n draft tokens after a lag of `lag` = a + b n + c (lag - 1);
+    cost: (a, b, c), seconds to draft n tokens after a lag of `lag` = a + b n + c (lag - 1);
     found: the drafter returns a first token (d_1 = 1); head: a hybrid's lookup tokens'
     acceptance; catchup: seconds the drafter still owes beyond an in-step draft (a cache
     behind the sequence), spread over the tokens the request is still expected to make.
@@ -86,7 +85,7 @@ def best_length(o: Option, V: Sequence[float]) -> Plan:
     for i in range(1, o.kmax + 1):
         d = 1.0 if o.dlv is None or (o.found and i == 1) else o.dlv[i - 1]
         r = reach * d
-        s += (reach - r) * (c_prev + b)  # stopped before token i: it was evaluated all the same
+        s += (reach - r) * c_prev
         reach, chain = r, chain * d * o.acc[i - 1]
         e_tok += chain
         c_prev = a + b * i + c * chain + V[m + i + 1]

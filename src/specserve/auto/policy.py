@@ -394,7 +394,7 @@ class AutoPolicy:
             p, g = ctl.prior(used, 0, self.regime), _G_ENGINE
             p[0], p[1] = p[0] * g + acc, p[1] * g + min(n, acc + 1)
             p[2], p[3] = p[2] * g + n, p[3] * g + min(k, n + 1)
-            self._learn_draft_cost(used, n + o.stopped, 0, o.t_draft)
+            self._learn_draft_cost(used, n, 0, o.t_draft)
             if n or not (self.probing and not self.probing[1]):
                 ctl.last_used[used], self.since[used] = ctl.clock, self.clock
         for other in self.names:
@@ -467,7 +467,7 @@ class AutoPolicy:
             p[0], p[1] = p[0] * g + acc_m, p[1] * g + min(nm, acc_m + 1)
             if o.confidence:
                 ctl.confidence_map(MODEL, self.regime).add(o.confidence[m:], acc_m)
-        self._learn_draft_cost(MODEL, nm + o.stopped, m, o.t_draft)
+        self._learn_draft_cost(MODEL, nm, m, o.t_draft)
         ctl.last_used[MODEL], self.since[MODEL] = ctl.clock, self.clock
         self.lag[MODEL] = 2 if nm and acc == n else 1  # as after its own draft
         self.fresh.discard(MODEL)
@@ -499,8 +499,7 @@ class AutoPolicy:
         q[0], q[1] = q[0] * _G_ENGINE + hit, q[1] * _G_ENGINE + tried
 
     def _learn_draft_cost(self, name: str, n: int, extra: int, t_draft: float) -> None:
-        """Seconds a drafter took to evaluate n tokens (those it drafted, and the one it declined
-        where it stopped early), its cache `extra` tokens further behind than its lag."""
+        """Seconds a drafter took for n tokens, its cache `extra` tokens further behind than its lag."""
         ctl = self.ctl
         if name in self.fresh:  # the prompt's catch-up: what the regression does not explain
             if self.missing[name] > 0 and name not in FREE:

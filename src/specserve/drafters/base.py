@@ -18,8 +18,7 @@ so far; a draft model: its top probability there); the verifier never reads it, 
 
 A policy may hand a drafter a stopping rule for one proposal (`StopRule`): a drafter
 that can tell its confidence before keeping a token (a draft model) asks it at each
-token and stops where it says so (`Draft.stopped`: the token it declined was evaluated,
-and paid for, all the same). The rule sees the drafter's distribution only, never
+token and stops where it says so. The rule sees the drafter's distribution only, never
 the token drawn from it, so a kept token is still an unbiased draw and verification stays
 exact. Drafters that cannot use a rule need not take the argument: `propose` passes it
 only when there is one.
@@ -38,9 +37,6 @@ class Draft:
     tokens: list[int]
     dists: list[Candidates] | None = None  # one one-row q per token, or None (deterministic)
     confidence: list[float] | None = None  # [len(tokens)] per-token estimate in (0, 1], or None
-    # a stop rule (or p-min) ended it after evaluating one token more than it kept: a draft
-    # model then paid a forward pass for that token, which its drafting seconds include
-    stopped: bool = False
 
     def __len__(self) -> int:
         return len(self.tokens)

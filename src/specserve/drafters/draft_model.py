@@ -109,7 +109,6 @@ class DraftModelDrafter(BaseDrafter):
         tokens: list[int] = []
         dists = []
         confidence: list[float] = []
-        stopped = False
         eog = self.model.vocab.eog
         for i in range(k):
             picked, q = sampler.pick(logits, pos + i)
@@ -120,7 +119,6 @@ class DraftModelDrafter(BaseDrafter):
             if self.p_min > 0 or stop is not None:
                 p = _top_prob(logits, q, sampler.greedy)
                 if p < self.p_min or stop is not None and stop(i, p):
-                    stopped = True
                     break
                 confidence.append(p)
             tokens.append(x)
@@ -128,8 +126,7 @@ class DraftModelDrafter(BaseDrafter):
             if x in eog or i == k - 1:
                 break
             logits = (yield steps.Eval(self.ctx, [x], "last"))[0]
-        return Draft(tokens=tokens, dists=None if sampler.greedy else dists, confidence=confidence or None,
-                     stopped=stopped)
+        return Draft(tokens=tokens, dists=None if sampler.greedy else dists, confidence=confidence or None)
 
     def accepted(self, n: int) -> None:
         # the cache is re-synchronised against the committed sequence on the next proposal

@@ -46,4 +46,4 @@ class HybridDrafter(BaseDrafter):
         confidence = None
         if rest.confidence:
             confidence = [*(head.confidence or [1.0] * m), *rest.confidence]
-        return Draft(tokens=tokens, dists=dists, confidence=confidence, stopped=rest.stopped)
+        return Draft(tokens=tokens, dists=dists, confidence=confidence)
