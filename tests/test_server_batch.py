@@ -57,19 +57,27 @@ def test_interference_check_measures_streams_around_a_long_prompt(server, tmp_pa
     import json
     import subprocess
 
-    out = tmp_path / "inter.json"
-    r = subprocess.run([sys.executable, "-m", "specserve.server.interference", "--url", server.url, "--streams", "2",
-                        "--prompt-tokens", "100", "--max-tokens", "450", "--warmup", "0.3", "--json", str(out)],
-                       capture_output=True, text=True, timeout=180)
-    assert r.returncode == 0, r.stdout + r.stderr
-    report = json.loads(out.read_text())
+    def measure() -> dict:
+        out = tmp_path / "inter.json"
+        r = subprocess.run([sys.executable, "-m", "specserve.server.interference", "--url", server.url, "--streams",
+                            "2", "--prompt-tokens", "100", "--max-tokens", "450", "--warmup", "0.3", "--json", str(out)],
+                           capture_output=True, text=True, timeout=180)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return json.loads(out.read_text())
+
+    def timed(report) -> bool:  # a stream timed during the prompt and over the same positions alone
+        return any(s["tpot_control_s"] and s["slowdown_vs_control"] for s in report["streams_detail"])
+
+    report = measure()
+    if not timed(report):  # the tiny model's 100-token prompt can fall between two of a stream's steps: once more
+        report = measure()
     assert report["errors"] == [] and report["prompt_tokens"] > 100 and report["prompt_seconds"] > 0
     # chunks with text: a token may add none, a speculative step several
     assert all(s["tokens"] > 100 for s in report["streams_detail"]), json.dumps(report)
     assert any(s["tpot_before_s"] for s in report["streams_detail"])  # the tiny model may finish a stream early
     assert all("tpot_after_s" in s and "after_vs_before" in s for s in report["streams_detail"])
     # the control: the same streams alone first, timed over the same token positions as the window
-    assert any(s["tpot_control_s"] and s["slowdown_vs_control"] for s in report["streams_detail"])
+    assert timed(report), json.dumps(report)
     assert report["slowdown_vs_control_max"] and report["growth_max"]
 
 
@@ -91,3 +99,5 @@ def test_interference_control_is_timed_over_the_measured_positions():
     assert span == (3, 4)
     assert _tpot_between(control, span) == pytest.approx(0.1)
     assert _tpot_between(control[:4], span) is None  # the control stream ended sooner
+    chunked = [0.0, 0.1, 0.4, 0.4, 0.4, 0.5]  # positions 3 and 4 came in one chunk, with 2
+    assert _tpot_between(chunked, span) == pytest.approx(0.1)  # from the chunk before: 3 tokens in 0.3 s

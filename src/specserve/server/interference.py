@@ -79,9 +79,16 @@ def _tpot(times: list[float], start: float, end: float) -> float | None:
 
 
 def _tpot_between(times: list[float], span: tuple[int, int]) -> float | None:
-    """Mean seconds a token between two token positions (None: the stream ended before the second)."""
+    """Mean seconds a token between two token positions (None: the stream ended before the second).
+
+    Tokens that arrived in one chunk (a speculative step's) share a time: where both positions
+    fall in one chunk, the span starts at the chunk before instead, so it measures time at all."""
     first, last = span
-    return (times[last] - times[first]) / (last - first) if last < len(times) else None
+    if last >= len(times):
+        return None
+    while first > 0 and times[first] >= times[last]:
+        first -= 1
+    return (times[last] - times[first]) / (last - first) if times[last] > times[first] else None
 
 
 def _run_streams(client: httpx.Client, args, base: dict, errors: list[str], subject: str,
