@@ -15,9 +15,11 @@ The engine tells it, each step, what each lookup drafter would match (`see`), so
 is planned only when it has a match, up to what it has; and after the step, how each lookup
 that matched but did not draft would have fared against the committed tokens
 (`Outcome.shadow`), so a lookup's acceptance is learnt at every step for free: a request
-where lookups fail (a translation) learns it without paying a pass per failed lookup. With a draft model and a lookup,
-the hybrid (drafters.hybrid) is planned too: the lookup's m tokens, then the draft model
-from where they end; it is planned only when a lookup matches fewer tokens than its cap.
+where lookups fail (a translation) learns it without paying a pass per failed lookup. A
+match at the request's first step ends in the prompt's template and is learnt apart
+(OPENING). With a draft model and a lookup, the hybrid (drafters.hybrid) is planned too:
+the lookup's m tokens, then the draft model from where they end; it is planned only when
+a lookup matches fewer tokens than its cap.
 Switching on a lagging drafter charges its catch-up over the tokens the request is still
 expected to make.
 
