@@ -129,6 +129,20 @@ def test_confidence_stop_at_the_token_the_map_predicts_rejected():
     assert gain / costs[3] < stop.tokens / stop.seconds and stop(3, 0.55)
 
 
+def test_the_stop_weighs_a_plans_last_token_by_its_share_of_the_pass():
+    """The draft model never evaluates the last token a plan allows, so keeping it costs its share
+    of the pass alone: at a 2-token plan's last token the stop keeps a token that it declines
+    where drafting goes on (the reference pair: draft tokens 45 ms, 3x a token's share of the pass)."""
+    V, b = table({1: 220, 2: 230, 3: 245, 5: 280, 9: 350}), 0.045
+    assert step_costs(V, b, 0, 2) == (pytest.approx(b + V[2] - V[1]), pytest.approx(V[3] - V[2]))
+
+    def stops(k: int) -> list[bool]:
+        stop = ConfidenceStop(ConfidenceMap().table(), ConfidenceMap.EDGES, step_costs(V, b, 0, k), 1.0, b + V[1])
+        return [stop(0, 0.97), stop(1, 0.3)]
+
+    assert stops(2) == [False, False] and stops(8) == [False, True]
+
+
 def test_confidence_stop_keeps_draft_min():
     costs = step_costs(CPU_Q41, 0.013, 0, 8)  # every token dear: stop at once, but for --draft-min
     stop = ConfidenceStop(ConfidenceMap().table(), ConfidenceMap.EDGES, costs, 1.0, 0.013 + CPU_Q41[1], kmin=2)

@@ -123,9 +123,15 @@ def plan(V: Sequence[float], options: Sequence[Option], horizon: float = 1e9) ->
     return name, p
 
 
-def step_costs(V: Sequence[float], b: float, m: int, kmax: int) -> tuple[float, ...]:
-    """[kmax] seconds that draft token i (0-based, after m head tokens) adds: b + V[m + i + 2] - V[m + i + 1]."""
-    return tuple(b + V[m + i + 2] - V[m + i + 1] for i in range(kmax))
+def step_costs(V: Sequence[float], b: float, m: int, k: int) -> tuple[float, ...]:
+    """[k] seconds that keeping draft token i (0-based, after m head tokens) adds to a draft of at most k.
+
+    Its share of the pass, V[m + i + 2] - V[m + i + 1], and, but for the last token the plan
+    allows, b: the draft model evaluates a kept token to draft the next one. The last is
+    never evaluated, so the stop there weighs the pass alone: charged b as well, it asked 4x
+    the expected gain of a 2-token plan's last token on this CPU (b is 3x a token's share of
+    the reference pair's pass), and declined tokens that a fixed draft of k keeps."""
+    return tuple((b if i < k - 1 else 0.0) + V[m + i + 2] - V[m + i + 1] for i in range(k))
 
 
 class ConfidenceStop:

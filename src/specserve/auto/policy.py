@@ -116,7 +116,7 @@ class AutoPolicy:
         self._probe_cost: dict[str, float] = {}  # seconds a probe of the drafter was last expected to lose
         self._plans_V: list[float] | None = None  # the cost table the cached plans were made with
         self._plans: dict[str, dict[tuple, planner.Plan]] = {n: {} for n in [*self.names, HYBRID]}
-        self._costs: dict[int, tuple[float, ...]] = {}  # a head length -> the draft model's seconds per token
+        self._costs: dict[tuple[int, int], tuple[float, ...]] = {}  # (head length, k) -> seconds per draft token
 
     @property
     def predicted_tokens_per_s(self) -> float:
@@ -243,9 +243,9 @@ class AutoPolicy:
         else:
             return None
         a, b, c = self.ctl.draft_coef(MODEL, V)
-        costs = self._costs.get(m)
+        costs = self._costs.get((m, plan.k))
         if costs is None:
-            costs = self._costs[m] = planner.step_costs(V, b, m, self.cap - m)
+            costs = self._costs[m, plan.k] = planner.step_costs(V, b, m, plan.k - m)
         table = self.ctl.confidence_map(MODEL, self.regime).table()
         return planner.ConfidenceStop(table, ConfidenceMap.EDGES, costs, tokens, a + c * m + V[m + 1], chain, kmin)
 
