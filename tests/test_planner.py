@@ -147,3 +147,25 @@ def test_confidence_stop_keeps_draft_min():
     costs = step_costs(CPU_Q41, 0.013, 0, 8)  # every token dear: stop at once, but for --draft-min
     stop = ConfidenceStop(ConfidenceMap().table(), ConfidenceMap.EDGES, costs, 1.0, 0.013 + CPU_Q41[1], kmin=2)
     assert [stop(i, 0.3) for i in range(3)] == [False, False, True]
+
+
+def test_the_stop_looks_past_a_step_in_the_pass_cost():
+    """A pass that grows by steps: on this CPU the reference pair's target passes over 1-3 tokens
+    cost 70/105/113 ms, over 4-7 about 152. The 4th token then costs 39 ms of pass and the next three
+    nearly nothing; judged alone, the 4th stops every confident draft at 3, though 7 pay more."""
+    V, b = table({1: 70, 2: 105, 3: 113, 4: 150, 7: 153, 8: 190, 16: 300}), 0.017
+    k = 6
+    costs = step_costs(V, b, 0, k)
+    acceptance = ConfidenceMap().table()  # calibrated: top probability 0.97 -> kept 97% of the time
+
+    def drafted(p: float) -> int:
+        stop = ConfidenceStop(acceptance, ConfidenceMap.EDGES, costs, 1.0, b + V[1])
+        return next((i for i in range(k) if stop(i, p)), k)
+
+    assert drafted(0.97) == k  # past the step: tokens 4-6 share its cost
+    # the rate of the whole draft beats the one cut before the step, as the plan says
+    a = acceptance[ConfidenceMap.bucket(0.97)]
+    tokens = [1 + sum(a ** j for j in range(1, n + 1)) for n in range(k + 1)]
+    seconds = [b + V[1] + sum(costs[:n]) for n in range(k + 1)]
+    assert tokens[k] / seconds[k] > tokens[2] / seconds[2]
+    assert drafted(0.45) < 2  # a doubtful token: no run after it pays
