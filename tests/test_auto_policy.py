@@ -244,17 +244,34 @@ def test_the_spread_is_kept_in_a_saved_profile():
     assert older.spread == {}
 
 
-def test_a_draft_models_prior_weight_never_falls_below_the_fixed_one():
-    """Requests far apart in the draft model's acceptance still leave its prior the fixed weight: a
-    request that turns it off pays its catch-up to try it again, a lookup nothing."""
+def test_requests_far_apart_leave_a_draft_models_prior_little_weight():
+    """Code at 95% and prose at 30% in turn: the pooled rate says little about the next request, for
+    the draft model as for a lookup, so a prose request stops drafting after a few tokens."""
     from specserve.auto.acceptance import _PRIOR_W, _W_MIN
 
     ctl = Controller()
+    assert ctl.prior_weight("draft", 0, 0.0, 0.7) == _PRIOR_W  # nothing known of requests yet
     for i in range(8):
         ctl.learn_spread("draft", 0, 0.0, 0.95 if i % 2 else 0.3, 20.0)
         ctl.learn_spread("ngram", 0, 0.0, 0.95 if i % 2 else 0.3, 20.0)
-    assert ctl.prior_weight("draft", 0, 0.0, 0.7) == _PRIOR_W
+    assert ctl.prior_weight("draft", 0, 0.0, 0.7) == _W_MIN
     assert ctl.prior_weight("ngram", 0, 0.0, 0.7) == _W_MIN
+
+
+def test_the_draft_models_first_draft_is_learnt_apart():
+    """The pair open their answers differently, so a request's first draft fails where the next ones
+    hold: it neither counts against the request's rate nor moves the pooled one; its own is learnt."""
+    from specserve.auto.acceptance import OPENING
+
+    ctl = measured(GPU, 0.002)
+    policy = ctl.policy(SpecParams(mode="auto", draft_max=8), ["draft"])
+    no_probes(policy)
+    pooled = list(ctl.prior("draft", 0, 0.0))
+    teach(policy, "draft", 1, 4, 0)  # the first step: nothing kept
+    assert policy.acc["draft"].t == 0 and ctl.prior("draft", 0, 0.0)[:2] == pooled[:2]
+    assert ctl.prior("draft", OPENING, 0.0)[1] > ctl.prior("draft", OPENING, 0.0)[0] + 0.9  # a failed trial
+    teach(policy, "draft", 1, 4, 4)  # the next: all kept, counted as usual
+    assert policy.acc["draft"].t > 0 and ctl.prior("draft", 0, 0.0)[0] > 0.98 * pooled[0] + 3.9
 
 
 def test_each_step_is_traced_at_debug_level(caplog):

@@ -17,7 +17,8 @@ that matched but did not draft would have fared against the committed tokens
 (`Outcome.shadow`), so a lookup's acceptance is learnt at every step for free: a request
 where lookups fail (a translation) learns it without paying a pass per failed lookup. A
 match at the request's first step ends in the prompt's template and is learnt apart
-(OPENING). With a draft model and a lookup, the hybrid (drafters.hybrid) is planned too:
+(OPENING), and so is the draft model's first draft (this pair opens an answer "Here is"
+where its draft says "To": 16 of 18 first drafts kept nothing). With a draft model and a lookup, the hybrid (drafters.hybrid) is planned too:
 the lookup's m tokens, then the draft model from where they end; it is planned only when
 a lookup matches fewer tokens than its cap.
 Switching on a lagging drafter charges its catch-up over the tokens the request is still
@@ -45,12 +46,13 @@ holds its lock for the whole call (see controller.py).
 from __future__ import annotations
 
 import logging
+import math
 
 from ..config import SpecParams
 from ..drafters.hybrid import LOOKUPS
 from ..policy import OFF, Choice, Outcome
 from . import planner
-from .acceptance import OPENING, ConfidenceMap, Rates, match_bucket
+from .acceptance import _PRIOR_W, OPENING, ConfidenceMap, Rates, match_bucket
 from .controller import FREE, Controller
 from .cost import DraftCost
 
@@ -58,6 +60,7 @@ _G_ENGINE = 0.98  # per-step decay of the engine's pooled counts
 _EPS = 0.01  # share of decode time that probes may lose
 _PROBE_MIN, _PROBE_MAX = 4, 32  # steps between probes of an unused drafter
 _FOLLOW_UPS = 6  # successful probes in a row that may bypass the budget
+_TRIAL_STEPS = 3  # steps a request drafts before its own acceptance overrules a prior that was too hopeful
 LOOKUP_MAX = 64  # how far a lookup drafter may draft under auto where the user set no cap
 MODEL = "draft"  # the draft model's drafter name
 HYBRID = "hybrid"  # a lookup's match, then the draft model (drafters.hybrid)
@@ -88,6 +91,7 @@ class AutoPolicy:
         # the draft model returns nothing below --draft-min under greedy: never ask for fewer
         self.kmin = {n: max(1, spec.draft_min) if n == MODEL else 1 for n in self.names}
         self.acc = {n: Rates(self.caps[n]) for n in self.names}
+        self._opening: dict[str, Rates] = {}  # a model drafter's acceptance at the request's first step
         self.acc_order: dict[tuple[str, int], Rates] = {}  # a lookup drafter's acceptance by match bucket
         self.offers: dict[str, tuple[int, int]] = {}  # lookup drafter -> (match length, tokens available)
         self._step_offers: dict[str, tuple[int, int]] = {}
@@ -160,7 +164,8 @@ class AutoPolicy:
             if not order or kmax < kmin:
                 return planner.plain(V)._replace(rate=0.0)  # no match: nothing to draft
             order = self._bucket(order, self.generated == 0)
-        key = (kmin, kmax, found, ceiling, order)
+        opening = not order and name not in FREE and self.generated == 0
+        key = (kmin, kmax, found, ceiling, OPENING if opening else order)
         best = self._plans[name].get(key)
         if best is not None:
             return best
@@ -168,6 +173,8 @@ class AutoPolicy:
             acc = [1.0] * cap
         elif order:
             acc = self._lookup_rates(name, order)
+        elif opening:  # the model's first draft follows the prompt: learnt apart (OPENING)
+            acc = self._rates(name, OPENING, self._opening.setdefault(name, Rates(self.caps[name])))
         else:
             acc = self._rates(name, 0, self.acc[name])
         p = self.ctl.prior(name, 0, self.regime)
@@ -290,9 +297,10 @@ class AutoPolicy:
 
         Catching up on the prompt costs the same whenever it happens (one batch); doing it
         up front only pays if the drafter is then expected to save more than that over the
-        request: (plain seconds per token - its seconds per token) x the tokens to come
-        > its measured seconds per prompt token x n_missing. Until that cost has been
-        measured once (at a first use, which the plans charge), nothing is prefilled.
+        request: (plain seconds per token - its seconds per token) x the tokens to come,
+        over what this request's acceptance may be (_prefill_gain), > its measured seconds
+        per prompt token x n_missing. Until that cost has been measured once (at a first
+        use, which the plans charge), nothing is prefilled.
         """
         self.max_tokens = max_tokens
         if name not in self.names or name in FREE or max_tokens < 2:  # one token: nothing to draft
@@ -304,13 +312,39 @@ class AutoPolicy:
                 V = self.ctl.verify.table(self.cap + 1)
                 if per_token is None or V is None:
                     return False
-                rate = self._plan(name, V, kmin=self.kmin[name]).rate
-                saved = min(self._horizon(), max_tokens - 1) * (V[1] - 1.0 / rate) if rate > 0 else 0.0
-                if saved <= per_token * n_missing:
+                tokens = min(self._horizon(), max_tokens - 1)
+                if self._prefill_gain(name, V, tokens) <= per_token * n_missing:
                     return False
         self.fresh.discard(name)
         self.lag[name] = 1  # the prompt's last token, which every step feeds
         return True
+
+    def _prefill_gain(self, name: str, V, tokens: float) -> float:
+        """Seconds a draft model that takes the prompt now is expected to save over `tokens`.
+
+        Requests differ (a code answer keeps 0.9 of the 0.5B's tokens, prose half as many), and
+        which kind this one is shows only once the drafter runs. Judged at the pooled rate
+        alone, a catch-up that a code request repays several times is declined wherever the
+        pooled rate sits near break-even, and the drafter, never run, never shows otherwise.
+        So the gain is averaged over the pooled rate and one spread of requests (Spread) either
+        side of it; where a level does not pay, the request loses the few steps that teach it
+        so (_TRIAL_STEPS), not the request.
+        """
+        ctl = self.ctl
+        q = ctl.prior(name, 0, self.regime)
+        m = q[0] / q[1]
+        sp = ctl.spread.get((name, 0, self.regime))
+        sd = math.sqrt(m * (1.0 - m) / ((sp.weight(m) if sp is not None else _PRIOR_W) + 1.0))
+        cost, dlv, cap = tuple(ctl.draft_coef(name, V)), self.dlv[name].rates(q[2] / q[3]), self.caps[name]
+        total = 0.0
+        for x in (m - sd, m, m + sd):
+            acc = [min(max(x, 0.0), 0.99)] * cap
+            p = planner.best_length(planner.Option(name, acc, cost, cap, self.kmin[name], dlv), V)
+            if p.k and p.rate * V[1] > 1.0:
+                total += tokens * (V[1] - 1.0 / p.rate)
+            elif p.k:
+                total -= _TRIAL_STEPS * (p.seconds - p.tokens * V[1])
+        return total / 3.0
 
     def prefilled(self, name: str, n_tokens: int, seconds: float) -> None:
         """Told what a prefill cost: the prompt's catch-up rate, for the next decisions."""
@@ -392,8 +426,9 @@ class AutoPolicy:
         if used == HYBRID:
             self._observe_hybrid(o)
             return
+        opening = used and used not in FREE and self._step_opening
         if used:
-            p, g = ctl.prior(used, 0, self.regime), _G_ENGINE
+            p, g = ctl.prior(used, OPENING if opening else 0, self.regime), _G_ENGINE
             p[0], p[1] = p[0] * g + acc, p[1] * g + min(n, acc + 1)
             p[2], p[3] = p[2] * g + n, p[3] * g + min(k, n + 1)
             self._learn_draft_cost(used, n, 0, o.t_draft)
@@ -406,7 +441,8 @@ class AutoPolicy:
             return
         self.dlv[used].add(min(k, n + 1), n)
         if n:
-            self.acc[used].add(min(n, acc + 1), acc)
+            rates = self._opening.setdefault(used, Rates(self.caps[used])) if opening else self.acc[used]
+            rates.add(min(n, acc + 1), acc)
             order = self._step_offers.get(used, (0, 0))[0]
             if order:
                 self._learn_lookup(used, self._bucket(order, self._step_opening), min(n, acc + 1), acc)
