@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import statistics
 import sys
 import threading
@@ -129,9 +130,11 @@ def run(args) -> dict:
 
     with httpx.Client(base_url=args.url, headers=headers, timeout=args.timeout) as client:
         # the control first (nothing cached yet), on another subject: a server that drafts from earlier
-        # answers must not find the measured streams' text there
-        control = _run_streams(client, args, base, errors, "a lighthouse") if args.control else None
-        times = _run_streams(client, args, base, errors, "a robot", during=long_prompt)
+        # answers must not find the measured streams' text there, nor an earlier check's (the run's tag:
+        # a check run twice found its whole answers in specserve's cross-request store, 450 tokens in 9 steps)
+        tag = secrets.token_hex(3)
+        control = _run_streams(client, args, base, errors, f"a lighthouse ({tag})") if args.control else None
+        times = _run_streams(client, args, base, errors, f"a robot ({tag})", during=long_prompt)
     t_sent, t_answered = sent["t"], sent["answered"]
     streams = []
     for i, ts in enumerate(times):
