@@ -69,7 +69,9 @@ def test_interference_check_measures_streams_around_a_long_prompt(server, tmp_pa
         return any(s["tpot_control_s"] and s["slowdown_vs_control"] for s in report["streams_detail"])
 
     report = measure()
-    if not timed(report):  # the tiny model's 100-token prompt can fall between two of a stream's steps: once more
+    for _ in range(3):  # the tiny model's prompt (24 ms here) can fall between two of a stream's steps: again,
+        if timed(report):  # on new prompts (each check's are its own: nothing to draft from the last one's)
+            break
         report = measure()
     assert report["errors"] == [] and report["prompt_tokens"] > 100 and report["prompt_seconds"] > 0
     # chunks with text: a token may add none, a speculative step several
