@@ -60,7 +60,9 @@ def test_interference_check_measures_streams_around_a_long_prompt(server, tmp_pa
     def measure() -> dict:
         out = tmp_path / "inter.json"
         r = subprocess.run([sys.executable, "-m", "specserve.server.interference", "--url", server.url, "--streams",
-                            "2", "--prompt-tokens", "100", "--max-tokens", "450", "--warmup", "0.3", "--json", str(out)],
+                            "2", "--prompt-tokens", "100", "--max-tokens", "450", "--warmup", "0.1", "--json", str(out),
+                            # a token a chunk: the control is timed at the window's chunk positions
+                            "--body", '{"speculative": {"mode": "none"}}'],
                            capture_output=True, text=True, timeout=180)
         assert r.returncode == 0, r.stdout + r.stderr
         return json.loads(out.read_text())

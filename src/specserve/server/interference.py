@@ -113,7 +113,7 @@ def _run_streams(client: httpx.Client, args, base: dict, errors: list[str], subj
 
 def run(args) -> dict:
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    base = {"max_tokens": args.max_tokens, "temperature": 0.0, "ignore_eos": True}
+    base = {**args.body, "max_tokens": args.max_tokens, "temperature": 0.0, "ignore_eos": True}
     if args.model:
         base["model"] = args.model
     errors: list[str] = []
@@ -159,6 +159,16 @@ def run(args) -> dict:
     return report
 
 
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 2) if a and b else None
 
@@ -175,6 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="first run the same streams alone, to tell what the prompt costs them from what their own "
                    "growing contexts do (default on; run on a freshly started server)")
     p.add_argument("--model", help="model or profile name to request")
+    p.add_argument("--body", type=_json_object, default={}, metavar="JSON",
+                   help="fields added to every request, a server's own options: e.g. specserve's "
+                   "'{\"speculative\": {\"mode\": \"none\"}}' times the streams token by token (the control "
+                   "is timed at the same chunk positions, and speculative steps make chunks of several tokens)")
     p.add_argument("--api-key")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--json", metavar="OUT", help="also write the report as JSON")
