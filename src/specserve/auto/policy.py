@@ -18,9 +18,9 @@ that matched but did not draft would have fared against the committed tokens
 where lookups fail (a translation) learns it without paying a pass per failed lookup. A
 match at the request's first step ends in the prompt's template and is learnt apart
 (OPENING), and so is the draft model's first draft (this pair opens an answer "Here is"
-where its draft says "To": 16 of 18 first drafts kept nothing). With a draft model and a lookup, the hybrid (drafters.hybrid) is planned too:
-the lookup's m tokens, then the draft model from where they end; it is planned only when
-a lookup matches fewer tokens than its cap.
+where its draft says "To": 16 of 18 first drafts kept nothing). With a draft model and a
+lookup, the hybrid (drafters.hybrid) is planned too: the lookup's m tokens, then the draft
+model from where they end; it is planned only when a lookup matches fewer tokens than its cap.
 Switching on a lagging drafter charges its catch-up over the tokens the request is still
 expected to make.
 

@@ -187,8 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="model or profile name to request")
     p.add_argument("--body", type=_json_object, default={}, metavar="JSON",
                    help="fields added to every request, a server's own options: e.g. specserve's "
-                   "'{\"speculative\": {\"mode\": \"none\"}}' times the streams token by token (the control "
-                   "is timed at the same chunk positions, and speculative steps make chunks of several tokens)")
+                   "'{\"speculative\": {\"mode\": \"none\"}}' times the streams token by token (the "
+                   "control is timed at the same chunk positions; speculative steps make chunks of several tokens)")
     p.add_argument("--api-key")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--json", metavar="OUT", help="also write the report as JSON")
