@@ -91,7 +91,8 @@ class AutoPolicy:
         # the draft model returns nothing below --draft-min under greedy: never ask for fewer
         self.kmin = {n: max(1, spec.draft_min) if n == MODEL else 1 for n in self.names}
         self.acc = {n: Rates(self.caps[n]) for n in self.names}
-        self._opening: dict[str, Rates] = {}  # a model drafter's acceptance at the request's first step
+        # a model drafter's acceptance at the request's first step, learnt apart (OPENING)
+        self._opening = {n: Rates(self.caps[n]) for n in self.names if n not in FREE}
         self.acc_order: dict[tuple[str, int], Rates] = {}  # a lookup drafter's acceptance by match bucket
         self.offers: dict[str, tuple[int, int]] = {}  # lookup drafter -> (match length, tokens available)
         self._step_offers: dict[str, tuple[int, int]] = {}
@@ -174,7 +175,7 @@ class AutoPolicy:
         elif order:
             acc = self._lookup_rates(name, order)
         elif opening:  # the model's first draft follows the prompt: learnt apart (OPENING)
-            acc = self._rates(name, OPENING, self._opening.setdefault(name, Rates(self.caps[name])))
+            acc = self._rates(name, OPENING, self._opening[name])
         else:
             acc = self._rates(name, 0, self.acc[name])
         p = self.ctl.prior(name, 0, self.regime)
@@ -441,8 +442,7 @@ class AutoPolicy:
             return
         self.dlv[used].add(min(k, n + 1), n)
         if n:
-            rates = self._opening.setdefault(used, Rates(self.caps[used])) if opening else self.acc[used]
-            rates.add(min(n, acc + 1), acc)
+            (self._opening[used] if opening else self.acc[used]).add(min(n, acc + 1), acc)
             order = self._step_offers.get(used, (0, 0))[0]
             if order:
                 self._learn_lookup(used, self._bucket(order, self._step_opening), min(n, acc + 1), acc)
