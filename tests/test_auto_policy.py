@@ -218,7 +218,9 @@ def test_a_request_unlike_the_last_ones_leans_less_on_their_rate():
         no_probes(policy)
         teach(policy, "suffix", 3, 6, 0, offers)  # (the first step's match is the opening's: learnt apart)
         p = ctl.prior("suffix", 8, 0.0)
-        return policy._lookup_rates("suffix", 8)[0], policy.acc_order[("suffix", 8)].rates(p[0] / p[1], _PRIOR_W)[0]
+        shape = ctl.position_shape("suffix", 8, 0.0).factors(policy.caps["suffix"])
+        return (policy._lookup_rates("suffix", 8)[0],
+                policy.acc_order[("suffix", 8)].rates(p[0] / p[1], _PRIOR_W, shape)[0])
 
     request(True)
     now, fixed = after_two_misses()  # (not finished: it tells the spread nothing)
@@ -227,21 +229,25 @@ def test_a_request_unlike_the_last_ones_leans_less_on_their_rate():
         request(i % 2 == 0)  # ... the last one kept all, as the first did
     assert ctl.spread[("suffix", 8, 0.0)].n > 3
     now, fixed = after_two_misses()
-    assert fixed > 0.5 and now < fixed - 0.2
+    assert fixed > 0.3 and now < 0.7 * fixed  # (the first position: a copy that breaks, breaks there)
 
 
-def test_the_spread_is_kept_in_a_saved_profile():
+def test_the_spread_and_the_shape_are_kept_in_a_saved_profile():
     ctl = measured(GPU, 0.001)
     for i in range(5):
         ctl.learn_spread("suffix", 8, 0.0, 0.9 if i % 2 else 0.1, 12.0)
+        ctl.position_shape("suffix", 8, 0.0).add([[1, 0, 2, 4, 8, 0, 0], [2, 1, 2, 4, 8, 0, 0]])
     fresh = Controller()
     fresh.load_state_dict(ctl.state_dict())
     assert fresh.prior_weight("suffix", 8, 0.0, 0.5) == ctl.prior_weight("suffix", 8, 0.0, 0.5)
+    # the shape too, at its full weight: how drafts break is the pair's and the work's, not the machine's
+    assert fresh.position_shape("suffix", 8, 0.0).factors(16) == ctl.position_shape("suffix", 8, 0.0).factors(16)
+    assert ctl.position_shape("suffix", 8, 0.0).factors(16)[0] < 0.8
     state = ctl.state_dict()
-    del state["spread"]  # a profile written before the spread was kept
+    del state["spread"], state["shape"]  # a profile written before the spread and the shape were kept
     older = Controller()
     older.load_state_dict(state)
-    assert older.spread == {}
+    assert older.spread == {} and older.shape == {}
 
 
 def test_requests_far_apart_leave_a_draft_models_prior_little_weight():
@@ -294,3 +300,32 @@ def test_each_step_is_traced_at_debug_level(caplog):
     with caplog.at_level("INFO", logger="specserve.auto"):
         teach(policy, "draft", 2, 4, 2)
     assert not [r for r in caplog.records if r.name == "specserve.auto"]
+
+
+def test_a_lookup_whose_copies_hold_or_break_at_once_is_planned_by_position():
+    """A lookup's 16-token drafts either hold to the end or break at their first token, one of each
+    in turn, as copies in a code edit do. Pooled over every judged token it keeps 16 in 17, which
+    would plan a 4-token draft for 4.1 tokens a step; its first token is kept 1 time in 2. The
+    engine's Shape learns that over finished requests, so a new request's plan expects what
+    its drafts deliver, 1 + k/2 tokens, at every length drafted before."""
+    ctl = measured(CPU_F16, 0.02)
+    offer = {"suffix": (16, 64)}
+
+    def request(pairs: int):
+        policy = ctl.policy(SpecParams(draft_max=8), ["suffix"])
+        no_probes(policy)
+        teach(policy, "suffix", 1, 1, 0, offer)  # (the opening: learnt apart)
+        for _ in range(pairs):
+            teach(policy, "suffix", 1, 16, 16, offer)
+            teach(policy, "suffix", 1, 16, 0, offer)
+        return policy
+
+    for _ in range(8):
+        request(5).finish()
+    rates = request(1)._lookup_rates("suffix", 16)
+    for k in (1, 4, 16):
+        tokens, chain = 1.0, 1.0
+        for x in rates[:k]:
+            chain *= x
+            tokens += chain
+        assert tokens == pytest.approx(1 + k / 2, rel=0.05), (k, rates[:4])

@@ -24,7 +24,7 @@ import logging
 import threading
 
 from ..config import SpecParams
-from .acceptance import _PRIOR_W, ORDER_PRIOR, PRIORS, ConfidenceMap, Spread
+from .acceptance import _PRIOR_W, ORDER_PRIOR, PRIORS, ConfidenceMap, Shape, Spread
 from .cost import DraftCost, VerifyCost
 
 log = logging.getLogger("specserve")
@@ -50,6 +50,7 @@ class Controller:
         self.prompt_cost: dict[str, float] = {}  # seconds per prompt token a model drafter catches up (EMA)
         self.pooled: dict[tuple, list[float]] = {}  # (drafter, order, regime) -> decayed counts
         self.spread: dict[tuple, Spread] = {}  # (drafter, order, regime) -> how much requests differ there
+        self.shape: dict[tuple, Shape] = {}  # (lookup, match bucket, regime) -> acceptance by draft position
         self.confidence: dict[tuple, ConfidenceMap] = {}  # (drafter, regime) -> acceptance by top probability
         self.interval: dict[str, int] = {}  # probe interval, steps
         self.last_used: dict[str, float] = {}  # self.clock when the drafter last drafted, any request
@@ -136,6 +137,7 @@ class Controller:
             "pooled": [[name, order, regime, *counts] for (name, order, regime), counts in self.pooled.items()],
             "confidence": [[name, regime, *m.state()] for (name, regime), m in self.confidence.items()],
             "spread": [[name, order, regime, *sp.state()] for (name, order, regime), sp in self.spread.items()],
+            "shape": [[name, order, regime, *sh.state()] for (name, order, regime), sh in self.shape.items()],
             "requests": self.requests, "tokens": self.tokens,
         }
 
@@ -153,9 +155,11 @@ class Controller:
                       for name, regime, *counts in state.get("confidence", [])}  # absent in older profiles
         spread = {(str(name), int(order), float(regime)): Spread.from_state(moments)
                   for name, order, regime, *moments in state.get("spread", [])}  # (likewise)
+        shape = {(str(name), int(order), float(regime)): Shape.from_state(counts, 1.0)
+                 for name, order, regime, *counts in state.get("shape", [])}  # (likewise)
         with self.lock:
             self.verify, self.draft, self.pooled, self.confidence = v, draft, pooled, confidence
-            self.spread = spread
+            self.spread, self.shape = spread, shape
             self.profiled = frozenset(draft) | {name for name, _, _ in pooled}
             self.prompt_cost = {str(k): float(x) for k, x in state["prompt_cost"].items()}
             self.requests, self.tokens = float(state["requests"]), float(state["tokens"])
@@ -186,6 +190,13 @@ class Controller:
         """A finished request's own rate there, over `tried` (decayed) trials."""
         p = self.prior(name, order, regime)
         self.spread.setdefault((name, order, regime), Spread()).add(rate, p[0] / p[1], tried)
+
+    def position_shape(self, name: str, order: int, regime: float) -> Shape:
+        key = (name, order, regime)
+        sh = self.shape.get(key)
+        if sh is None:
+            sh = self.shape[key] = Shape()
+        return sh
 
     def confidence_map(self, name: str, regime: float) -> ConfidenceMap:
         m = self.confidence.get((name, regime))

@@ -5,7 +5,8 @@ with the most expected tokens per second; then it learns from the step's outcome
 
 - acceptance per draft position, per drafter, and for a lookup per match bucket (a 4-token
   match predicts a copy far better than a 1-token one), decayed and shrunk toward the
-  engine's pooled rates (controller.py), which are the prior of the next request;
+  engine's pooled rates (controller.py), which are the prior of the next request, each
+  position as the engine has seen acceptance move with the position (acceptance.Shape);
 - delivery: how often a drafter that may stop early (a draft model) returns an i-th token;
 - the draft model's confidence map (its top probability at a drafted token -> acceptance),
   which each step hands to the draft model as a planner.ConfidenceStop;
@@ -52,7 +53,7 @@ from ..config import SpecParams
 from ..drafters.hybrid import LOOKUPS
 from ..policy import OFF, Choice, Outcome
 from . import planner
-from .acceptance import _PRIOR_W, OPENING, ConfidenceMap, Rates, match_bucket
+from .acceptance import _PRIOR_W, OPENING, ConfidenceMap, Rates, Shape, match_bucket
 from .controller import FREE, Controller
 from .cost import DraftCost
 
@@ -94,6 +95,7 @@ class AutoPolicy:
         # a model drafter's acceptance at the request's first step, learnt apart (OPENING)
         self._opening = {n: Rates(self.caps[n]) for n in self.names if n not in FREE}
         self.acc_order: dict[tuple[str, int], Rates] = {}  # a lookup drafter's acceptance by match bucket
+        self._judged: dict[tuple[str, int], list] = {}  # (drafter, bucket) -> [hit, tried] per Shape group
         self.offers: dict[str, tuple[int, int]] = {}  # lookup drafter -> (match length, tokens available)
         self._step_offers: dict[str, tuple[int, int]] = {}
         self._step_opening = True
@@ -144,10 +146,18 @@ class AutoPolicy:
         return self._rates(name, bucket, self.acc_order.setdefault((name, bucket), Rates(self.caps[name])))
 
     def _rates(self, name: str, bucket: int, rates: Rates) -> list[float]:
-        """A request's acceptance by position, leaning on the engine's pooled rate as much as requests were alike."""
+        """A request's acceptance by position, leaning on the engine's pooled rate as much as
+        requests were alike, each position as the engine's acceptance moves with it (Shape)."""
         q = self.ctl.prior(name, bucket, self.regime)
         mean = q[0] / q[1]
-        return rates.rates(mean, self.ctl.prior_weight(name, bucket, self.regime, mean))
+        shape = self.ctl.position_shape(name, bucket, self.regime).factors(self.caps[name])
+        return rates.rates(mean, self.ctl.prior_weight(name, bucket, self.regime, mean), shape)
+
+    def _learn_rates(self, name: str, bucket: int, rates: Rates, tried: int, hit: int) -> None:
+        """A judged draft: the request's rates, and its counts for the engine's Shape (at finish)."""
+        rates.add(tried, hit)
+        Shape.judge(self._judged.setdefault((name, bucket), [[0.0] * Shape.GROUPS, [0.0] * Shape.GROUPS]),
+                    tried, hit)
 
     def _plan(self, name, V, kmin=1, kmax=None, found=False, ceiling=False) -> planner.Plan:
         """Best plan of one drafter over k in [kmin, kmax].
@@ -354,13 +364,16 @@ class AutoPolicy:
                 self.ctl.learn_prompt_cost(name, seconds / n_tokens)
 
     def finish(self) -> None:
-        """The request ended: tell the engine how far its rates were from the pooled ones (Spread)."""
+        """The request ended: tell the engine how far its rates were from the pooled ones (Spread),
+        and how its drafts held by position against its own rate (Shape)."""
         with self.ctl.lock:
             rates = [(name, 0, r) for name, r in self.acc.items()]
             rates += [(name, bucket, r) for (name, bucket), r in self.acc_order.items()]
             for name, bucket, r in rates:
                 if r.rate is not None:
                     self.ctl.learn_spread(name, bucket, self.regime, r.rate, r.t)
+            for (name, bucket), counts in self._judged.items():
+                self.ctl.position_shape(name, bucket, self.regime).add(counts)
 
     def see(self, name: str, offer: tuple[int, int]) -> None:
         """What a lookup drafter would draft this step: its match length (0: none), tokens available."""
@@ -442,7 +455,11 @@ class AutoPolicy:
             return
         self.dlv[used].add(min(k, n + 1), n)
         if n:
-            (self._opening[used] if opening else self.acc[used]).add(min(n, acc + 1), acc)
+            if used in FREE:  # (a lookup's shape is learnt by match bucket, below)
+                self.acc[used].add(min(n, acc + 1), acc)
+            else:
+                self._learn_rates(used, OPENING if opening else 0, self._opening[used] if opening else self.acc[used],
+                                  min(n, acc + 1), acc)
             order = self._step_offers.get(used, (0, 0))[0]
             if order:
                 self._learn_lookup(used, self._bucket(order, self._step_opening), min(n, acc + 1), acc)
@@ -500,7 +517,7 @@ class AutoPolicy:
             return
         self.dlv[MODEL].add(min(j, nm + 1), nm)
         if nm and acc >= m:  # the model's tokens were judged only if the lookup's all were kept
-            self.acc[MODEL].add(min(nm, acc_m + 1), acc_m)
+            self._learn_rates(MODEL, 0, self.acc[MODEL], min(nm, acc_m + 1), acc_m)
             p, g = ctl.prior(MODEL, 0, self.regime), _G_ENGINE
             p[0], p[1] = p[0] * g + acc_m, p[1] * g + min(nm, acc_m + 1)
             if o.confidence:
@@ -532,7 +549,7 @@ class AutoPolicy:
         """A lookup's tokens after a match in `bucket`: this request's rates and the engine's prior."""
         if not tried:
             return
-        self.acc_order.setdefault((name, bucket), Rates(self.caps[name])).add(tried, hit)
+        self._learn_rates(name, bucket, self.acc_order.setdefault((name, bucket), Rates(self.caps[name])), tried, hit)
         q = self.ctl.prior(name, bucket, self.regime)
         q[0], q[1] = q[0] * _G_ENGINE + hit, q[1] * _G_ENGINE + tried
 
