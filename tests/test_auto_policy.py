@@ -329,3 +329,24 @@ def test_a_lookup_whose_copies_hold_or_break_at_once_is_planned_by_position():
             chain *= x
             tokens += chain
         assert tokens == pytest.approx(1 + k / 2, rel=0.05), (k, rates[:4])
+
+
+def test_a_prefill_is_judged_over_the_shorter_answers_seen():
+    """A draft model that keeps 90% of its tokens, a 50-token prompt to catch up on: worth it over
+    64-token answers, not where over a quarter of recent answers ended after 15 tokens (translations
+    among code): a short answer would pay the whole catch-up, and the model can still start mid-
+    answer. The lengths are kept in the profile."""
+    ctl = measured(CPU_F16, 0.006)
+    ctl.pooled[("draft", 0, 0.0)] = [18.0, 20.0, 20.0, 20.0]
+    ctl.prompt_cost["draft"] = 0.004
+    spec = SpecParams(draft_max=8)
+    for n in [64] * 16:
+        ctl.learn_length(n)
+    assert ctl.policy(spec, ["draft"]).prefill("draft", 50, 64)
+    for n in [15] * 6:
+        ctl.learn_length(n)
+    policy = ctl.policy(spec, ["draft"])
+    assert policy._prefill_horizon() == 15 and not policy.prefill("draft", 50, 64)
+    fresh = Controller()
+    fresh.load_state_dict(ctl.state_dict())
+    assert fresh.lengths == ctl.lengths == [64] * 16 + [15] * 6

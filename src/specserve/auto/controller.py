@@ -36,6 +36,7 @@ FREE = frozenset({"ngram", "suffix"})
 # (0 of 2 at 70%: one engine in eleven) must not switch it off for good, since once off only
 # probes priced by its catch-up can bring it back
 PRIOR_TRIALS = 8.0
+_LENGTHS = 32  # finished requests whose lengths are kept (AutoPolicy._prefill_horizon)
 
 
 class Controller:
@@ -57,6 +58,7 @@ class Controller:
         self.shadowed: set[str] = set()  # lookups the engine judges at every step (Outcome.shadow): never probed
         self.clock = 0.0  # seconds of drafting and verifying observed, all requests
         self.requests, self.tokens = 1.0, 256.0  # decayed counts; a prior of 256 tokens a request
+        self.lengths: list[int] = []  # tokens the last _LENGTHS finished requests made, oldest first
         self.cost_ratio: dict[str, float] = {}  # a drafter's token cost / the target's, before any data
         self.loaded = False  # whether it started from a saved profile (whose costs calibrate() checks)
         self.profiled: frozenset[str] = frozenset()  # drafters the loaded profile measured
@@ -138,7 +140,7 @@ class Controller:
             "confidence": [[name, regime, *m.state()] for (name, regime), m in self.confidence.items()],
             "spread": [[name, order, regime, *sp.state()] for (name, order, regime), sp in self.spread.items()],
             "shape": [[name, order, regime, *sh.state()] for (name, order, regime), sh in self.shape.items()],
-            "requests": self.requests, "tokens": self.tokens,
+            "requests": self.requests, "tokens": self.tokens, "lengths": list(self.lengths),
         }
 
     def load_state_dict(self, state: dict, weight: float = 0.5) -> None:
@@ -163,6 +165,7 @@ class Controller:
             self.profiled = frozenset(draft) | {name for name, _, _ in pooled}
             self.prompt_cost = {str(k): float(x) for k, x in state["prompt_cost"].items()}
             self.requests, self.tokens = float(state["requests"]), float(state["tokens"])
+            self.lengths = [int(n) for n in state.get("lengths", [])][-_LENGTHS:]  # (absent in older profiles)
 
     # --- read and written by policies, which hold the lock -----------------------------------
 
@@ -211,6 +214,10 @@ class Controller:
         r = self.verify.batching  # assumed to help the drafter as much as it helps the target
         fit = self.draft.get(name)
         return fit.coef(e, r) if fit is not None else [e, e, r * e]
+
+    def learn_length(self, n_tokens: int) -> None:
+        """A finished request made n_tokens."""
+        self.lengths = [*self.lengths[1 - _LENGTHS:], int(n_tokens)]
 
     def learn_prompt_cost(self, name: str, per_token: float) -> None:
         old = self.prompt_cost.get(name, per_token)

@@ -237,6 +237,16 @@ class AutoPolicy:
         mean = max((ctl.tokens - self.generated) / (ctl.requests - 1) - self.generated, 32.0)
         return max(min(mean, self.max_tokens - self.generated), 1.0)
 
+    def _prefill_horizon(self) -> float:
+        """Tokens a prefill is judged over: what the shorter quarter of recent requests still made
+        past this point (the others' mean where fewer than 4 are known). The prompt's catch-up is
+        paid in full by a request that may end at once: a short answer (a translation, 12-37
+        tokens) paid it out of a mean horizon that the 64-token answers around it made."""
+        left = sorted(n - self.generated for n in self.ctl.lengths if n > self.generated)
+        if len(left) < 4:
+            return self._horizon()
+        return max(min(left[(len(left) - 1) // 4], self.max_tokens - self.generated), 1.0)
+
     def _best(self, V) -> tuple[str | None, planner.Plan, float]:
         """(drafter, plan, rate after catch-up) of the best choice this step."""
         plans = [(n, self._plan(n, V, kmin=self.kmin[n]), self._catchup(n, V)) for n in self.names]
@@ -323,7 +333,7 @@ class AutoPolicy:
                 V = self.ctl.verify.table(self.cap + 1)
                 if per_token is None or V is None:
                     return False
-                tokens = min(self._horizon(), max_tokens - 1)
+                tokens = min(self._prefill_horizon(), max_tokens - 1)
                 if self._prefill_gain(name, V, tokens) <= per_token * n_missing:
                     return False
         self.fresh.discard(name)
@@ -374,6 +384,7 @@ class AutoPolicy:
                     self.ctl.learn_spread(name, bucket, self.regime, r.rate, r.t)
             for (name, bucket), counts in self._judged.items():
                 self.ctl.position_shape(name, bucket, self.regime).add(counts)
+            self.ctl.learn_length(self.generated)
 
     def see(self, name: str, offer: tuple[int, int]) -> None:
         """What a lookup drafter would draft this step: its match length (0: none), tokens available."""
