@@ -154,10 +154,7 @@ class Shape:
     @classmethod
     def from_state(cls, state, weight: float) -> "Shape":
         s = cls()
-        hit, expected = state
-        if len(hit) != cls.GROUPS or len(expected) != cls.GROUPS or min(*hit, *expected) < 0:
-            raise ValueError("position shape of the wrong shape")
-        s.hit, s.expected = [float(x) * weight for x in hit], [float(x) * weight for x in expected]
+        s.hit, s.expected = _counts(state, cls.GROUPS, weight, "position shape")
         return s
 
 
@@ -242,8 +239,13 @@ class ConfidenceMap:
     @classmethod
     def from_state(cls, state, weight: float) -> "ConfidenceMap":
         m = cls()
-        hit, tried = state
-        if len(hit) != len(m.hit) or len(tried) != len(m.tried):
-            raise ValueError("confidence map of the wrong shape")
-        m.hit, m.tried = [float(x) * weight for x in hit], [float(x) * weight for x in tried]
+        m.hit, m.tried = _counts(state, len(m.MIDS), weight, "confidence map")
         return m
+
+
+def _counts(state, n: int, weight: float, what: str) -> tuple[list[float], list[float]]:
+    """A saved pair of count lists of length n, checked, scaled by weight."""
+    a, b = state
+    if len(a) != n or len(b) != n or min(*a, *b) < 0:
+        raise ValueError(f"{what} of the wrong shape")
+    return [float(x) * weight for x in a], [float(x) * weight for x in b]
