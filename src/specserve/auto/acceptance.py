@@ -29,7 +29,7 @@ _SPREAD_MIN_N = 3.0  # requests seen before the spread replaces _PRIOR_W
 _W_MIN, _W_MAX = 2.0, 40.0  # the prior's weight in pseudo-trials, whatever the spread says
 _CONF_PRIOR_W = 4.0  # pseudo-trials pulling a confidence bucket toward "calibrated"
 _G_SHAPE = 0.99  # per-trial decay of a Shape group's counts
-_SHAPE_W = 4.0  # pseudo-trials pulling a Shape group's rate toward the pooled rate
+_SHAPE_W = 4.0  # pseudo-tokens, kept as expected, pulling a Shape group's factor toward 1
 _RATE_MAX = 0.995  # no position's prior is surer than this
 
 PRIORS = {"ngram": (0.6, 0.6)}  # (acceptance, delivery) before any data; others (0.7, 1.0)

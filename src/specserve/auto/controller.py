@@ -51,7 +51,7 @@ class Controller:
         self.prompt_cost: dict[str, float] = {}  # seconds per prompt token a model drafter catches up (EMA)
         self.pooled: dict[tuple, list[float]] = {}  # (drafter, order, regime) -> decayed counts
         self.spread: dict[tuple, Spread] = {}  # (drafter, order, regime) -> how much requests differ there
-        self.shape: dict[tuple, Shape] = {}  # (lookup, match bucket, regime) -> acceptance by draft position
+        self.shape: dict[tuple, Shape] = {}  # (drafter, match bucket, regime) -> acceptance by draft position
         self.confidence: dict[tuple, ConfidenceMap] = {}  # (drafter, regime) -> acceptance by top probability
         self.interval: dict[str, int] = {}  # probe interval, steps
         self.last_used: dict[str, float] = {}  # self.clock when the drafter last drafted, any request
