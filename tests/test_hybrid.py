@@ -54,6 +54,20 @@ def test_a_stop_rule_ends_the_draft_and_sees_the_top_probability(engine):
     d.ctx.close()
 
 
+def test_a_sampled_drafts_confidence_is_its_most_likely_tokens_probability(engine):
+    """At a temperature with no top-k, top-p or min-p every token is a candidate, in id order: the
+    stop rule and the confidence map must see the largest probability, not the first candidate's."""
+    seq = engine.target.tokenize("the cat sat on the mat")
+    d, seen = draft_model(engine), []
+    draft = d.propose(seq, 4, Sampler(SamplingParams(temperature=0.8, seed=3)),
+                      stop=lambda i, p: seen.append(p) or False)
+    assert len(draft) == len(seen) == len(draft.confidence) > 0
+    for p, q, x in zip(seen, draft.dists, draft.tokens):
+        assert list(q.ids[0, :3]) == [0, 1, 2]  # untruncated: in id order
+        assert p == pytest.approx(float(q.probs.max())) and p >= q.prob(0, x)
+    d.ctx.close()
+
+
 def test_hybrid_drafts_the_match_then_the_model_after_it(engine):
     slot = engine.new_slot()
     seq = repeating_prompt(engine, slot)

@@ -154,3 +154,14 @@ def test_extreme_temperatures_are_guarded():
     assert np.isfinite(small.probs).all() and small.prob(0, 2) == 1.0
     with pytest.raises(ValueError, match="temperature must be in"):  # refused before any sampling
         SamplingParams(temperature=float("inf"))
+
+
+def test_the_top_probability_of_an_untruncated_row_is_its_largest():
+    """No top-k, top-p or min-p: candidates stay in id order, so the most likely is not the first."""
+    z = np.array([[0.0, 3.0, 1.0, 2.0], [5.0, 0.0, 0.0, 0.0]], np.float32)
+    c = candidates(z, SamplingParams(temperature=1.0))
+    assert list(c.ids[0]) == [0, 1, 2, 3]
+    want = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
+    assert c.top() == pytest.approx(want.max(axis=1)) and c.top(1) == pytest.approx(want[:1].max(axis=1))
+    cut = candidates(z, SamplingParams(temperature=1.0, top_p=0.9))  # sorted: the same answer
+    assert cut.top() == pytest.approx(candidates(z, SamplingParams(temperature=1.0, top_p=0.9)).probs[:, 0])

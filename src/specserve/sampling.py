@@ -42,7 +42,9 @@ class NonFiniteLogits(RuntimeError):
 
 @dataclass(frozen=True)
 class Candidates:
-    """Processed distributions of R rows, each on its own candidate set, most likely first.
+    """Processed distributions of R rows, each on its own candidate set: most likely first where
+    top-k, top-p or min-p cut it; every token in id order where nothing did (so the most likely
+    token is `top()`'s, not necessarily the first).
 
     ids:   [R, W] int64 token ids; -1 pads a row that has fewer candidates
     probs: [R, W] float32, each row sums to 1; 0 for tokens cut by top-p or min-p, and padding
@@ -53,6 +55,10 @@ class Candidates:
 
     def __len__(self) -> int:
         return self.ids.shape[0]
+
+    def top(self, rows: int | None = None) -> np.ndarray:
+        """[rows] the most likely token's probability in each of the first `rows` rows (all: None)."""
+        return self.probs[:rows].max(axis=1)
 
     def row(self, i: int) -> "Candidates":
         return Candidates(self.ids[i : i + 1], self.probs[i : i + 1])

@@ -137,7 +137,7 @@ class Controller:
             "draft_cost": {name: fit.state() for name, fit in self.draft.items()},
             "prompt_cost": dict(self.prompt_cost),
             "pooled": [[name, order, regime, *counts] for (name, order, regime), counts in self.pooled.items()],
-            "confidence": [[name, regime, *m.state()] for (name, regime), m in self.confidence.items()],
+            "draft_confidence": [[name, regime, *m.state()] for (name, regime), m in self.confidence.items()],
             "spread": [[name, order, regime, *sp.state()] for (name, order, regime), sp in self.spread.items()],
             "shape": [[name, order, regime, *sh.state()] for (name, order, regime), sh in self.shape.items()],
             "requests": self.requests, "tokens": self.tokens, "lengths": list(self.lengths),
@@ -153,8 +153,10 @@ class Controller:
             if len(counts) != 4 or min(counts) < 0:
                 raise ValueError("pooled acceptance counts of the wrong shape")
             pooled[(str(name), int(order), float(regime))] = [float(c) * weight for c in counts]
+        # (absent in older profiles; their "confidence" maps are ignored: at a temperature above 0 with
+        # no top-k, top-p or min-p they binned the probability of token id 0, not the draft's top one)
         confidence = {(str(name), float(regime)): ConfidenceMap.from_state(counts, weight)
-                      for name, regime, *counts in state.get("confidence", [])}  # absent in older profiles
+                      for name, regime, *counts in state.get("draft_confidence", [])}
         spread = {(str(name), int(order), float(regime)): Spread.from_state(moments)
                   for name, order, regime, *moments in state.get("spread", [])}  # (likewise)
         shape = {(str(name), int(order), float(regime)): Shape.from_state(counts, 1.0)

@@ -138,6 +138,6 @@ class DraftModelDrafter(BaseDrafter):
 def _top_prob(logits: np.ndarray, q, greedy: bool) -> float:
     """The draft's top probability: of its processed distribution, or of its raw softmax when greedy."""
     if not greedy:
-        return float(q.probs[0, 0])
+        return float(q.top(1)[0])
     z = logits - logits.max()
     return float(1.0 / np.exp(z).sum())
