@@ -350,3 +350,44 @@ def test_a_prefill_is_judged_over_the_shorter_answers_seen():
     fresh = Controller()
     fresh.load_state_dict(ctl.state_dict())
     assert fresh.lengths == ctl.lengths == [64] * 16 + [15] * 6
+
+
+def test_the_draft_models_acceptance_is_predicted_from_how_sure_the_target_was():
+    """At 0.8 the draft model keeps its tokens where the target was sure of its own and loses them
+    where it was not: a new request whose first plain steps show an unsure target plans the draft
+    model at the lower rate before it has drafted (and does not draft), one whose target was sure
+    at the higher rate (and drafts). The map is learnt from the draft model's judged tokens."""
+    from specserve.policy import OFF, Choice
+
+    ctl = measured(CPU_F16, 0.004)  # a draft model at 0.4 of a target pass, as on a CPU
+    for sure in (True, False):  # a request where the target was sure (all 4 kept), one where it was not
+        teacher = ctl.policy(SpecParams(mode="auto", draft_max=8), ["draft"], temperature=0.8)
+        no_probes(teacher)
+        teacher.choose()  # the opening draft: judged apart, not mapped
+        teacher.observe(Outcome(Choice("draft", 4), 4, 0, 0.008, CPU_F16(5), None, None, [0.97]))
+        for _ in range(20):
+            teacher.choose()
+            teacher.observe(Outcome(Choice("draft", 4), 4, 4 if sure else 0, 0.008, CPU_F16(5), None, None,
+                                    [0.97] * 5 if sure else [0.3]))
+        teacher.finish()
+    table = ctl.target_map("draft", 0.75).table()
+    assert table[ConfidenceMap.bucket(0.3)] < 0.15 and table[ConfidenceMap.bucket(0.97)] > 0.95
+    pooled = ctl.prior("draft", 0, 0.75)
+    assert 0.6 < pooled[0] / pooled[1] < 0.9  # the pooled rate alone says the same of both requests
+
+    def request(top: float):
+        policy = ctl.policy(SpecParams(mode="auto", draft_max=8), ["draft"], temperature=0.8)
+        no_probes(policy)
+        for _ in range(3):  # plain steps: how sure the target was of each token
+            policy.choose()
+            policy.observe(Outcome(OFF, 0, 0, 0.0, CPU_F16(1), None, None, [top]))
+        return policy, policy._rates("draft", 0, policy.acc["draft"])[0]
+
+    unsure, unsure_rate = request(0.3)
+    sure, sure_rate = request(0.97)
+    assert unsure_rate < 0.5 < 0.9 < sure_rate
+    assert unsure.plan()[0] is None and sure.plan()[0] == "draft"
+    # kept in a saved profile, like the draft's own confidence map
+    fresh = Controller()
+    fresh.load_state_dict(ctl.state_dict())
+    assert fresh.target_map("draft", 0.75).table()[ConfidenceMap.bucket(0.97)] > 0.9

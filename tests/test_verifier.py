@@ -160,3 +160,16 @@ def test_same_seed_same_result():
     for method in METHODS:
         a = [verify([1, 2, 3, 4], q, logits, sampler(7, method), 0).tokens for _ in range(3)]
         assert a[0] == a[1] == a[2]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_sampled_verdict_says_how_sure_the_target_was_where_it_judged(method):
+    """Verdict.target_top: the target's top probability at rows 0..n_accepted (auto predicts the draft
+    model's acceptance from it); none when greedy, whose argmax needs no distribution."""
+    sure, unsure = [0.9, 0.1, 0.0, 0.0, 0.0, 0.0], [0.4, 0.3, 0.3, 0.0, 0.0, 0.0]
+    logits = np.stack([logp(sure), logp(unsure), logp(sure)])
+    s = sampler(3, method)
+    v = verify([0, 5], q_rows(sure, unsure), logits, s, 0)  # 5: never the target's, rejected at row 1
+    assert v.n_accepted <= 1 and len(v.target_top) == v.n_accepted + 1
+    assert v.target_top == pytest.approx([0.9, 0.4][: v.n_accepted + 1], abs=1e-5)
+    assert verify([0], None, logits_peaked(0, 1), Sampler(GREEDY, method), 0).target_top == ()

@@ -362,7 +362,7 @@ class Slot:
         committed = verdict.tokens[:n_kept]
         shadow = {name: judge(tokens, committed) for name, tokens in req.shadow.items() if name != choice.drafter}
         req.policy.observe(Outcome(choice, len(draft), verdict.n_accepted, req.t_draft, req.t_verify,
-                                   draft.confidence, shadow or None))
+                                   draft.confidence, shadow or None, verdict.target_top))
         stats.record_step(choice.drafter or "none", choice.k, min(len(draft), n_kept), min(verdict.n_accepted, n_kept))
         stats.n_generated += n_kept
         self.engine.check_pairing_at_run_time()

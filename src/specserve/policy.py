@@ -40,6 +40,9 @@ class Outcome:
     # drafter -> (positions judged, positions right): a drafter that did not draft this step
     # (a lookup that had a match), judged against the committed tokens (`judge`)
     shadow: Mapping[str, tuple[int, int]] | None = None
+    # the target's top probability where each draft token was judged and at the step's own token
+    # (Verdict.target_top: rows 0..n_accepted); empty when greedy
+    target_top: Sequence[float] = ()
 
 
 def judge(proposal: Sequence[int], committed: Sequence[int]) -> tuple[int, int]:

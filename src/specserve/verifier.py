@@ -42,6 +42,9 @@ from .sampling import ACCEPT, DRAW, RESIDUAL, Candidates, Sampler
 class Verdict:
     n_accepted: int  # how many draft tokens were kept
     tokens: list[int]  # the accepted draft tokens followed by one recovered or bonus token
+    # the target's probability of its most likely token at rows 0..n_accepted (after temperature,
+    # top-k and top-p): how sure it was where each draft token was judged; empty when greedy
+    target_top: tuple[float, ...] = ()
 
 
 def verify(
@@ -53,12 +56,17 @@ def verify(
 ) -> Verdict:
     k, rows = len(draft_tokens), target_logits.shape[0]
     if sampler.greedy or sampler.method == "gumbel":
-        target_tokens, _ = sampler.pick(target_logits, pos0)  # [R] what the target alone picks at each position
-        for i, x in enumerate(draft_tokens):
-            if i >= rows - 1 or int(target_tokens[i]) != x:
-                return Verdict(i, [*draft_tokens[:i], int(target_tokens[i])])
-        return Verdict(k, [*draft_tokens, int(target_tokens[k])])
-    return _verify_rejection(draft_tokens, draft_dists, sampler.process(target_logits), sampler, pos0)
+        target_tokens, p = sampler.pick(target_logits, pos0)  # [R] what the target alone picks at each position
+        n = next((i for i, x in enumerate(draft_tokens) if i >= rows - 1 or int(target_tokens[i]) != x), k)
+        return Verdict(n, [*draft_tokens[:n], int(target_tokens[n])], _top(p, n))
+    p = sampler.process(target_logits)
+    v = _verify_rejection(draft_tokens, draft_dists, p, sampler, pos0)
+    return Verdict(v.n_accepted, v.tokens, _top(p, v.n_accepted))
+
+
+def _top(p: Candidates | None, n_accepted: int) -> tuple[float, ...]:
+    """The most likely token's probability in rows 0..n_accepted."""
+    return () if p is None else tuple(float(x) for x in p.top(n_accepted + 1))
 
 
 def _verify_rejection(draft_tokens, draft_dists, p: Candidates, sampler: Sampler, pos0: int) -> Verdict:

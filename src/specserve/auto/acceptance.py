@@ -8,7 +8,9 @@ toward follows `Shape`: how acceptance moves with the draft position, engine-wid
 lookup's copy either holds or breaks at once, so its first token is judged far more harshly
 than its pooled rate says). `ConfidenceMap` is what a draft
 model's own top probability at a drafted token says about that token's acceptance,
-bucketed and learnt online; the confidence stop (planner.ConfidenceStop) reads it.
+bucketed and learnt online; the confidence stop (planner.ConfidenceStop) reads it. Another
+maps the target's top probability where a draft token was judged to its acceptance: how
+sure the target has been of a request's tokens predicts how much of a draft it keeps.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ _CONF_PRIOR_W = 4.0  # pseudo-trials pulling a confidence bucket toward "calibra
 _G_SHAPE = 0.99  # per-trial decay of a Shape group's counts
 _SHAPE_W = 4.0  # pseudo-tokens, kept as expected, pulling a Shape group's factor toward 1
 _RATE_MAX = 0.995  # no position's prior is surer than this
+MAP_MIN = 16.0  # (decayed) tokens a ConfidenceMap judges before its expected() is trusted
 
 PRIORS = {"ngram": (0.6, 0.6)}  # (acceptance, delivery) before any data; others (0.7, 1.0)
 # a lookup's acceptance given the order n of the match it follows (its draft follows an
@@ -201,10 +204,13 @@ class Spread:
 
 
 class ConfidenceMap:
-    """P(a drafted token is accepted | the draft's top probability there), by bucket of that probability.
+    """P(a drafted token is accepted | a top probability there), by bucket of that probability.
 
-    Only tokens the verifier judged count (those up to the first rejection). Before data a
-    bucket is calibrated: a token drafted at top probability p is accepted with about p.
+    Two are kept per draft model and regime: by the draft's own top probability at the token
+    (what the confidence stop reads), and by the target's where the token was judged (what a
+    request's predicted acceptance reads, `expected`). Only tokens the verifier judged count
+    (those up to the first rejection). Before data a bucket is calibrated: a token judged at
+    top probability p is accepted with about p.
     """
 
     EDGES = (0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)  # bucket b holds p in [EDGES[b-1], EDGES[b])
@@ -232,6 +238,14 @@ class ConfidenceMap:
             self._table = tuple((h + _CONF_PRIOR_W * m) / (t + _CONF_PRIOR_W)
                                 for h, t, m in zip(self.hit, self.tried, self.MIDS))
         return self._table
+
+    def expected(self, seen: list[float]) -> float | None:
+        """The acceptance of tokens whose probabilities fell in the buckets as `seen` counts them
+        ([buckets] weights), once this map has judged MAP_MIN tokens (None before)."""
+        total = sum(seen)
+        if total <= 0 or sum(self.tried) < MAP_MIN:
+            return None
+        return sum(w * a for w, a in zip(seen, self.table())) / total
 
     def state(self) -> list[list[float]]:
         return [list(self.hit), list(self.tried)]

@@ -3,7 +3,8 @@
 Holds what every request plans from: the measured costs (cost.py), the pooled acceptance
 per drafter, match bucket and temperature regime (the prior of a new request) and how much
 requests have differed from it (how much that prior is worth), the draft
-model's confidence map, the probe pacing, and how long requests run. Each request plans
+model's confidence maps (by its own top probability and by the target's), the probe pacing,
+and how long requests run. Each request plans
 with its own `AutoPolicy` (policy.py), which reads and updates this state.
 
 Threads: the slots of one engine run their requests on several threads, all on one
@@ -53,6 +54,8 @@ class Controller:
         self.spread: dict[tuple, Spread] = {}  # (drafter, order, regime) -> how much requests differ there
         self.shape: dict[tuple, Shape] = {}  # (drafter, match bucket, regime) -> acceptance by draft position
         self.confidence: dict[tuple, ConfidenceMap] = {}  # (drafter, regime) -> acceptance by top probability
+        # (drafter, regime) -> its acceptance by the target's top probability where a draft token was judged
+        self.target_confidence: dict[tuple, ConfidenceMap] = {}
         self.interval: dict[str, int] = {}  # probe interval, steps
         self.last_used: dict[str, float] = {}  # self.clock when the drafter last drafted, any request
         self.shadowed: set[str] = set()  # lookups the engine judges at every step (Outcome.shadow): never probed
@@ -138,6 +141,7 @@ class Controller:
             "prompt_cost": dict(self.prompt_cost),
             "pooled": [[name, order, regime, *counts] for (name, order, regime), counts in self.pooled.items()],
             "draft_confidence": [[name, regime, *m.state()] for (name, regime), m in self.confidence.items()],
+            "target_confidence": [[name, regime, *m.state()] for (name, regime), m in self.target_confidence.items()],
             "spread": [[name, order, regime, *sp.state()] for (name, order, regime), sp in self.spread.items()],
             "shape": [[name, order, regime, *sh.state()] for (name, order, regime), sh in self.shape.items()],
             "requests": self.requests, "tokens": self.tokens, "lengths": list(self.lengths),
@@ -157,13 +161,15 @@ class Controller:
         # no top-k, top-p or min-p they binned the probability of token id 0, not the draft's top one)
         confidence = {(str(name), float(regime)): ConfidenceMap.from_state(counts, weight)
                       for name, regime, *counts in state.get("draft_confidence", [])}
+        target_confidence = {(str(name), float(regime)): ConfidenceMap.from_state(counts, weight)
+                             for name, regime, *counts in state.get("target_confidence", [])}  # (likewise)
         spread = {(str(name), int(order), float(regime)): Spread.from_state(moments)
                   for name, order, regime, *moments in state.get("spread", [])}  # (likewise)
         shape = {(str(name), int(order), float(regime)): Shape.from_state(counts, 1.0)
                  for name, order, regime, *counts in state.get("shape", [])}  # (likewise)
         with self.lock:
             self.verify, self.draft, self.pooled, self.confidence = v, draft, pooled, confidence
-            self.spread, self.shape = spread, shape
+            self.spread, self.shape, self.target_confidence = spread, shape, target_confidence
             self.profiled = frozenset(draft) | {name for name, _, _ in pooled}
             self.prompt_cost = {str(k): float(x) for k, x in state["prompt_cost"].items()}
             self.requests, self.tokens = float(state["requests"]), float(state["tokens"])
@@ -204,10 +210,12 @@ class Controller:
         return sh
 
     def confidence_map(self, name: str, regime: float) -> ConfidenceMap:
-        m = self.confidence.get((name, regime))
-        if m is None:
-            m = self.confidence[(name, regime)] = ConfidenceMap()
-        return m
+        """The drafter's acceptance by its own top probability at a drafted token."""
+        return self.confidence.setdefault((name, regime), ConfidenceMap())
+
+    def target_map(self, name: str, regime: float) -> ConfidenceMap:
+        """The drafter's acceptance by the target's top probability where its token was judged."""
+        return self.target_confidence.setdefault((name, regime), ConfidenceMap())
 
     def draft_coef(self, name: str, V: list[float]) -> list[float]:
         """[a, b, c]: seconds to draft n tokens after missing lag = a + b n + c (lag - 1)."""

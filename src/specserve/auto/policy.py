@@ -10,6 +10,10 @@ with the most expected tokens per second; then it learns from the step's outcome
 - delivery: how often a drafter that may stop early (a draft model) returns an i-th token;
 - the draft model's confidence map (its top probability at a drafted token -> acceptance),
   which each step hands to the draft model as a planner.ConfidenceStop;
+- the target's map (its top probability where a draft token was judged -> that token's
+  acceptance) and how sure the target has been of this request's last ~10 tokens: together,
+  what the draft model is expected to keep here, the level its rates lean on (_model_level),
+  known at sampled steps before the draft model has paid a catch-up to find out;
 - lags: how far each drafter's cache is behind, and whether it holds this request's prompt.
 
 The engine tells it, each step, what each lookup drafter would match (`see`), so a lookup
@@ -62,6 +66,8 @@ _EPS = 0.01  # share of decode time that probes may lose
 _PROBE_MIN, _PROBE_MAX = 4, 32  # steps between probes of an unused drafter
 _FOLLOW_UPS = 6  # successful probes in a row that may bypass the budget
 _TRIAL_STEPS = 3  # steps a request drafts before its own acceptance overrules a prior that was too hopeful
+_G_SEEN = 0.9  # per-token decay of a request's record of the target's top probability: its last ~10 tokens
+_SEEN_MIN = 2.0  # (decayed) tokens of that record before it predicts the draft model's acceptance
 LOOKUP_MAX = 64  # how far a lookup drafter may draft under auto where the user set no cap
 MODEL = "draft"  # the draft model's drafter name
 HYBRID = "hybrid"  # a lookup's match, then the draft model (drafters.hybrid)
@@ -124,6 +130,10 @@ class AutoPolicy:
         self._plans_V: list[float] | None = None  # the cost table the cached plans were made with
         self._plans: dict[str, dict[tuple, planner.Plan]] = {n: {} for n in [*self.names, HYBRID]}
         self._costs: dict[tuple[int, int], tuple[float, ...]] = {}  # (head length, k) -> seconds per draft token
+        # decayed counts of the target's top probability at this request's recent tokens, by
+        # ConfidenceMap bucket (sampled requests): with the engine's target map, what a draft
+        # model is expected to keep here before it has drafted (_model_level)
+        self._seen_top = [0.0] * len(ConfidenceMap.MIDS)
 
     @property
     def predicted_tokens_per_s(self) -> float:
@@ -150,8 +160,33 @@ class AutoPolicy:
         requests were alike, each position as the engine's acceptance moves with it (Shape)."""
         q = self.ctl.prior(name, bucket, self.regime)
         mean = q[0] / q[1]
+        if name == MODEL and bucket == 0:
+            mean = self._model_level(mean)
         shape = self.ctl.position_shape(name, bucket, self.regime).factors(self.caps[name])
         return rates.rates(mean, self.ctl.prior_weight(name, bucket, self.regime, mean), shape)
+
+    def _model_level(self, pooled: float) -> float:
+        """The draft model's expected acceptance in this request: what the engine's target map says
+        of tokens as sure as this request's recent ones, once both have seen enough (else `pooled`).
+
+        A pooled rate is the same for a code answer, where the 0.5B keeps 0.9 of its tokens, and
+        for a translation at 0.8, where it keeps about half; which kind a request is showed only
+        once the draft model had paid its prompt's catch-up and drafted at a loss. How sure the
+        target has been of the request's own tokens is known at every sampled step for free."""
+        if sum(self._seen_top) < _SEEN_MIN:
+            return pooled
+        level = self.ctl.target_map(MODEL, self.regime).expected(self._seen_top)
+        return pooled if level is None else level
+
+    def _see_target(self, top) -> None:
+        """The target's top probability at the step's tokens (Outcome.target_top)."""
+        seen = self._seen_top
+        for p in top:
+            for b in range(len(seen)):
+                seen[b] *= _G_SEEN
+            seen[ConfidenceMap.bucket(p)] += 1.0
+        if MODEL in self._plans:
+            self._forget_plans(MODEL)  # its expected acceptance moved
 
     def _learn_rates(self, name: str, bucket: int, rates: Rates, tried: int, hit: int) -> None:
         """A judged draft: the request's rates, and its counts for the engine's Shape (at finish)."""
@@ -443,6 +478,8 @@ class AutoPolicy:
         used = o.choice.drafter if k > 0 else None
         if o.shadow:
             self._observe_shadow(o.shadow, used)
+        if o.target_top:
+            self._see_target(o.target_top[: acc + 1])
         self.generated += acc + 1
         self.clock += o.t_draft + o.t_verify
         ctl.clock += o.t_draft + o.t_verify
@@ -476,6 +513,8 @@ class AutoPolicy:
                 self._learn_lookup(used, self._bucket(order, self._step_opening), min(n, acc + 1), acc)
             if used == MODEL and o.confidence:
                 ctl.confidence_map(MODEL, self.regime).add(o.confidence, acc)
+            if used == MODEL and o.target_top and not opening:  # (an opening is judged apart, OPENING)
+                ctl.target_map(MODEL, self.regime).add(o.target_top[:n], acc)
         self.lag[used] = 2 if n and acc == n else 1  # it holds all but the bonus (and last draft)
         self._probe_cost.pop(used, None)
         self._forget_plans(used)
@@ -533,6 +572,8 @@ class AutoPolicy:
             p[0], p[1] = p[0] * g + acc_m, p[1] * g + min(nm, acc_m + 1)
             if o.confidence:
                 ctl.confidence_map(MODEL, self.regime).add(o.confidence[m:], acc_m)
+            if o.target_top:
+                ctl.target_map(MODEL, self.regime).add(o.target_top[m:n], acc_m)
         self._learn_draft_cost(MODEL, nm, m, o.t_draft)
         ctl.last_used[MODEL], self.since[MODEL] = ctl.clock, self.clock
         self.lag[MODEL] = 2 if nm and acc == n else 1  # as after its own draft
