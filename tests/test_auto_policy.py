@@ -391,3 +391,47 @@ def test_the_draft_models_acceptance_is_predicted_from_how_sure_the_target_was()
     fresh = Controller()
     fresh.load_state_dict(ctl.state_dict())
     assert fresh.target_map("draft", 0.75).table()[ConfidenceMap.bucket(0.97)] > 0.9
+
+
+def test_a_prefill_is_judged_over_the_tokens_the_lookups_leave():
+    """A draft model's prompt catch-up is repaid only by the tokens it drafts. Where the lookups
+    copied most of the recent answers (a summary, a code edit), the same catch-up that pays over
+    64 plain-decoded tokens does not pay over the few they leave; what they kept counts, and so
+    does what they would have kept where the draft model drafted (their shadow). The share is
+    kept in the profile, and a request's own steps move it."""
+    from specserve.policy import Choice
+
+    ctl = measured(CPU_F16, 0.006)
+    ctl.pooled[("draft", 0, 0.0)] = [18.0, 20.0, 20.0, 20.0]
+    ctl.prompt_cost["draft"] = 0.004
+    spec = SpecParams(draft_max=8)
+    for n in [64] * 16:
+        ctl.learn_length(n)
+    names = ["draft", "ngram"]
+    assert ctl.policy(spec, names).prefill("draft", 50, 64)
+    for _ in range(3):  # answers the n-gram copied: it keeps 8 of 9 tokens, or would have (shadow)
+        policy = ctl.policy(spec, names)
+        no_probes(policy)
+        for step in range(8):
+            policy.see("ngram", (8, 40))
+            policy.choose()
+            if step % 2:
+                policy.observe(Outcome(Choice("ngram", 8), 8, 8, 0.0, CPU_F16(9)))
+            else:
+                policy.observe(Outcome(Choice("draft", 8), 8, 8, 0.048, CPU_F16(9), shadow={"ngram": (9, 8)}))
+        assert policy.covered == 8 * 8 and policy.generated == 8 * 9
+        policy.finish()
+    assert ctl.share_of_lookups(0.0) == pytest.approx(8 / 9)
+    policy = ctl.policy(spec, names)
+    assert policy._uncovered() == pytest.approx(1 / 9) and not policy.prefill("draft", 50, 64)
+    # without lookups, nothing changes
+    assert ctl.policy(spec, ["draft"]).prefill("draft", 50, 64)
+    # a request whose own lookups fail leans back toward the draft model as it goes
+    no_probes(policy)
+    for _ in range(8):
+        policy.choose()
+        policy.observe(Outcome(Choice("draft", 4), 4, 4, 0.024, CPU_F16(5), shadow={"ngram": (1, 0)}))
+    assert policy._uncovered() > 0.6
+    fresh = Controller()
+    fresh.load_state_dict(ctl.state_dict())
+    assert fresh.share_of_lookups(0.0) == pytest.approx(8 / 9)

@@ -38,6 +38,7 @@ FREE = frozenset({"ngram", "suffix"})
 # probes priced by its catch-up can bring it back
 PRIOR_TRIALS = 8.0
 _LENGTHS = 32  # finished requests whose lengths are kept (AutoPolicy._prefill_horizon)
+_G_SHARE = 0.9  # per-request decay of the lookups' share: about the last 10 requests
 
 
 class Controller:
@@ -62,6 +63,8 @@ class Controller:
         self.clock = 0.0  # seconds of drafting and verifying observed, all requests
         self.requests, self.tokens = 1.0, 256.0  # decayed counts; a prior of 256 tokens a request
         self.lengths: list[int] = []  # tokens the last _LENGTHS finished requests made, oldest first
+        # regime -> decayed [tokens a lookup drafted and kept or would have (its shadow), tokens made]
+        self.lookup_share: dict[float, list[float]] = {}
         self.cost_ratio: dict[str, float] = {}  # a drafter's token cost / the target's, before any data
         self.loaded = False  # whether it started from a saved profile (whose costs calibrate() checks)
         self.profiled: frozenset[str] = frozenset()  # drafters the loaded profile measured
@@ -145,6 +148,7 @@ class Controller:
             "spread": [[name, order, regime, *sp.state()] for (name, order, regime), sp in self.spread.items()],
             "shape": [[name, order, regime, *sh.state()] for (name, order, regime), sh in self.shape.items()],
             "requests": self.requests, "tokens": self.tokens, "lengths": list(self.lengths),
+            "lookup_share": [[regime, *counts] for regime, counts in self.lookup_share.items()],
         }
 
     def load_state_dict(self, state: dict, weight: float = 0.5) -> None:
@@ -167,8 +171,14 @@ class Controller:
                   for name, order, regime, *moments in state.get("spread", [])}  # (likewise)
         shape = {(str(name), int(order), float(regime)): Shape.from_state(counts, 1.0)
                  for name, order, regime, *counts in state.get("shape", [])}  # (likewise)
+        share = {}
+        for regime, *counts in state.get("lookup_share", []):  # (likewise)
+            if len(counts) != 2 or min(counts) < 0 or counts[0] > counts[1]:
+                raise ValueError("lookup share counts of the wrong shape")
+            share[float(regime)] = [float(c) * weight for c in counts]
         with self.lock:
             self.verify, self.draft, self.pooled, self.confidence = v, draft, pooled, confidence
+            self.lookup_share = share
             self.spread, self.shape, self.target_confidence = spread, shape, target_confidence
             self.profiled = frozenset(draft) | {name for name, _, _ in pooled}
             self.prompt_cost = {str(k): float(x) for k, x in state["prompt_cost"].items()}
@@ -228,6 +238,18 @@ class Controller:
     def learn_length(self, n_tokens: int) -> None:
         """A finished request made n_tokens."""
         self.lengths = [*self.lengths[1 - _LENGTHS:], int(n_tokens)]
+
+    def share_of_lookups(self, regime: float) -> float:
+        """Of the tokens recent requests at this regime made, the share a lookup drafted and kept
+        or would have kept (0 before any request ended)."""
+        covered, tokens = self.lookup_share.get(regime, (0.0, 0.0))
+        return covered / tokens if tokens > 0 else 0.0
+
+    def learn_lookup_share(self, regime: float, covered: float, tokens: int) -> None:
+        """A finished request made `tokens`, of which lookups covered `covered`."""
+        if tokens > 0:
+            c = self.lookup_share.get(regime, [0.0, 0.0])
+            self.lookup_share[regime] = [c[0] * _G_SHARE + covered, c[1] * _G_SHARE + tokens]
 
     def learn_prompt_cost(self, name: str, per_token: float) -> None:
         old = self.prompt_cost.get(name, per_token)

@@ -32,7 +32,11 @@ expected to make.
 A draft model takes the prompt before the first step (`prefill`) only if it is expected
 to save more over the request than the prompt costs it (its measured seconds per prompt
 token x the tokens its cache lacks): on a CPU a Q4_1 draft processes a long prompt at
-half the F16 target's speed, which a short answer never wins back.
+half the F16 target's speed, which a short answer never wins back. It saves only on the
+tokens the lookups do not copy for free (a summary's, a code edit's): that catch-up, up
+front or at its first step, is weighed over the share of the request's tokens the lookups
+are not expected to cover (_uncovered), learnt per request from what they kept or would
+have kept, from the engine's share at the regime.
 
 A drafter not in use (a draft model; a lookup only until the engine has judged it unasked)
 is probed with a short draft once the steps since its last use
@@ -68,6 +72,8 @@ _FOLLOW_UPS = 6  # successful probes in a row that may bypass the budget
 _TRIAL_STEPS = 3  # steps a request drafts before its own acceptance overrules a prior that was too hopeful
 _G_SEEN = 0.9  # per-token decay of a request's record of the target's top probability: its last ~10 tokens
 _SEEN_MIN = 2.0  # (decayed) tokens of that record before it predicts the draft model's acceptance
+_SHARE_W = 16.0  # tokens of the engine's lookup share a request's own count of what lookups covered starts from
+_UNCOVERED_MIN = 0.1  # the least share of a request's tokens a draft model's prompt catch-up is spread over
 LOOKUP_MAX = 64  # how far a lookup drafter may draft under auto where the user set no cap
 MODEL = "draft"  # the draft model's drafter name
 HYBRID = "hybrid"  # a lookup's match, then the draft model (drafters.hybrid)
@@ -134,6 +140,7 @@ class AutoPolicy:
         # ConfidenceMap bucket (sampled requests): with the engine's target map, what a draft
         # model is expected to keep here before it has drafted (_model_level)
         self._seen_top = [0.0] * len(ConfidenceMap.MIDS)
+        self.covered = 0.0  # of the tokens generated, those a lookup drafted and kept or would have (_uncovered)
 
     @property
     def predicted_tokens_per_s(self) -> float:
@@ -259,12 +266,13 @@ class AutoPolicy:
             best = self._plans[HYBRID][head] = planner.best_length(option, V)
         return best
 
-    def _catchup(self, name: str, V) -> float:
-        """Seconds the drafter will spend catching up beyond an in-step draft's."""
+    def _catchup(self, name: str, V, uncovered: float = 1.0) -> float:
+        """Seconds the drafter will spend catching up beyond an in-step draft's; its prompt's
+        share over `uncovered` (to be spread over the request's tokens, it is repaid by that share)."""
         if name in FREE:
             return 0.0  # indexing the tokens it missed: microseconds a token
         start = self.ctl.prompt_cost.get(name, 0.0) * self.missing[name] if name in self.fresh else 0.0
-        return start + self.ctl.draft_coef(name, V)[2] * max(self.lag[name] - 2, 0)
+        return start / uncovered + self.ctl.draft_coef(name, V)[2] * max(self.lag[name] - 2, 0)
 
     def _horizon(self) -> float:
         """Tokens this request is still expected to make: the others' mean length, within its own cap."""
@@ -282,13 +290,43 @@ class AutoPolicy:
             return self._horizon()
         return max(min(left[(len(left) - 1) // 4], self.max_tokens - self.generated), 1.0)
 
+    def _uncovered(self) -> float:
+        """The share of this request's tokens that its lookups are not expected to cover: where a
+        draft model can save anything. What they covered so far (drafted and kept, or would have:
+        Outcome.shadow), from the share they covered in recent requests at this regime.
+
+        A draft model's prompt catch-up is paid once and repaid only by the tokens it drafts.
+        Judged over every token to come, as if each would otherwise cost a plain pass, a long
+        prompt's catch-up looked repaid on a summary at 0.8, where the n-gram and suffix
+        lookups copy much of the answer for free: the 0.5B took a 709-token prompt in 8.3 s
+        and the request ran at 0.90x the target alone (1.4x without that prefill)."""
+        if not any(n in FREE for n in self.names):
+            return 1.0
+        prior = self.ctl.share_of_lookups(self.regime)
+        share = (self.covered + _SHARE_W * prior) / (self.generated + _SHARE_W)
+        return max(1.0 - share, _UNCOVERED_MIN)
+
+    def _lookup_kept(self, o: Outcome, used: str | None) -> int:
+        """Of the step's tokens, those a lookup drafted and kept, or would have (its shadow)."""
+        kept = 0
+        if used in FREE:
+            kept = o.n_accepted
+        elif used == HYBRID and self._step_head:
+            kept = min(o.n_accepted, self._step_head[2])
+        for name, (_, hit) in (o.shadow or {}).items():
+            if name in FREE:
+                kept = max(kept, min(hit, o.n_accepted + 1))
+        return kept
+
     def _best(self, V) -> tuple[str | None, planner.Plan, float]:
-        """(drafter, plan, rate after catch-up) of the best choice this step."""
-        plans = [(n, self._plan(n, V, kmin=self.kmin[n]), self._catchup(n, V)) for n in self.names]
+        """(drafter, plan, rate after catch-up) of the best choice this step. A draft model's
+        prompt catch-up is spread over the tokens it may draft for, not the lookups' (_uncovered)."""
+        uncovered = self._uncovered()
+        plans = [(n, self._plan(n, V, kmin=self.kmin[n]), self._catchup(n, V, uncovered)) for n in self.names]
         if self.hybrid:
             hybrid = self._plan_hybrid(V)
             if hybrid is not None:
-                plans.append((HYBRID, hybrid, self._catchup(MODEL, V)))
+                plans.append((HYBRID, hybrid, self._catchup(MODEL, V, uncovered)))
         return planner.pick(V, plans, self._horizon())
 
     def _stop_rule(self, name: str, plan: planner.Plan, V) -> planner.ConfidenceStop | None:
@@ -353,8 +391,8 @@ class AutoPolicy:
 
         Catching up on the prompt costs the same whenever it happens (one batch); doing it
         up front only pays if the drafter is then expected to save more than that over the
-        request: (plain seconds per token - its seconds per token) x the tokens to come,
-        over what this request's acceptance may be (_prefill_gain), > its measured seconds
+        request: (plain seconds per token - its seconds per token) x the tokens to come that
+        the lookups are not expected to cover (_uncovered), over what this request's acceptance may be (_prefill_gain), > its measured seconds
         per prompt token x n_missing. Until that cost has been measured once (at a first
         use, which the plans charge), nothing is prefilled.
         """
@@ -368,7 +406,7 @@ class AutoPolicy:
                 V = self.ctl.verify.table(self.cap + 1)
                 if per_token is None or V is None:
                     return False
-                tokens = min(self._prefill_horizon(), max_tokens - 1)
+                tokens = min(self._prefill_horizon(), max_tokens - 1) * self._uncovered()
                 if self._prefill_gain(name, V, tokens) <= per_token * n_missing:
                     return False
         self.fresh.discard(name)
@@ -420,6 +458,8 @@ class AutoPolicy:
             for (name, bucket), counts in self._judged.items():
                 self.ctl.position_shape(name, bucket, self.regime).add(counts)
             self.ctl.learn_length(self.generated)
+            if any(n in FREE for n in self.names):
+                self.ctl.learn_lookup_share(self.regime, self.covered, self.generated)
 
     def see(self, name: str, offer: tuple[int, int]) -> None:
         """What a lookup drafter would draft this step: its match length (0: none), tokens available."""
@@ -478,6 +518,7 @@ class AutoPolicy:
         used = o.choice.drafter if k > 0 else None
         if o.shadow:
             self._observe_shadow(o.shadow, used)
+        self.covered += self._lookup_kept(o, used)
         if o.target_top:
             self._see_target(o.target_top[: acc + 1])
         self.generated += acc + 1
@@ -539,7 +580,8 @@ class AutoPolicy:
     def _trace(self, o: Outcome) -> None:
         """The step as planned and as it went, for SPECSERVE_LOG=debug."""
         name, plan = self._step_plan
-        planned = f"{name or 'plain'} k={plan.k} rate {plan.rate:.2f} tok/s" if plan else "plain (measuring)"
+        planned = (f"{name or 'plain'} k={plan.k} rate {plan.rate:.2f} tok/s ({plan.tokens:.2f} tokens in {plan.seconds:.3f} s)"
+                   if plan else "plain (measuring)")
         lookup = self._step_head[0] if name == HYBRID and self._step_head else name
         if lookup in self._step_offers:  # what the lookup matched: its length, and the tokens it had
             planned += " (match %d, %d available)" % self._step_offers[lookup]
