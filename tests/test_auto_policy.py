@@ -331,17 +331,23 @@ def test_a_lookup_whose_copies_hold_or_break_at_once_is_planned_by_position():
         assert tokens == pytest.approx(1 + k / 2, rel=0.05), (k, rates[:4])
 
 
+def worth_a_prefill() -> tuple[Controller, SpecParams]:
+    """A draft model that keeps 90% of its tokens after 16 answers of 64 tokens: a 50-token prompt's
+    catch-up (4 ms a token) pays."""
+    ctl = measured(CPU_F16, 0.006)
+    ctl.pooled[("draft", 0, 0.0)] = [18.0, 20.0, 20.0, 20.0]
+    ctl.prompt_cost["draft"] = 0.004
+    for n in [64] * 16:
+        ctl.learn_length(n)
+    return ctl, SpecParams(draft_max=8)
+
+
 def test_a_prefill_is_judged_over_the_shorter_answers_seen():
     """A draft model that keeps 90% of its tokens, a 50-token prompt to catch up on: worth it over
     64-token answers, not where over a quarter of recent answers ended after 15 tokens (translations
     among code): a short answer would pay the whole catch-up, and the model can still start mid-
     answer. The lengths are kept in the profile."""
-    ctl = measured(CPU_F16, 0.006)
-    ctl.pooled[("draft", 0, 0.0)] = [18.0, 20.0, 20.0, 20.0]
-    ctl.prompt_cost["draft"] = 0.004
-    spec = SpecParams(draft_max=8)
-    for n in [64] * 16:
-        ctl.learn_length(n)
+    ctl, spec = worth_a_prefill()
     assert ctl.policy(spec, ["draft"]).prefill("draft", 50, 64)
     for n in [15] * 6:
         ctl.learn_length(n)
@@ -401,12 +407,7 @@ def test_a_prefill_is_judged_over_the_tokens_the_lookups_leave():
     kept in the profile, and a request's own steps move it."""
     from specserve.policy import Choice
 
-    ctl = measured(CPU_F16, 0.006)
-    ctl.pooled[("draft", 0, 0.0)] = [18.0, 20.0, 20.0, 20.0]
-    ctl.prompt_cost["draft"] = 0.004
-    spec = SpecParams(draft_max=8)
-    for n in [64] * 16:
-        ctl.learn_length(n)
+    ctl, spec = worth_a_prefill()
     names = ["draft", "ngram"]
     assert ctl.policy(spec, names).prefill("draft", 50, 64)
     for _ in range(3):  # answers the n-gram copied: it keeps 8 of 9 tokens, or would have (shadow)

@@ -95,6 +95,7 @@ class AutoPolicy:
         self.ctl = ctl
         self.hybrid = HYBRID in names and MODEL in names and any(n in names for n in HYBRID_LOOKUPS)
         self.names = [n for n in names if n != HYBRID]  # the drafters planned and probed on their own
+        self.has_lookups = any(n in FREE for n in self.names)
         # a model drafter stops at --draft-max; a lookup drafter at its own, longer cap (which a
         # --draft-max the user set lowers: SpecParams.suffix_max)
         lookup_cap = getattr(spec, "suffix_max", LOOKUP_MAX) or spec.draft_max
@@ -300,7 +301,7 @@ class AutoPolicy:
         prompt's catch-up looked repaid on a summary at 0.8, where the n-gram and suffix
         lookups copy much of the answer for free: the 0.5B took a 709-token prompt in 8.3 s
         and the request ran at 0.90x the target alone (1.4x without that prefill)."""
-        if not any(n in FREE for n in self.names):
+        if not self.has_lookups:
             return 1.0
         prior = self.ctl.share_of_lookups(self.regime)
         share = (self.covered + _SHARE_W * prior) / (self.generated + _SHARE_W)
@@ -458,7 +459,7 @@ class AutoPolicy:
             for (name, bucket), counts in self._judged.items():
                 self.ctl.position_shape(name, bucket, self.regime).add(counts)
             self.ctl.learn_length(self.generated)
-            if any(n in FREE for n in self.names):
+            if self.has_lookups:
                 self.ctl.learn_lookup_share(self.regime, self.covered, self.generated)
 
     def see(self, name: str, offer: tuple[int, int]) -> None:
