@@ -393,9 +393,10 @@ class AutoPolicy:
         Catching up on the prompt costs the same whenever it happens (one batch); doing it
         up front only pays if the drafter is then expected to save more than that over the
         request: (plain seconds per token - its seconds per token) x the tokens to come that
-        the lookups are not expected to cover (_uncovered), over what this request's acceptance may be (_prefill_gain), > its measured seconds
-        per prompt token x n_missing. Until that cost has been measured once (at a first
-        use, which the plans charge), nothing is prefilled.
+        the lookups are not expected to cover (_uncovered), over what this request's
+        acceptance may be (_prefill_gain), > its measured seconds per prompt token x n_missing.
+        Until that cost has been measured once (at a first use, which the plans charge),
+        nothing is prefilled.
         """
         self.max_tokens = max_tokens
         if name not in self.names or name in FREE or max_tokens < 2:  # one token: nothing to draft
