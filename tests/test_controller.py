@@ -17,6 +17,7 @@ import pytest
 
 from specserve.config import SpecParams
 from specserve.controller import _PROBE_MAX, _PROBE_MIN, Controller, CostModel, _DraftCost
+from specserve.auto.cost import _STALE
 from specserve.policy import FixedPolicy, Outcome
 
 
@@ -272,6 +273,23 @@ def test_cost_model_is_monotone_and_extrapolates():
     assert tab[1] == tab[2] == pytest.approx(0.020, rel=0.1)  # the stale n = 1 pooled into n = 2
     assert tab[3] == pytest.approx((tab[2] + tab[4]) / 2) and tab[4] == pytest.approx(0.030)
     assert all(a <= b for a, b in zip(tab[1:], tab[2:])) and tab[9] > tab[4]  # extrapolated upward
+
+
+def test_a_long_pass_measured_slow_long_ago_does_not_price_long_drafts_out_for_good():
+    m = CostModel()
+    for _ in range(3):
+        m.add(41, 3.0)  # a 41-token pass in a slow spell: 2x what it costs
+    for _ in range(20):
+        m.add(1, 0.25)
+        m.add(17, 0.60)
+    assert m.table(41)[41] == pytest.approx(3.0, rel=0.01)  # while fresh, what was measured holds
+    for _ in range(_STALE):  # a long stretch of short drafts: the 41-token estimate goes stale
+        m.add(6, 0.30)
+    tab = m.table(41)
+    assert tab[41] < 1.2  # extrapolated from the fresh n, optimistically (it really costs 1.46 s)
+    assert tab[17] == pytest.approx(0.60, rel=0.02)  # the fresh estimates are kept
+    m.add(41, 1.46)  # planned again, measured anew: the old estimate does not pull on it
+    assert m.table(41)[41] == pytest.approx(1.46)
 
 
 def test_draft_cost_regression_separates_drafting_from_catching_up():

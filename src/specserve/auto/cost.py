@@ -15,6 +15,9 @@ import bisect
 
 _G_COST = 0.95  # per-step decay of the drafting-cost regression
 _LOADED_OBS = 4  # the most observations a loaded pass-cost estimate counts as
+# passes after which a pass length not measured since is stale: past the longest fresh one it is
+# forgotten (extrapolated from the fresh ones, optimistically) until a pass of it measures it anew
+_STALE = 512
 
 
 class DraftCost:
@@ -116,7 +119,15 @@ class VerifyCost:
     An EMA per n, then a fit non-decreasing in n weighted by observations that fade while
     other n are measured (a stale or warm-up-slow estimate yields to fresh ones), then
     interpolated between measured n and extrapolated with the slope across them.
+
+    A long pass measured once in a slow spell and never since would price long drafts out for
+    good: they are never planned, so never measured again (a profile saved after prose, where
+    no long draft ran for thousands of passes, then a code edit). So an n not measured in
+    _STALE passes is left out of the fit where it lies past every fresh n: its cost is
+    extrapolated, optimistically, and the next pass over it starts its estimate anew.
     """
+
+    stale = _STALE  # passes after which an n not measured since is stale
 
     def __init__(self):
         self._m: dict[int, list] = {}  # n -> [EMA seconds, observations, tick of the last]
@@ -128,14 +139,17 @@ class VerifyCost:
     def add(self, n: int, t: float) -> None:
         self._tick += 1
         m = self._m.get(n)
-        if m is None:
-            bisect.insort(self._keys, n)
+        if m is None or self._tick - m[2] > self.stale:  # new, or stale: measured anew
+            if m is None:
+                bisect.insort(self._keys, n)
             self._m[n], self._table = [t, 1, self._tick], None
             return
         m[1], m[2] = m[1] + 1, self._tick
         m[0] += (min(t, 3 * m[0]) - m[0]) * max(0.05, 1 / m[1])  # clipped: a preempted pass
-        tab = self._table  # rebuilt when an estimate moved by more than 2%, at most every 8 passes
-        if tab is not None and self._tick - self._built >= 8 and (n >= len(tab) or abs(m[0] - tab[n]) > 0.02 * tab[n]):
+        # rebuilt when an estimate moved by more than 2%, at most every 8 passes, and every
+        # _STALE / 4 passes (an estimate may have gone stale)
+        tab, since = self._table, self._tick - self._built
+        if tab is not None and since >= 8 and (n >= len(tab) or abs(m[0] - tab[n]) > 0.02 * tab[n] or 4 * since >= self.stale):
             self._table = None
 
     def table(self, n_max: int) -> list[float] | None:
@@ -144,7 +158,7 @@ class VerifyCost:
         The same list is returned until an estimate moves: callers may cache on its identity."""
         if self._table is not None and len(self._table) > n_max:
             return self._table
-        keys = self._keys
+        keys = self._fresh_keys()
         if not keys:
             return None
         w = [max(min(self._m[n][1], 20) * 0.99 ** (self._tick - self._m[n][2]), 1e-6) for n in keys]
@@ -164,6 +178,12 @@ class VerifyCost:
         self._table, self._built = tab, self._tick
         self.batching = (tab[n_max] - tab[1]) / ((n_max - 1) * tab[1]) if n_max > 1 else 1.0
         return tab
+
+    def _fresh_keys(self) -> list[int]:
+        """The measured n the fit uses: all but the stale ones past the longest fresh one."""
+        keys, tick = self._keys, self._tick
+        last = next((j for j in range(len(keys) - 1, -1, -1) if tick - self._m[keys[j]][2] <= self.stale), len(keys) - 1)
+        return keys[:last + 1]
 
     def state(self) -> dict:
         return {"passes": [[n, *self._m[n]] for n in self._keys], "tick": self._tick}
