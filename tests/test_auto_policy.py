@@ -250,6 +250,23 @@ def test_the_spread_and_the_shape_are_kept_in_a_saved_profile():
     assert older.spread == {} and older.shape == {}
 
 
+def test_a_pooled_rate_thinned_by_reloads_falls_back_toward_the_drafters_prior():
+    """Each load halves the pooled counts a process does not refresh; a regime unused for a few
+    processes must not keep the ratio of its last few trials as if it were known."""
+    ctl = measured(GPU, 0.001)
+    ctl.pooled[("draft", 0, 0.75)] = [0.21, 1.28, 4.35, 4.39]  # 16% kept, of about one trial
+    ctl.pooled[("draft", 0, 0.0)] = [62.0, 66.0, 72.0, 78.0]  # well measured: 94%
+    ctl.pooled[("ngram", 4, 0.0)] = [0.1, 1.0, 1.0, 1.0]
+    fresh = Controller()
+    fresh.load_state_dict(ctl.state_dict())
+    hot = fresh.prior("draft", 0, 0.75)
+    assert hot[1] == pytest.approx(2.0) and 0.5 < hot[0] / hot[1] < 0.7  # mostly the prior's 0.7
+    assert fresh.prior("draft", 0, 0.0) == pytest.approx([31.0, 33.0, 36.0, 39.0])  # halved, nothing added
+    lookup = fresh.prior("ngram", 4, 0.0)
+    assert lookup[:2] == pytest.approx([0.05 + 1.5 * 0.6, 2.0])  # a lookup's prior: 2 trials at its bucket's 0.6
+    assert Controller().prior("draft", 0, 0.75) == pytest.approx([5.6, 8.0, 8.0, 8.0])  # unknown: the prior alone
+
+
 def test_requests_far_apart_leave_a_draft_models_prior_little_weight():
     """Code at 95% and prose at 30% in turn: the pooled rate says little about the next request, for
     the draft model as for a lookup, so a prose request stops drafting after a few tokens."""

@@ -37,8 +37,19 @@ FREE = frozenset({"ngram", "suffix"})
 # (0 of 2 at 70%: one engine in eleven) must not switch it off for good, since once off only
 # probes priced by its catch-up can bring it back
 PRIOR_TRIALS = 8.0
+_THIN = 2.0  # trials a loaded pooled rate holds at least, the drafter's prior making up the rest
 _LENGTHS = 32  # finished requests whose lengths are kept (AutoPolicy._prefill_horizon)
 _G_SHARE = 0.9  # per-request decay of the lookups' share: about the last 10 requests
+
+
+def _topped_up(counts: list[float], name: str, order: int, depth: float | None = None) -> list[float]:
+    """Pooled [accepted, tried, delivered, asked] with the drafter's prior making up whatever trials
+    they hold fewer than `depth` (default: the prior's own, PRIOR_TRIALS for a model drafter, 2 for
+    a lookup)."""
+    a, d = (ORDER_PRIOR[order], 1.0) if order else PRIORS.get(name, (0.7, 1.0))
+    w = depth if depth is not None else PRIOR_TRIALS if name not in FREE else 2.0
+    add, ask = max(w - counts[1], 0.0), max(w - counts[3], 0.0)
+    return [counts[0] + add * a, counts[1] + add, counts[2] + ask * d, counts[3] + ask]
 
 
 class Controller:
@@ -160,7 +171,13 @@ class Controller:
         for name, order, regime, *counts in state["pooled"]:
             if len(counts) != 4 or min(counts) < 0:
                 raise ValueError("pooled acceptance counts of the wrong shape")
-            pooled[(str(name), int(order), float(regime))] = [float(c) * weight for c in counts]
+            # counts thinner than the prior's own trials are topped up with it: each load halves
+            # what the last process did not refresh, and a regime unused for a few processes had
+            # kept its last few trials' ratio (the draft model at 0.8: 0.21 kept of 1.28 tried),
+            # which a request then trusted as much as requests were alike (Spread: 40 trials)
+            # (to _THIN trials: a bucket that gains one trial a request, the opening, keeps what it learnt)
+            pooled[(str(name), int(order), float(regime))] = _topped_up([float(c) * weight for c in counts],
+                                                                        str(name), int(order), _THIN)
         # (absent in older profiles; their "confidence" maps are ignored: at a temperature above 0 with
         # no top-k, top-p or min-p they binned the probability of token id 0, not the draft's top one)
         confidence = {(str(name), float(regime)): ConfidenceMap.from_state(counts, weight)
@@ -193,9 +210,7 @@ class Controller:
         key = (name, order, regime)
         p = self.pooled.get(key)
         if p is None:
-            a, d = (ORDER_PRIOR[order], 1.0) if order else PRIORS.get(name, (0.7, 1.0))
-            w = PRIOR_TRIALS if name not in FREE else 2.0
-            p = self.pooled[key] = [w * a, w, w * d, w]
+            p = self.pooled[key] = _topped_up([0.0] * 4, name, order)
         return p
 
     def prior_weight(self, name: str, order: int, regime: float, mean: float) -> float:
