@@ -171,11 +171,11 @@ class Controller:
         for name, order, regime, *counts in state["pooled"]:
             if len(counts) != 4 or min(counts) < 0:
                 raise ValueError("pooled acceptance counts of the wrong shape")
-            # counts thinner than the prior's own trials are topped up with it: each load halves
-            # what the last process did not refresh, and a regime unused for a few processes had
-            # kept its last few trials' ratio (the draft model at 0.8: 0.21 kept of 1.28 tried),
-            # which a request then trusted as much as requests were alike (Spread: 40 trials)
-            # (to _THIN trials: a bucket that gains one trial a request, the opening, keeps what it learnt)
+            # counts under _THIN trials are topped up with the drafter's prior: each load halves what
+            # the last process did not refresh, and a regime unused for a few processes had kept its
+            # last few trials' ratio (the draft model at 0.8: 0.21 kept of 1.28 tried), which a
+            # request then trusted as much as requests were alike (Spread: 40 trials). Only to
+            # _THIN: a bucket that gains one trial a request (the opening) keeps what it learnt.
             pooled[(str(name), int(order), float(regime))] = _topped_up([float(c) * weight for c in counts],
                                                                         str(name), int(order), _THIN)
         # (absent in older profiles; their "confidence" maps are ignored: at a temperature above 0 with
