@@ -375,6 +375,27 @@ def test_a_prefill_is_judged_over_the_shorter_answers_seen():
     assert fresh.lengths == ctl.lengths == [64] * 16 + [15] * 6
 
 
+def test_a_thinly_known_pooled_rate_is_judged_as_the_estimate_it_is():
+    """A pooled rate of 60% near break-even, where requests have been alike (the spread worth 40
+    trials): backed by 40 trials, a prompt's catch-up is declined; backed by the 3 trials a regime
+    keeps after reloads and one failed draft, the rate itself is that unsure, and the draft model
+    takes the prompt to learn what this regime keeps (else it never drafts there again)."""
+    from specserve.auto.acceptance import Spread
+
+    def prefills(trials: float) -> bool:
+        ctl, spec = worth_a_prefill()
+        ctl.prompt_cost["draft"] = 0.0004  # 20 ms for the 50-token prompt
+        ctl.pooled[("draft", 0, 0.75)] = [0.6 * trials, trials, trials, trials]
+        alike = ctl.spread[("draft", 0, 0.75)] = Spread()
+        for _ in range(10):
+            alike.add(0.6, 0.6, 20.0)
+        assert ctl.prior_weight("draft", 0, 0.75, 0.6) == 40.0
+        return ctl.policy(spec, ["draft"], temperature=0.8).prefill("draft", 50, 64)
+
+    assert not prefills(40.0)
+    assert prefills(3.0)
+
+
 def test_the_draft_models_acceptance_is_predicted_from_how_sure_the_target_was():
     """At 0.8 the draft model keeps its tokens where the target was sure of its own and loses them
     where it was not: a new request whose first plain steps show an unsure target plans the draft

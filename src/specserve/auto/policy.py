@@ -425,12 +425,18 @@ class AutoPolicy:
         So the gain is averaged over the pooled rate and one spread of requests (Spread) either
         side of it; where a level does not pay, the request loses the few steps that teach it
         so (_TRIAL_STEPS), not the request.
+
+        The pooled rate is itself an estimate, from the (decayed) trials q[1] behind it: its own
+        variance, m (1 - m) / (q[1] + 1), adds to the spread of requests. Without it, a regime
+        left thin by reloads (2 trials) and one failed draft there (0.35 at T0.8) was judged as
+        surely as 40 alike requests, declined every prefill, and so never drafted to learn better.
         """
         ctl = self.ctl
         q = ctl.prior(name, 0, self.regime)
         m = q[0] / q[1]
         sp = ctl.spread.get((name, 0, self.regime))
-        sd = math.sqrt(m * (1.0 - m) / ((sp.weight(m) if sp is not None else _PRIOR_W) + 1.0))
+        w = sp.weight(m) if sp is not None else _PRIOR_W
+        sd = math.sqrt(m * (1.0 - m) * (1.0 / (w + 1.0) + 1.0 / (q[1] + 1.0)))
         cost, dlv, cap = tuple(ctl.draft_coef(name, V)), self.dlv[name].rates(q[2] / q[3]), self.caps[name]
         total = 0.0
         for x in (m - sd, m, m + sd):
