@@ -94,7 +94,7 @@ def test_seeds_fixed_per_prompt():
 @pytest.mark.parametrize("name", BUILTIN_WORKLOADS)
 def test_builtin_workloads_load(name):
     prompts = load_workload(name, 10)
-    assert len(prompts) == 10 and all(p.messages[-1]["role"] == "user" and p.text for p in prompts)
+    assert len(prompts) == (8 if name == "code-edit-long" else 10) and all(p.messages[-1]["role"] == "user" and p.text for p in prompts)
     if name in SPEC_BENCH_CATEGORIES:
         assert {p.category for p in prompts} == {name}
 
@@ -103,6 +103,14 @@ def test_code_edit_is_input_grounded():
     prompts = load_workload("code-edit", 100)
     assert 10 <= len(prompts) <= 20
     assert all("```" in p.text and p.category == "code-edit" for p in prompts)
+
+
+def test_long_code_edits_ask_for_the_whole_file_back():
+    prompts = load_workload("code-edit-long", 100)
+    assert len(prompts) == 8 and {p.workload for p in prompts} == {"code-edit-long"}
+    for p in prompts:
+        code = p.text.split("```")[1]
+        assert p.category == "code-edit-long" and "return the complete" in p.text and code.count("\n") >= 35
 
 
 def test_spec_bench_mix_spreads_over_categories():

@@ -2,9 +2,11 @@
 
 A workload is a list of prompts. Built-in names are the Spec-Bench categories
 (data/spec_bench/question.jsonl, Apache-2.0; the first turn of each question as a
-user message), `spec-bench` (all categories, spread evenly) and `code-edit`
+user message), `spec-bench` (all categories, spread evenly), `code-edit`
 (refactor/rename/fix requests about a given snippet: input-grounded, where prompt
-lookup drafts well) and `multi-turn` (conversations that re-send or edit earlier answers,
+lookup drafts well), `code-edit-long` (a rename or a small change to a whole 40-60-line
+file in Python, Go, JavaScript, Rust or TypeScript, returned whole: 240-400-token prompts,
+answers that copy most of them, the work of an editor's assistant) and `multi-turn` (conversations that re-send or edit earlier answers,
 where cross-request drafting pays; see `multi_turn`). Anything else is read as a JSONL
 file, one prompt a line:
 
@@ -20,7 +22,7 @@ from pathlib import Path
 
 SPEC_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem",
                          "humanities", "translation", "summarization", "qa", "math_reasoning", "rag")
-BUILTIN_WORKLOADS = ("code-edit", "multi-turn", "spec-bench", *SPEC_BENCH_CATEGORIES)
+BUILTIN_WORKLOADS = ("code-edit", "code-edit-long", "multi-turn", "spec-bench", *SPEC_BENCH_CATEGORIES)
 # The later turns of a multi-turn conversation, after the question and a retry of it.
 FOLLOW_UPS = (("rename", "Rename the first function you defined to `solution`, update every use of it, and "
                          "return the whole file."),
@@ -63,8 +65,8 @@ def load_workload(name_or_path: str, n_prompts: int) -> list[BenchPrompt]:
     key = name_or_path.replace("-", "_")
     if key == "multi_turn":
         return multi_turn(n_prompts)
-    if key == "code_edit":
-        rows, name = _read_jsonl(resources.files("specserve") / "data" / "code_edit.jsonl"), "code-edit"
+    if key in ("code_edit", "code_edit_long"):
+        rows, name = _read_jsonl(resources.files("specserve") / "data" / f"{key}.jsonl"), key.replace("_", "-")
     elif key == "spec_bench" or key in SPEC_BENCH_CATEGORIES:
         rows, name = _spec_bench(None if key == "spec_bench" else key), key.replace("spec_bench", "spec-bench")
     else:
