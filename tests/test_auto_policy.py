@@ -267,6 +267,37 @@ def test_a_pooled_rate_thinned_by_reloads_falls_back_toward_the_drafters_prior()
     assert Controller().prior("draft", 0, 0.75) == pytest.approx([5.6, 8.0, 8.0, 8.0])  # unknown: the prior alone
 
 
+def test_what_a_process_leaves_untouched_is_saved_as_it_was_loaded():
+    """A load scales the saved evidence down, for the process's own to outweigh; what no request
+    of the process touched must not shrink at every load and save. Ten processes of one greedy
+    request each (`specserve generate`): the draft model at 0.8 keeps the 40 trials, the
+    confidence maps and the lookups' share it was saved with; at 0 it learns as before."""
+    ctl = measured(GPU, 0.001)
+    ctl.pooled[("draft", 0, 0.75)] = [27.0, 40.0, 54.0, 64.0]
+    ctl.pooled[("draft", 0, 0.0)] = [62.0, 66.0, 72.0, 78.0]
+    for _ in range(30):
+        ctl.confidence_map("draft", 0.75).add([0.9, 0.8, 0.3], 2)
+        ctl.target_map("draft", 0.75).add([0.95, 0.6], 1)
+    ctl.learn_lookup_share(0.75, 10.0, 64)
+    saved = state = ctl.state_dict()
+    for _ in range(10):
+        process = Controller()
+        process.load_state_dict(state)
+        policy = process.policy(SpecParams(draft_max=8), ["draft"])
+        no_probes(policy)
+        teach(policy, "draft", 5, 4, 4)
+        policy.finish()
+        state = process.state_dict()
+    fresh = Controller()
+    fresh.load_state_dict(state)
+    assert fresh.prior("draft", 0, 0.75) == pytest.approx([13.5, 20.0, 27.0, 32.0])  # halved once, as at any load
+    for section in ("draft_confidence", "target_confidence", "lookup_share"):
+        hot = [e for e in state[section] if 0.75 in e[:2]]
+        assert hot and hot == [e for e in saved[section] if 0.75 in e[:2]]
+    used = fresh.prior("draft", 0, 0.0)
+    assert used[0] / used[1] > 0.95 and used[1] < 40.0  # what the processes drafted, halved at each load as before
+
+
 def test_requests_far_apart_leave_a_draft_models_prior_little_weight():
     """Code at 95% and prose at 30% in turn: the pooled rate says little about the next request, for
     the draft model as for a lookup, so a prose request stops drafting after a few tokens."""

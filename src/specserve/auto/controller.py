@@ -40,6 +40,8 @@ PRIOR_TRIALS = 8.0
 _THIN = 2.0  # trials a loaded pooled rate holds at least, the drafter's prior making up the rest
 _LENGTHS = 32  # finished requests whose lengths are kept (AutoPolicy._prefill_horizon)
 _G_SHARE = 0.9  # per-request decay of the lookups' share: about the last 10 requests
+# sections of a saved state whose evidence a load scales down, by the leading fields that key an entry
+_SCALED = {"pooled": 3, "draft_confidence": 2, "target_confidence": 2, "lookup_share": 1}
 
 
 def _topped_up(counts: list[float], name: str, order: int, depth: float | None = None) -> list[float]:
@@ -50,6 +52,24 @@ def _topped_up(counts: list[float], name: str, order: int, depth: float | None =
     w = depth if depth is not None else PRIOR_TRIALS if name not in FREE else 2.0
     add, ask = max(w - counts[1], 0.0), max(w - counts[3], 0.0)
     return [counts[0] + add * a, counts[1] + add, counts[2] + ask * d, counts[3] + ask]
+
+
+def _untouched_as_saved(state: dict, loaded: dict, saved: dict) -> None:
+    """Entries of `state` still as they were loaded, put back as they were saved.
+
+    A load scales evidence down, so that this process's own soon outweighs it. An entry no
+    request of the process touched would otherwise shrink at every load and save: a regime
+    left unused for a few processes (`specserve generate` is one request a process) kept
+    about one trial and its last few trials' ratio, and its confidence maps fell under
+    MAP_MIN and were no longer read. Touched entries are saved as they are."""
+    for section, n in _SCALED.items():
+        was = {tuple(e[:n]): e for e in loaded.get(section, [])}
+        old = {tuple(e[:n]): e for e in saved.get(section, [])}
+        state[section] = [list(old[key]) if key in old and was.get(key) == e else e
+                          for e in state[section] for key in [tuple(e[:n])]]
+    was, old = loaded["draft_cost"], saved.get("draft_cost", {})
+    state["draft_cost"] = {name: old[name] if name in old and was.get(name) == fit else fit
+                           for name, fit in state["draft_cost"].items()}
 
 
 class Controller:
@@ -79,6 +99,7 @@ class Controller:
         self.cost_ratio: dict[str, float] = {}  # a drafter's token cost / the target's, before any data
         self.loaded = False  # whether it started from a saved profile (whose costs calibrate() checks)
         self.profiled: frozenset[str] = frozenset()  # drafters the loaded profile measured
+        self._as_loaded: tuple[dict, dict] | None = None  # (the state as loaded, as saved): _untouched_as_saved
 
     def policy(self, spec: SpecParams, drafter_names: list[str], temperature: float = 0.0):
         """A new request's AutoPolicy."""
@@ -149,6 +170,12 @@ class Controller:
             return self._state()
 
     def _state(self) -> dict:
+        state = self._current_state()
+        if self._as_loaded is not None:
+            _untouched_as_saved(state, *self._as_loaded)
+        return state
+
+    def _current_state(self) -> dict:
         return {
             "verify": self.verify.state(),
             "draft_cost": {name: fit.state() for name, fit in self.draft.items()},
@@ -201,6 +228,7 @@ class Controller:
             self.prompt_cost = {str(k): float(x) for k, x in state["prompt_cost"].items()}
             self.requests, self.tokens = float(state["requests"]), float(state["tokens"])
             self.lengths = [int(n) for n in state.get("lengths", [])][-_LENGTHS:]  # (absent in older profiles)
+            self._as_loaded = (self._current_state(), state)
 
     # --- read and written by policies, which hold the lock -----------------------------------
 
