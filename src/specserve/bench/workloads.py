@@ -5,10 +5,11 @@ A workload is a list of prompts. Built-in names are the Spec-Bench categories
 user message), `spec-bench` (all categories, spread evenly), `code-edit`
 (refactor/rename/fix requests about a given snippet: input-grounded, where prompt
 lookup drafts well), `code-edit-long` (a rename or a small change to a whole 40-80-line
-file in Python, Go, JavaScript, Rust or TypeScript, returned whole: 240-560-token prompts,
-answers that copy most of them, the work of an editor's assistant) and `multi-turn` (conversations that re-send or edit earlier answers,
-where cross-request drafting pays; see `multi_turn`). Anything else is read as a JSONL
-file, one prompt a line:
+file in Python, Go, JavaScript, Rust or TypeScript, returned whole: 240-560-token
+prompts, answers that copy most of them, the work of an editor's assistant) and
+`multi-turn` (conversations that re-send or edit earlier answers, where cross-request
+drafting pays; see `multi_turn`). Anything else is read as a JSONL file, one prompt a
+line:
 
     {"prompt": "text"} or {"messages": [{"role": "user", "content": "..."}]}
     optional: "temperature", "max_tokens", "category", "chat" (false: no chat template)
