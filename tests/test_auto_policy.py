@@ -298,6 +298,20 @@ def test_what_a_process_leaves_untouched_is_saved_as_it_was_loaded():
     assert used[0] / used[1] > 0.95 and used[1] < 40.0  # what the processes drafted, halved at each load as before
 
 
+def test_what_a_process_learns_of_a_drafters_cost_is_saved():
+    """A drafting cost the process touched is saved as it learnt it, not as it was loaded (a state
+    kept to tell the untouched from the touched must be a copy, not the live regression)."""
+    loaded = Controller()
+    loaded.load_state_dict(measured(GPU, 0.001).state_dict())
+    before = loaded.state_dict()["draft_cost"]["draft"]
+    policy = loaded.policy(SpecParams(draft_max=8), ["draft"])
+    no_probes(policy)
+    teach(policy, "draft", 20, 4, 4)
+    policy.finish()
+    saved = loaded.state_dict()["draft_cost"]["draft"]
+    assert saved == loaded.draft["draft"].state() != before
+
+
 def test_requests_far_apart_leave_a_draft_models_prior_little_weight():
     """Code at 95% and prose at 30% in turn: the pooled rate says little about the next request, for
     the draft model as for a lookup, so a prose request stops drafting after a few tokens."""

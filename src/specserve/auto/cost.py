@@ -73,7 +73,8 @@ class DraftCost:
         self.xy, self._coef = [y * factor for y in self.xy], None
 
     def state(self) -> dict:
-        return {"xx": self.xx, "xy": self.xy}
+        """A copy: `add` changes the lists in place (a state kept as loaded must not follow them)."""
+        return {"xx": [list(row) for row in self.xx], "xy": list(self.xy)}
 
     @classmethod
     def from_state(cls, state: dict, weight: float) -> "DraftCost":
