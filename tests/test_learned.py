@@ -243,8 +243,8 @@ def test_a_calibrated_poisoned_profile_drafts_like_a_good_one(model_files, tmp_p
 
 
 def test_engine_load_calibrates_a_saved_drafting_cost(tiny_paths, tmp_path, monkeypatch):
-    """A real engine measures its draft model's token cost when it starts from a profile, and a
-    saved cost 1000x off comes back to what it measured."""
+    """A real engine measures its draft model's token cost when it starts from a profile (before its
+    first request, on the thread that runs it), and a saved cost 1000x off comes back to what it measured."""
     from specserve.auto.cost import DraftCost
     from specserve.engine import Engine
 
@@ -257,6 +257,7 @@ def test_engine_load_calibrates_a_saved_drafting_cost(tiny_paths, tmp_path, monk
     path.write_text(json.dumps(data))
     again = Engine.load(cfg)
     ctl = again.controller
+    again.policy_for(SpecParams())  # a request's first call: calibrates
     b = ctl.draft_coef("draft", ctl.verify.table(4))[1]
     again.close()
     assert ctl.loaded and 1e-5 < b < 0.5  # the tiny draft's measured token: well under a millisecond to tens

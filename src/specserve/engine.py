@@ -76,9 +76,9 @@ class Engine:
         weights = (getattr(target, "weights_bytes", 0), getattr(draft, "weights_bytes", 0))
         if draft is not None and all(weights) and self.controller is not None:
             self.controller.cost_ratio.setdefault("draft", min(weights[1] / weights[0], 1.0))
-        if draft is not None and getattr(self.controller, "loaded", False):
-            # a saved profile's drafting cost is checked against the machine as it is now (learned.py)
-            self.controller.calibrate("draft", *token_seconds(draft, target))
+        # a saved profile's drafting cost is checked against the machine as it is now (learned.py), on the
+        # thread that decodes: see calibrate()
+        self._uncalibrated = draft is not None and getattr(self.controller, "loaded", False)
         self.can_speculate = getattr(target, "can_rollback", True)
         if not self.can_speculate:
             log.warning("target %s has a recurrent or hybrid memory, which cannot drop rejected tokens: "
@@ -110,6 +110,15 @@ class Engine:
         draft = self.draft.new_shared_context(self.n_ctx, n, n_batch) if self.draft is not None else None
         return [Slot(self, target.seqs[i], draft.seqs[i] if draft is not None else None) for i in range(n)]
 
+    def calibrate(self) -> None:
+        """Check a loaded profile's drafting cost against this machine now (a few 1-token passes of each
+        model), once. Called on the thread that runs the passes: the first request's (policy_for), or
+        the server's engine thread at start. llama.cpp's passes run ~1.5x slower in a process where
+        two threads have run them (backends.llama_cpp.DecodeThreads), so none is run elsewhere."""
+        if self._uncalibrated:
+            self._uncalibrated = False
+            self.controller.calibrate("draft", *token_seconds(self.draft, self.target))
+
     def policy_for(self, spec: SpecParams, temperature: float = 0.0) -> Policy:
         if spec.mode == "none" or spec.draft_max == 0:
             return FixedPolicy(None, 0)
@@ -127,6 +136,7 @@ class Engine:
         if spec.mode == "suffix":
             return FixedPolicy("suffix", spec.suffix_max)
         if self.controller is not None:
+            self.calibrate()
             return self.controller.policy(spec, self.drafter_names, temperature)
         return FixedPolicy(self.drafter_names[0], spec.draft_max)
 

@@ -20,6 +20,7 @@ on such CPUs (see use_extra_buffers) unless SPECSERVE_EXTRA_BUFFERS=1.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import re
 import threading
@@ -73,6 +74,45 @@ class _LoadLog:
 
 
 _BACKEND_READY = threading.Event()
+
+
+class DecodeThreads:
+    """The live threads that have run llama.cpp passes in this process.
+
+    llama-cpp-python builds llama.cpp with OpenMP, and libgomp keeps a team of worker threads for
+    each thread that runs a pass. Once the teams hold more threads than the machine has cores,
+    libgomp stops spinning at its barriers (one per op of a pass) and waits on a futex instead:
+    every pass then runs ~1.5x slower (the 0.5B draft's 1-token pass on 2 cores: 23.5 ms from one
+    thread, 35 ms once a second thread has run passes). So each process runs its passes on one
+    thread (the server: its engine thread, see Engine.calibrate); a second one is logged, once."""
+
+    _lock = threading.Lock()
+    _seen: dict[int, threading.Thread] = {}
+    _warned = False
+
+    @classmethod
+    def note(cls) -> None:
+        """Called before every pass; costs a dict lookup unless this thread is new."""
+        if threading.get_ident() not in cls._seen:
+            cls._add(threading.current_thread())
+
+    @classmethod
+    def _add(cls, thread: threading.Thread) -> None:
+        with cls._lock:
+            cls._seen = {i: t for i, t in cls._seen.items() if t.is_alive()}
+            cls._seen[thread.ident] = thread
+            if len(cls._seen) > 1 and not cls._warned:
+                cls._warned = True
+                logging.getLogger("specserve").warning(
+                    "llama.cpp passes run on %d threads of this process (%s): with OpenMP each pass then runs "
+                    "~1.5x slower; run them all on one thread", len(cls._seen),
+                    ", ".join(t.name for t in cls._seen.values()))
+
+    @classmethod
+    def live(cls) -> list[str]:
+        """The names of the live threads that have run passes."""
+        with cls._lock:
+            return [t.name for t in cls._seen.values() if t.is_alive()]
 
 
 def _init_backend() -> None:
@@ -297,6 +337,7 @@ class LlamaCppContext(NativeContext):
                 b.seq_id[i][0] = 0
                 b.logits[i] = all_logits or (last_chunk and i == len(chunk) - 1)
             b.n_tokens = len(chunk)
+            DecodeThreads.note()
             t0 = time.perf_counter()
             rc = C.llama_decode(self._ctx, b)
             self.t_eval += time.perf_counter() - t0

@@ -22,7 +22,7 @@ import numpy as np
 import llama_cpp as C
 
 from .base import MemoryUse
-from .llama_cpp import LlamaCppModel, NativeContext
+from .llama_cpp import DecodeThreads, LlamaCppModel, NativeContext
 
 
 class SharedContext(NativeContext):
@@ -65,6 +65,7 @@ class SharedContext(NativeContext):
                 i += 1
             rows.append(len(tokens) if logits == "all" else 1 if logits == "last" else 0)
         b.n_tokens = total
+        DecodeThreads.note()
         t0 = time.perf_counter()
         rc = C.llama_decode(self._ctx, b)
         dt = time.perf_counter() - t0

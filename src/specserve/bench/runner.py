@@ -211,6 +211,7 @@ def fresh_controller(engine: Engine):
     """The engine's `--spec auto` as a new process would start it: a controller loaded from the
     profile its own controller would save now (none with --no-auto-profile: priors), calibrated
     as Engine.load does; what it learns is thrown away after the request."""
+    engine.calibrate()  # the engine's own controller first, if it has not run a request yet
     own = engine.controller
     fresh = Controller()
     fresh.cost_ratio = dict(own.cost_ratio)

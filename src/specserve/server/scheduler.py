@@ -103,6 +103,7 @@ class Scheduler:
         self.pool = SlotPool(slots, max_waiting)
         targets = {getattr(s.ctx, "shared", s.ctx) for s in slots}  # one shared context, or each slot's own
         self.worker = Batcher(Stepper(targets, ubatch, on_pass, prefill_slowdown))
+        self.worker.submit(engine.calibrate)  # passes run on the engine thread alone (Engine.calibrate)
         self.draining = False  # refuse new requests; those in flight go on
         self.stopping = False  # the drain's deadline passed: requests in flight end at their next step
         self.closed = False
