@@ -60,7 +60,7 @@ def summarize_config(config: BenchConfig, runs: list[Measurement], baseline: dic
     local = config.spec != "endpoint"
     return {
         "name": config.name, "spec": config.spec, "draft_model": config.draft_model,
-        "draft_max": config.draft_max, "endpoint": config.endpoint, "flags": config.flags,
+        "draft_max": config.draft_max, "endpoint": config.endpoint, "flags": config.flags, "via": config.via,
         "n_prompts": len(tps), "n_runs": len(runs),
         "tokens_per_s": round(statistics.median(tps.values()), 2) if tps else 0.0,
         "speedup": round(_geomean(ratios), 4), "speedup_median": round(statistics.median(ratios), 4) if ratios else 0.0,

@@ -42,6 +42,7 @@ class BenchConfig:
     draft_model: str | None = None  # the draft model as the user named it (draft, auto)
     draft_max: int = 0
     endpoint: str | None = None
+    via: str = "inprocess"  # inprocess: this process's engine; server: the bench's own `specserve serve`
 
     @property
     def flags(self) -> str:
@@ -55,11 +56,31 @@ class BenchConfig:
         return f"--spec {spec}{md} --draft-max {self.draft_max}"
 
 
+VIAS = ("server", "inprocess")
+IN_PROCESS = " (in-process)"  # what an in-process configuration's name ends in beside served ones
+
+
 def plan_configs(specs: list[str], drafts: list[str], draft_maxes: list[int],
-                 endpoints: list[str], ngram_maxes: list[int] | None = None) -> list[BenchConfig]:
+                 endpoints: list[str], ngram_maxes: list[int] | None = None,
+                 vias: tuple[str, ...] = ("inprocess",)) -> list[BenchConfig]:
     """The target alone, then each drafter x each draft length (prompt lookup's own lengths if
     given; suffix: once, at its own cap), auto at the largest (auto-fresh too, each run as a new
-    process's first request), then endpoints."""
+    process's first request), then endpoints; each through every one of `vias`, served first. Beside
+    served configurations an in-process one is named so (IN_PROCESS); auto-fresh runs in-process only."""
+    local = _plan_local(specs, drafts, draft_maxes, ngram_maxes)
+    configs = []
+    for via in [v for v in VIAS if v in vias]:
+        label = IN_PROCESS if via == "inprocess" and "server" in vias else ""
+        configs += [BenchConfig(c.name + label, c.spec, c.draft_model, c.draft_max, via=via)
+                    for c in local if via == "inprocess" or c.spec != "auto-fresh"]
+    if "inprocess" not in vias:  # auto-fresh is a new process's first request: in-process only
+        configs += [BenchConfig(c.name + IN_PROCESS, c.spec, c.draft_model, c.draft_max)
+                    for c in local if c.spec == "auto-fresh"]
+    return configs + [BenchConfig(f"endpoint {url}", "endpoint", endpoint=url) for url in endpoints]
+
+
+def _plan_local(specs: list[str], drafts: list[str], draft_maxes: list[int],
+                ngram_maxes: list[int] | None) -> list[BenchConfig]:
     ngram_maxes = draft_maxes if ngram_maxes is None else ngram_maxes
     label = {d: _short(d) for d in drafts}
     if len(set(label.values())) < len(label):  # same file name in two folders: names must stay unique
@@ -80,7 +101,7 @@ def plan_configs(specs: list[str], drafts: list[str], draft_maxes: list[int],
         cap = max(draft_maxes + ngram_maxes)
         configs += [BenchConfig(f"auto-fresh[{label[d]}] k<={cap}", "auto-fresh", d, cap) for d in drafts] or \
                    [BenchConfig(f"auto-fresh k<={cap}", "auto-fresh", None, cap)]
-    return configs + [BenchConfig(f"endpoint {url}", "endpoint", endpoint=url) for url in endpoints]
+    return configs
 
 
 def _short(model: str) -> str:
@@ -155,6 +176,10 @@ class LocalModels:
                                  else prompt_tokens(self.target, prompt.text))
         return self._tokens[key]
 
+    def prompt_ids(self, prompt: BenchPrompt, messages: list[dict] | None = None) -> list[int]:
+        """The tokens a run evaluates: the prompt's, or `messages` (earlier answers filled in) in the chat template."""
+        return chat_tokens(self.target, messages) if messages is not None else self.tokens(prompt)
+
     def fits(self, prompt: BenchPrompt, max_tokens: int) -> bool:
         """Whether the prompt and its output fit the context (earlier answers it re-sends counted
         at max_tokens each)."""
@@ -165,6 +190,7 @@ class LocalModels:
         """(stats, text) of one run. messages: the prompt's own with earlier answers filled in;
         scope: the cross-request scope to read and feed (None: none)."""
         slot = self.slots[config.draft_model if config.spec in ("draft", "auto", "auto-fresh") else None]
+        tokens = self.prompt_ids(prompt, messages)
         slot.ctx.truncate(0)  # cold start: no prefix reuse between configurations or repeats
         if slot.draft_ctx is not None:
             slot.draft_ctx.truncate(0)
@@ -172,7 +198,6 @@ class LocalModels:
         k = config.draft_max if mode != "none" else 0
         spec = SpecParams(mode=mode, draft_max=k, suffix_max=k if mode == "suffix" else SUFFIX_MAX_DEFAULT,
                           cross_request=scope is not None, cross_request_scope=scope or "")
-        tokens = chat_tokens(self.target, messages) if messages is not None else self.tokens(prompt)
         if config.spec == "auto-fresh":
             with fresh_controller(slot.engine):
                 gen = slot.generate(tokens, sampling, spec, verify)
@@ -228,8 +253,9 @@ def fresh_controller(engine: Engine):
 
 
 def run_benchmark(plan: BenchPlan, local: LocalModels, endpoints: dict,
-                  progress: bool | None = None) -> list[Measurement]:
-    """Warm up, then run every job with every configuration in rotating order; return all measurements."""
+                  progress: bool | None = None, served=None) -> list[Measurement]:
+    """Warm up, then run every job with every configuration in rotating order; return all measurements.
+    served: the bench's own servers (served.ServedModels), which run the configurations `via` "server"."""
     from tqdm import tqdm
 
     configs, jobs = plan.configs, plan.jobs
@@ -256,7 +282,11 @@ def run_benchmark(plan: BenchPlan, local: LocalModels, endpoints: dict,
                 dynamic = prompt.answers_needed or repeat is None and prompt.turn
                 scope = (None if repeat is None or config.spec not in ("suffix", "auto")
                          else f"{configs.index(config)}#{repeat}@{temperature:g}")
-                stats, text = local.run(config, prompt, sampling, plan.verify, messages if dynamic else None, scope)
+                messages = messages if dynamic else None
+                if config.via == "server":
+                    stats, text = served.run(config, local.prompt_ids(prompt, messages), sampling, plan.verify, scope)
+                else:
+                    stats, text = local.run(config, prompt, sampling, plan.verify, messages, scope)
             if repeat is not None:
                 answers[(*run_key, prompt.index)] = text
             bar.update()

@@ -35,6 +35,7 @@ def _comma_list(kind, allowed=None):
 
 
 def add_parser(sub) -> None:
+    from ..bench.runner import VIAS
     from ..bench.workloads import BUILTIN_WORKLOADS
 
     p = sub.add_parser("bench", help="benchmark speculative configurations against the target alone",
@@ -75,6 +76,13 @@ def add_parser(sub) -> None:
     g.add_argument("--no-auto-profile", action="store_true",
                    help="auto starts from its priors (a fresh process's first requests) and keeps nothing; by "
                         "default it starts from, and adds to, what it learnt on these models before")
+    g.add_argument("--via", type=_comma_list(str, VIAS), default=["server"], metavar="LIST",
+                   help="how the configurations run: server (default: every request through a `specserve serve` "
+                        "of the bench's own on a loopback port, as users meet it), inprocess (this process's "
+                        "engine, named '(in-process)' beside served ones), or server,inprocess for both side by "
+                        "side; auto-fresh runs in-process only")
+    g.add_argument("-np", "--parallel", type=int, default=2, metavar="N",
+                   help="slots of the bench's own server (default 2, as `specserve serve`)")
     g.add_argument("--endpoint", nargs="+", action="extend", default=[], metavar="URL",
                    help="also run the prompts against OpenAI-compatible server(s), e.g. http://127.0.0.1:8080")
     g.add_argument("--endpoint-api-key", metavar="KEY", help="API key sent to the endpoints")
@@ -89,6 +97,7 @@ def _validate(args) -> None:
     checks = [(args.ctx_size >= 16, f"context size must be >= 16, got {args.ctx_size}"),
               (args.prompts_per_workload > 0, "--prompts-per-workload must be > 0"),
               (args.repeat > 0, "--repeat must be > 0"),
+              (args.parallel > 0, "-np must be > 0"),
               (args.n_predict is None or args.n_predict > 0, "-n must be > 0"),
               (all(1 <= k <= 64 for k in args.draft_max + (args.ngram_max or [])),
                "--draft-max and --ngram-max values must be in [1, 64]"),
@@ -146,6 +155,7 @@ def _load(args, target_path: str, draft_paths: dict[str, str]):
 def run(args) -> int:
     from ..bench import BenchPlan, load_workload, plan_configs, recommend, run_benchmark, summarize, summarize_turns
     from ..bench.endpoint import EndpointClient, EndpointError
+    from ..bench.served import ServerFailed
     from ..bench.report import machine_info
     from ..bench.table import render
 
@@ -160,10 +170,13 @@ def run(args) -> int:
     if args.spec is not None and "draft" in args.spec and not draft_paths:
         raise CliError("--spec draft needs a draft model (-md)", 2)
     specs = args.spec or list(_DEFAULT_SPECS)
-    configs = plan_configs(specs, list(draft_paths), args.draft_max, args.endpoint, args.ngram_max)
+    configs = plan_configs(specs, list(draft_paths), args.draft_max, args.endpoint, args.ngram_max, tuple(args.via))
     local, loaded = _load(args, target_path, draft_paths)
     endpoints = {url: EndpointClient(url, api_key=args.endpoint_api_key) for url in args.endpoint}
+    served = None
     try:
+        if "server" in args.via:
+            served = _serve(args, target_path, draft_paths)
         for client in endpoints.values():
             client.probe()
         plan = BenchPlan(configs, prompts, args.temp, args.n_predict, args.repeat, args.seed, args.ignore_eos,
@@ -176,11 +189,13 @@ def run(args) -> int:
             raise CliError("no prompt fits the context", 2)
         plan = BenchPlan(configs, fitting, args.temp, args.n_predict, args.repeat, args.seed, args.ignore_eos,
                          args.verify)
-        results = run_benchmark(plan, local, endpoints, progress=False if args.no_progress else None)
+        results = run_benchmark(plan, local, endpoints, progress=False if args.no_progress else None, served=served)
         memory = {**local.memory(), "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
-    except EndpointError as e:
+    except (EndpointError, ServerFailed) as e:
         raise CliError(str(e)) from None
     finally:
+        if served is not None:
+            served.close()
         for client in endpoints.values():
             client.close()
         local.close()
@@ -194,11 +209,16 @@ def run(args) -> int:
                     "draft_max": args.draft_max, "workloads": list(dict.fromkeys(p.workload for p in fitting)),
                     "n_prompts": len(fitting), "temperatures": args.temp, "n_predict": args.n_predict,
                     "repeat": args.repeat, "seed": args.seed, "ignore_eos": args.ignore_eos, "verify": args.verify,
-                    "n_ctx": args.ctx_size, "endpoints": args.endpoint}
+                    "n_ctx": args.ctx_size, "endpoints": args.endpoint, "via": args.via,
+                    "server_parallel": args.parallel if "server" in args.via else None}
         report = {"configs": entries, "turns": turns, "recommendation": recommendation, "memory": memory,
                   "machine": machine_info(args.threads), "settings": settings,
                   "runs": [vars(m) for m in results]}
         _write(args.json, lambda f: (json.dump(report, f, indent=1), f.write("\n")))
+    if "server" in args.via:
+        print(f"through `specserve serve -np {args.parallel}` of the bench's own (streamed /v1/completions); "
+              + ("configurations marked (in-process) ran in this process" if any(c.via == "inprocess" for c in configs)
+                 else "nothing ran in-process") + "\n")
     print(render(entries, recommendation, memory, turns))
     if args.plot:
         from ..bench.plot import write_plot
@@ -208,6 +228,15 @@ def run(args) -> int:
         except OSError as e:
             raise CliError(f"cannot write {args.plot}: {e}") from None
     return 0
+
+
+def _serve(args, target_path: str, draft_paths: dict[str, str]):
+    """The bench's own servers, started with its models, context and threads (minutes for a big target)."""
+    from ..bench.served import ServedModels
+
+    print(f"starting specserve serve -np {args.parallel} for the served configurations ...", file=sys.stderr)
+    return ServedModels(target_path, draft_paths, args.ctx_size, args.threads, args.parallel,
+                        auto_profile=not args.no_auto_profile)
 
 
 def _write(path: str, write) -> None:

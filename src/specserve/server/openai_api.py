@@ -30,7 +30,9 @@ def speculative_usage(job: Job) -> dict:
     return {"mode": spec.mode, "verify": job.req.verify, "draft_max": spec.draft_max, "suffix_max": spec.suffix_max,
             "drafter_steps": dict(s.drafter_steps), "passes": s.n_passes, "drafted": s.n_drafted,
             "accepted": s.n_accepted, "acceptance": round(s.acceptance, 4),
-            "mean_accepted_len": round(s.mean_accepted_len, 4), "tokens_per_s": round(s.tokens_per_s, 2)}
+            "mean_accepted_len": round(s.mean_accepted_len, 4), "tokens_per_s": round(s.tokens_per_s, 2),
+            "drafted_by_position": list(s.drafted_by_position), "accepted_by_position": list(s.accepted_by_position),
+            "prompt_s": round(s.t_prompt, 4), "decode_s": round(s.t_decode, 4) if s.t_total else 0.0}
 
 
 def usage(job: Job) -> dict:

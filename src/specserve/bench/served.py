@@ -1,0 +1,167 @@
+"""The benchmark through `specserve serve`, the path users take: a server of the bench's own.
+
+`ServedModels` starts one `specserve serve` per draft model on a free loopback port, with the
+bench's models, context and threads, and runs each configuration as one streamed
+/v1/completions request: the prompt as the very token ids the in-process run evaluates, the
+configuration as the request's `speculative` object, `cache_prompt: false` for the same cold
+cache, the same seed. A run's statistics are the server's own (usage.speculative: passes,
+drafts, the drafters' steps, its decode time), and its speed is what the client saw: tokens
+over the time from sending the request to its last chunk, less the server's prompt processing,
+so that it compares with an in-process run's decode speed and counts everything the server
+path adds to each step (the engine thread, the event loop, the HTTP stream).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+
+from ..config import SUFFIX_MAX_DEFAULT, SamplingParams
+
+STARTUP_S = 900.0  # loading an F16 1.5B target and its draft on a busy 2-core machine
+
+
+class ServerFailed(RuntimeError):
+    """The bench's own server did not start, or failed a request."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class SpawnedServer:
+    """`specserve serve ARGS` on a free loopback port, its log in a temporary file, stopped by SIGTERM."""
+
+    def __init__(self, args: list[str], env: dict | None = None):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._log = tempfile.NamedTemporaryFile(prefix="specserve-bench-serve-", suffix=".log", delete=False)
+        cmd = [sys.executable, "-m", "specserve", "serve", *args, "--host", "127.0.0.1", "--port", str(self.port)]
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env={**os.environ, **(env or {})})
+        self._wait_ready()
+
+    def log_tail(self, n: int = 2000) -> str:
+        with open(self._log.name, errors="replace") as f:
+            return f.read()[-n:]
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + STARTUP_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerFailed(f"specserve serve exited with status {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise ServerFailed(f"specserve serve was not ready after {STARTUP_S:.0f} s:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # drains, saves what auto learnt, exits
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        os.unlink(self._log.name)
+
+
+class ServedModels:
+    """The bench's configurations through servers of its own: one per draft model (the target alone,
+    prompt lookup and suffix through the first)."""
+
+    def __init__(self, target_path: str, draft_paths: dict[str, str], n_ctx: int, threads: int | None,
+                 parallel: int, auto_profile: bool, timeout: float = 3600.0):
+        common = ["-m", target_path, "-c", str(n_ctx), "-np", str(parallel)]
+        common += ["-t", str(threads)] if threads else []
+        common += [] if auto_profile else ["--no-auto-profile"]
+        self.servers: dict[str | None, SpawnedServer] = {}
+        self._client = httpx.Client(timeout=timeout)
+        try:
+            for name, path in (draft_paths or {None: None}).items():
+                self.servers[name] = SpawnedServer(common + (["-md", path] if path else []))
+        except BaseException:
+            self.close()
+            raise
+        self.parallel = parallel
+
+    def url(self, draft: str | None) -> str:
+        return self.servers[draft if draft in self.servers else next(iter(self.servers))].url
+
+    def run(self, config, tokens: list[int], sampling: SamplingParams, verify: str,
+            scope: str | None = None) -> tuple[dict, str]:
+        """(stats, text) of one streamed request: the configuration's `speculative` object over the
+        server's defaults, from a cold cache."""
+        mode = "auto" if config.spec == "auto-fresh" else config.spec
+        k = config.draft_max if mode != "none" else 0
+        speculative = {"mode": mode, "draft_max": k, "suffix_max": k if mode == "suffix" else SUFFIX_MAX_DEFAULT,
+                       "cross_request": scope is not None, "cross_request_scope": scope or "", "verify": verify}
+        body = {"prompt": tokens, "max_tokens": sampling.max_tokens, "temperature": sampling.temperature,
+                "seed": sampling.seed, "ignore_eos": sampling.ignore_eos, "stream": True,
+                "stream_options": {"include_usage": True}, "cache_prompt": False, "speculative": speculative}
+        url = self.url(config.draft_model) + "/v1/completions"
+        parts, usage, finish = [], None, ""
+        t0 = time.perf_counter()
+        t_first = t_last = 0.0
+        try:
+            with self._client.stream("POST", url, json=body) as r:
+                if r.status_code != 200:
+                    r.read()
+                    raise ServerFailed(f"{url}: HTTP {r.status_code}: {r.text[:300]}")
+                for line in r.iter_lines():
+                    if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                        continue
+                    event = json.loads(line[5:])
+                    if "error" in event:
+                        raise ServerFailed(f"{url}: {event['error']}")
+                    usage = event.get("usage") or usage
+                    for choice in event.get("choices") or []:
+                        finish = choice.get("finish_reason") or finish
+                        if choice.get("text"):
+                            parts.append(choice["text"])
+                            t_last = time.perf_counter() - t0
+                            t_first = t_first or t_last
+        except (httpx.HTTPError, json.JSONDecodeError) as e:
+            raise ServerFailed(f"{url}: {e}") from None
+        if usage is None:
+            raise ServerFailed(f"{url}: the stream ended without usage")
+        return served_stats(usage, t_first, t_last, finish), "".join(parts)
+
+    def close(self) -> None:
+        self._client.close()
+        for server in self.servers.values():
+            server.stop()
+        self.servers = {}
+
+
+def served_stats(usage: dict, t_first: float, t_last: float, finish: str) -> dict:
+    """A served run's statistics, in the shape of GenerationStats.as_dict() where they exist."""
+    spec = usage.get("speculative") or {}
+    n = int(usage.get("completion_tokens", 0))
+    t_prompt = float(spec.get("prompt_s", 0.0))
+    decode = t_last - t_prompt  # the client's view: sent -> last chunk, less the server's prompt
+    return {"n_prompt": int(usage.get("prompt_tokens", 0)), "n_generated": n,
+            "n_passes": int(spec.get("passes", 0)), "n_drafted": int(spec.get("drafted", 0)),
+            "n_accepted": int(spec.get("accepted", 0)), "acceptance": float(spec.get("acceptance", 0.0)),
+            "mean_accepted_len": float(spec.get("mean_accepted_len", 0.0)),
+            "drafted_by_position": list(spec.get("drafted_by_position") or []),
+            "accepted_by_position": list(spec.get("accepted_by_position") or []),
+            "drafter_steps": dict(spec.get("drafter_steps") or {}),
+            "t_prompt_s": round(t_prompt, 4), "t_decode_server_s": round(float(spec.get("decode_s", 0.0)), 4),
+            "t_decode_client_s": round(decode, 4), "time_to_first_token_s": round(t_first, 4),
+            "tokens_per_s": round(n / decode, 2) if n and decode > 0 else 0.0,
+            "server_tokens_per_s": float(spec.get("tokens_per_s", 0.0)), "finish_reason": finish}
