@@ -65,3 +65,11 @@ def test_turn_report_pairs_each_turn_with_the_target():
     text = "\n".join(turn_table(turns))
     assert "first" in text and "later" in text and "4.00x" in text
     assert summarize_turns(configs, [Measurement("target", "w", 0.0, 0, 0, {"tokens_per_s": 1.0})]) == []
+
+
+def test_code_edit_repeat_sends_each_edit_twice():
+    prompts = load_workload("code-edit-repeat", 4)
+    assert [p.turn for p in prompts] == ["first", "retry", "first", "retry"]
+    assert [p.index for p in prompts] == [0, 1, 2, 3]
+    assert prompts[0].messages == prompts[1].messages != prompts[2].messages == prompts[3].messages
+    assert prompts[0].messages == load_workload("code-edit", 2)[0].messages

@@ -8,7 +8,7 @@ lookup drafts well), `code-edit-long` (a rename or a small change to a whole 40-
 file in Python, Go, JavaScript, Rust or TypeScript, returned whole: 240-560-token
 prompts, answers that copy most of them, the work of an editor's assistant) and
 `multi-turn` (conversations that re-send or edit earlier answers, where cross-request
-drafting pays; see `multi_turn`). Anything else is read as a JSONL file, one prompt a
+drafting pays; see `multi_turn`), `code-edit-repeat` (each code edit, then the same request again). Anything else is read as a JSONL file, one prompt a
 line:
 
     {"prompt": "text"} or {"messages": [{"role": "user", "content": "..."}]}
@@ -23,7 +23,8 @@ from pathlib import Path
 
 SPEC_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem",
                          "humanities", "translation", "summarization", "qa", "math_reasoning", "rag")
-BUILTIN_WORKLOADS = ("code-edit", "code-edit-long", "multi-turn", "spec-bench", *SPEC_BENCH_CATEGORIES)
+BUILTIN_WORKLOADS = ("code-edit", "code-edit-long", "code-edit-repeat", "multi-turn", "spec-bench",
+                     *SPEC_BENCH_CATEGORIES)
 # The later turns of a multi-turn conversation, after the question and a retry of it.
 FOLLOW_UPS = (("rename", "Rename the first function you defined to `solution`, update every use of it, and "
                          "return the whole file."),
@@ -66,6 +67,8 @@ def load_workload(name_or_path: str, n_prompts: int) -> list[BenchPrompt]:
     key = name_or_path.replace("-", "_")
     if key == "multi_turn":
         return multi_turn(n_prompts)
+    if key == "code_edit_repeat":
+        return sent_twice(load_workload("code-edit", -(-n_prompts // 2)), "code-edit-repeat")[:n_prompts]
     if key in ("code_edit", "code_edit_long"):
         rows, name = _read_jsonl(resources.files("specserve") / "data" / f"{key}.jsonl"), key.replace("_", "-")
     elif key == "spec_bench" or key in SPEC_BENCH_CATEGORIES:
@@ -101,6 +104,13 @@ def multi_turn(n_prompts: int) -> list[BenchPrompt]:
         prompts += [BenchPrompt("multi-turn", first + t, messages, kind, turn=kind)
                     for t, (kind, messages) in enumerate(turns)]
     return prompts[:n_prompts]
+
+
+def sent_twice(prompts: list[BenchPrompt], name: str) -> list[BenchPrompt]:
+    """Each prompt, then the same request again (turns "first" and "retry"): what a server's memory of
+    earlier requests is worth when a client repeats one (a retry, a regenerate button, an agent's loop)."""
+    return [BenchPrompt(name, 2 * i + t, p.messages, p.category, p.temperature, p.max_tokens, p.chat, turn)
+            for i, p in enumerate(prompts) for t, turn in enumerate(("first", "retry"))]
 
 
 def resolve_messages(prompt: BenchPrompt, answers: dict[int, str]) -> list[dict]:
