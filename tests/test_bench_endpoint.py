@@ -80,3 +80,25 @@ def test_unreachable_endpoint_is_one_clear_error(tiny_paths, capsys):
     assert code == 1
     err = capsys.readouterr().err
     assert "specserve: error: http://127.0.0.1:" in err
+
+
+def test_named_endpoints_paired_against_their_own_target_alone(server, tiny_paths, tmp_path):
+    """The same server named twice: as the endpoints' baseline and as a configuration. The endpoints'
+    speedups are their tok/s over the baseline's on the same prompt, whatever specserve's own target
+    alone runs at (the second request may draft from the server's memory of the first: any ratio)."""
+    workload = tmp_path / "w.jsonl"
+    workload.write_text(json.dumps({"prompt": "the cat sat on the mat"}) + "\n")
+    code = main(["bench", "-m", str(tiny_paths["target"]), "-c", "512", "-t", "1", "--workload", str(workload),
+                 "-n", "10", "--ignore-eos", "--spec", "none", "--via", "inprocess", "--no-progress",
+                 "--endpoint", f"own-target={server}", f"other={server}", "--endpoint-baseline", "own-target",
+                 "--json", str(tmp_path / "out.json")])
+    assert code == 0
+    report = json.loads((tmp_path / "out.json").read_text())
+    entries = {e["name"]: e for e in report["configs"] if e["workload"] == "all"}
+    assert set(entries) == {"target", "own-target", "other"}
+    assert entries["own-target"]["speedup"] == 1.0 and entries["own-target"]["baseline"] == "own-target"
+    tps = {r["config"]: r["stats"]["tokens_per_s"] for r in report["runs"]}
+    assert entries["other"]["baseline"] == "own-target"
+    assert entries["other"]["speedup"] == pytest.approx(tps["other"] / tps["own-target"], rel=1e-3)
+    assert entries["target"]["baseline"] == "target"
+    assert main(["bench", "-m", str(tiny_paths["target"]), "--endpoint", server, "--endpoint-baseline", "nope"]) == 2

@@ -61,6 +61,7 @@ def summarize_config(config: BenchConfig, runs: list[Measurement], baseline: dic
     return {
         "name": config.name, "spec": config.spec, "draft_model": config.draft_model,
         "draft_max": config.draft_max, "endpoint": config.endpoint, "flags": config.flags, "via": config.via,
+        "baseline": config.baseline,
         "n_prompts": len(tps), "n_runs": len(runs),
         "tokens_per_s": round(statistics.median(tps.values()), 2) if tps else 0.0,
         "speedup": round(_geomean(ratios), 4), "speedup_median": round(statistics.median(ratios), 4) if ratios else 0.0,
@@ -89,8 +90,9 @@ def summarize(configs: list[BenchConfig], results: list[Measurement], memory: di
             def keep(m: Measurement) -> bool:
                 return m.temperature == t and workload in (ALL, m.workload)
 
-            baseline = _per_prompt([m for m in by_config["target"] if keep(m)], "tokens_per_s")
-            group = [{**summarize_config(c, [m for m in by_config[c.name] if keep(m)], baseline),
+            baselines = {b: _per_prompt([m for m in by_config[b] if keep(m)], "tokens_per_s")
+                         for b in {c.baseline for c in configs}}
+            group = [{**summarize_config(c, [m for m in by_config[c.name] if keep(m)], baselines[c.baseline]),
                       "workload": workload, "temperature": t, "memory_bytes": config_memory(c, memory)}
                      for c in configs]
             group.sort(key=lambda e: -e["speedup"])
@@ -107,7 +109,8 @@ def summarize_turns(configs: list[BenchConfig], results: list[Measurement]) -> l
     entries = []
     for t in sorted({m.temperature for m in turned}):
         at_t = [m for m in turned if m.temperature == t]
-        baseline = _per_prompt([m for m in at_t if m.config == "target"], "tokens_per_s")
+        baselines = {b: _per_prompt([m for m in at_t if m.config == b], "tokens_per_s")
+                     for b in {c.baseline for c in configs}}
         kinds = [k for k in TURNS if any(m.turn == k for m in at_t)]
         for c in configs:
             runs = [m for m in at_t if m.config == c.name]
@@ -115,7 +118,7 @@ def summarize_turns(configs: list[BenchConfig], results: list[Measurement]) -> l
                 picked = [m for m in runs if (m.turn != "first" if kind == "later" else m.turn == kind)]
                 if not picked:
                     continue
-                e = summarize_config(c, picked, baseline)
+                e = summarize_config(c, picked, baselines[c.baseline])
                 entries.append({"name": c.name, "temperature": t, "turn": kind, "n_prompts": e["n_prompts"],
                                 "tokens_per_s": e["tokens_per_s"], "speedup": e["speedup"],
                                 "speedup_median": e["speedup_median"], "acceptance": e["acceptance"],

@@ -43,6 +43,7 @@ class BenchConfig:
     draft_max: int = 0
     endpoint: str | None = None
     via: str = "inprocess"  # inprocess: this process's engine; server: the bench's own `specserve serve`
+    baseline: str = "target"  # the configuration its speedups are paired against (an endpoint: its own target alone)
 
     @property
     def flags(self) -> str:
@@ -62,11 +63,13 @@ IN_PROCESS = " (in-process)"  # what an in-process configuration's name ends in 
 
 def plan_configs(specs: list[str], drafts: list[str], draft_maxes: list[int],
                  endpoints: list[str], ngram_maxes: list[int] | None = None,
-                 vias: tuple[str, ...] = ("inprocess",)) -> list[BenchConfig]:
+                 vias: tuple[str, ...] = ("inprocess",), endpoint_baseline: str | None = None) -> list[BenchConfig]:
     """The target alone, then each drafter x each draft length (prompt lookup's own lengths if
     given; suffix: once, at its own cap), auto at the largest (auto-fresh too, each run as a new
     process's first request), then endpoints; each through every one of `vias`, served first. Beside
-    served configurations an in-process one is named so (IN_PROCESS); auto-fresh runs in-process only."""
+    served configurations an in-process one is named so (IN_PROCESS); auto-fresh runs in-process only.
+    An endpoint is a URL or NAME=URL; endpoint_baseline (a URL or NAME among them) runs its target alone,
+    and the endpoints' speedups are paired against it (each server against its own target alone)."""
     local = _plan_local(specs, drafts, draft_maxes, ngram_maxes)
     configs = []
     for via in [v for v in VIAS if v in vias]:
@@ -76,7 +79,17 @@ def plan_configs(specs: list[str], drafts: list[str], draft_maxes: list[int],
     if "inprocess" not in vias:  # auto-fresh is a new process's first request: in-process only
         configs += [BenchConfig(c.name + IN_PROCESS, c.spec, c.draft_model, c.draft_max)
                     for c in local if c.spec == "auto-fresh"]
-    return configs + [BenchConfig(f"endpoint {url}", "endpoint", endpoint=url) for url in endpoints]
+    named = [endpoint_name(e) for e in endpoints]
+    base = next((name for name, url in named if endpoint_baseline in (name, url)), "target")
+    return configs + [BenchConfig(name, "endpoint", endpoint=url, baseline=base) for name, url in named]
+
+
+def endpoint_name(endpoint: str) -> tuple[str, str]:
+    """(name, url) of an --endpoint given as URL (named "endpoint URL") or as NAME=URL."""
+    name, sep, url = endpoint.partition("=")
+    if sep and "://" not in name:
+        return name, url
+    return f"endpoint {endpoint}", endpoint
 
 
 def _plan_local(specs: list[str], drafts: list[str], draft_maxes: list[int],
