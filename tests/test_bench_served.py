@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from specserve.bench.runner import IN_PROCESS, plan_configs
 from test_bench import PROMPTS, run_cli
 
@@ -35,6 +37,12 @@ def test_both_paths_run_the_same_requests(tiny_paths, tmp_path):
             assert stats["tokens_per_s"] > 0 and stats["server_tokens_per_s"] > 0
             assert 0 < stats["t_prompt_s"] < stats["t_decode_client_s"] + stats["t_prompt_s"]
     assert served["target"]["speedup"] == 1.0  # the served target alone is the baseline
+    paths = {p["name"]: p for p in report["paths"]}
+    assert set(paths) == set(served)
+    for name, p in paths.items():
+        ratios = [runs[(name, i)]["tokens_per_s"] / runs[(name + IN_PROCESS, i)]["tokens_per_s"] for i in (0, 1)]
+        assert p["n_prompts"] == 2 and p["min"] == pytest.approx(min(ratios), rel=1e-3, abs=1e-4)
+    assert "through the server / in-process" in out
 
 
 def test_auto_fresh_runs_in_process_beside_served_configurations():

@@ -19,7 +19,7 @@ import sys
 import time
 from collections import Counter, defaultdict
 
-from .runner import BenchConfig, Measurement
+from .runner import IN_PROCESS, BenchConfig, Measurement
 from .workloads import TURNS
 
 ALL = "all"
@@ -124,6 +124,25 @@ def summarize_turns(configs: list[BenchConfig], results: list[Measurement]) -> l
                                 "speedup_median": e["speedup_median"], "acceptance": e["acceptance"],
                                 "mean_accepted_len": e["mean_accepted_len"], "n_drafted": e["n_drafted"]})
     return entries
+
+
+def path_ratios(configs: list[BenchConfig], results: list[Measurement]) -> list[dict]:
+    """For each configuration run both through the server and in-process: per temperature, the geometric
+    mean over prompts of its served tok/s over its in-process tok/s on the same prompt (the server
+    path's cost; 1 is none), with the lowest and highest single prompt."""
+    names = {c.name for c in configs}
+    twins = [c.name for c in configs if c.via == "server" and c.name + IN_PROCESS in names]
+    out = []
+    for t in sorted({m.temperature for m in results}):
+        for name in twins:
+            served, local = (_per_prompt([m for m in results if m.config == n and m.temperature == t], "tokens_per_s")
+                             for n in (name, name + IN_PROCESS))
+            ratios = [v / local[k] for k, v in served.items() if v > 0 and local.get(k, 0) > 0]
+            if ratios:
+                out.append({"name": name, "temperature": t, "n_prompts": len(ratios),
+                            "ratio": round(_geomean(ratios), 4), "min": round(min(ratios), 4),
+                            "max": round(max(ratios), 4)})
+    return out
 
 
 def config_memory(config: BenchConfig, memory: dict) -> int | None:

@@ -91,7 +91,22 @@ def turn_table(turns: list[dict]) -> list[str]:
     return lines
 
 
-def render(entries: list[dict], recommendation: dict, memory: dict, turns: list[dict] = ()) -> str:
-    lines = ranked_tables(entries) + workload_matrix(entries) + turn_table(list(turns)) + memory_lines(memory)
+def path_table(paths: list[dict]) -> list[str]:
+    """Each configuration through the server against itself in-process."""
+    if not paths:
+        return []
+    width = _name_width(paths)
+    lines = ["through the server / in-process, the same requests (geometric mean of per-prompt tok/s ratios; "
+             "1.00 = the server path costs nothing)",
+             f"{'configuration':<{width}} {'T':>4} {'prompts':>7} {'ratio':>6} {'lowest':>7} {'highest':>7}"]
+    lines += [f"{p['name']:<{width}} {p['temperature']:>4g} {p['n_prompts']:>7} {p['ratio']:>6.3f} {p['min']:>7.3f} "
+              f"{p['max']:>7.3f}" for p in paths]
+    return lines + [""]
+
+
+def render(entries: list[dict], recommendation: dict, memory: dict, turns: list[dict] = (),
+           paths: list[dict] = ()) -> str:
+    lines = ranked_tables(entries) + workload_matrix(entries) + turn_table(list(turns)) + path_table(list(paths)) \
+        + memory_lines(memory)
     lines.append(f"recommendation: {recommendation['text']}")
     return "\n".join(lines)

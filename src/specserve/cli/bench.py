@@ -165,7 +165,7 @@ def run(args) -> int:
     from ..bench import BenchPlan, load_workload, plan_configs, recommend, run_benchmark, summarize, summarize_turns
     from ..bench.endpoint import EndpointClient, EndpointError
     from ..bench.served import ServerFailed
-    from ..bench.report import machine_info
+    from ..bench.report import machine_info, path_ratios
     from ..bench.table import render
 
     _validate(args)
@@ -215,6 +215,7 @@ def run(args) -> int:
     entries = summarize(configs, results, memory)
     recommendation = recommend(configs, results, entries)
     turns = summarize_turns(configs, results)
+    paths = path_ratios(configs, results)
     if args.json:  # first: an hour of measurements must survive a failure below
         settings = {"target": args.model or target_path, "drafts": list(draft_paths), "spec": specs,
                     "draft_max": args.draft_max, "workloads": list(dict.fromkeys(p.workload for p in fitting)),
@@ -222,7 +223,7 @@ def run(args) -> int:
                     "repeat": args.repeat, "seed": args.seed, "ignore_eos": args.ignore_eos, "verify": args.verify,
                     "n_ctx": args.ctx_size, "endpoints": args.endpoint, "via": args.via,
                     "server_parallel": args.parallel if "server" in args.via else None}
-        report = {"configs": entries, "turns": turns, "recommendation": recommendation, "memory": memory,
+        report = {"configs": entries, "turns": turns, "paths": paths, "recommendation": recommendation, "memory": memory,
                   "machine": machine_info(args.threads), "settings": settings,
                   "runs": [vars(m) for m in results]}
         _write(args.json, lambda f: (json.dump(report, f, indent=1), f.write("\n")))
@@ -230,7 +231,7 @@ def run(args) -> int:
         print(f"through `specserve serve -np {args.parallel}` of the bench's own (streamed /v1/completions); "
               + ("configurations marked (in-process) ran in this process" if any(c.via == "inprocess" for c in configs)
                  else "nothing ran in-process") + "\n")
-    print(render(entries, recommendation, memory, turns))
+    print(render(entries, recommendation, memory, turns, paths))
     if args.plot:
         from ..bench.plot import write_plot
 
