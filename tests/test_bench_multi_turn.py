@@ -67,9 +67,10 @@ def test_turn_report_pairs_each_turn_with_the_target():
     assert summarize_turns(configs, [Measurement("target", "w", 0.0, 0, 0, {"tokens_per_s": 1.0})]) == []
 
 
-def test_code_edit_repeat_sends_each_edit_twice():
-    prompts = load_workload("code-edit-repeat", 4)
+def test_twice_sends_each_prompt_then_the_same_request_again():
+    prompts = load_workload("code-edit:twice", 4)
     assert [p.turn for p in prompts] == ["first", "retry", "first", "retry"]
     assert [p.index for p in prompts] == [0, 1, 2, 3]
     assert prompts[0].messages == prompts[1].messages != prompts[2].messages == prompts[3].messages
     assert prompts[0].messages == load_workload("code-edit", 2)[0].messages
+    assert {p.workload for p in prompts} == {"code-edit:twice"} and len(load_workload("qa:twice", 3)) == 3

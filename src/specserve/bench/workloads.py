@@ -8,7 +8,8 @@ lookup drafts well), `code-edit-long` (a rename or a small change to a whole 40-
 file in Python, Go, JavaScript, Rust or TypeScript, returned whole: 240-560-token
 prompts, answers that copy most of them, the work of an editor's assistant) and
 `multi-turn` (conversations that re-send or edit earlier answers, where cross-request
-drafting pays; see `multi_turn`), `code-edit-repeat` (each code edit, then the same request again). Anything else is read as a JSONL file, one prompt a
+drafting pays; see `multi_turn`). Any workload's name followed by `:twice` (`code-edit:twice`) sends each
+of its prompts, then the same request again (turns first and retry). Anything else is read as a JSONL file, one prompt a
 line:
 
     {"prompt": "text"} or {"messages": [{"role": "user", "content": "..."}]}
@@ -23,8 +24,8 @@ from pathlib import Path
 
 SPEC_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem",
                          "humanities", "translation", "summarization", "qa", "math_reasoning", "rag")
-BUILTIN_WORKLOADS = ("code-edit", "code-edit-long", "code-edit-repeat", "multi-turn", "spec-bench",
-                     *SPEC_BENCH_CATEGORIES)
+BUILTIN_WORKLOADS = ("code-edit", "code-edit-long", "multi-turn", "spec-bench", *SPEC_BENCH_CATEGORIES)
+TWICE = ":twice"  # a workload name's suffix: each of its prompts, then the same request again
 # The later turns of a multi-turn conversation, after the question and a retry of it.
 FOLLOW_UPS = (("rename", "Rename the first function you defined to `solution`, update every use of it, and "
                          "return the whole file."),
@@ -64,11 +65,11 @@ def load_workload(name_or_path: str, n_prompts: int) -> list[BenchPrompt]:
     """Up to n_prompts prompts of a built-in workload or a JSONL file, spread evenly over it."""
     if n_prompts <= 0:
         raise ValueError(f"prompts per workload must be > 0, got {n_prompts}")
+    if name_or_path.endswith(TWICE):
+        return sent_twice(load_workload(name_or_path[:-len(TWICE)], -(-n_prompts // 2)), name_or_path)[:n_prompts]
     key = name_or_path.replace("-", "_")
     if key == "multi_turn":
         return multi_turn(n_prompts)
-    if key == "code_edit_repeat":
-        return sent_twice(load_workload("code-edit", -(-n_prompts // 2)), "code-edit-repeat")[:n_prompts]
     if key in ("code_edit", "code_edit_long"):
         rows, name = _read_jsonl(resources.files("specserve") / "data" / f"{key}.jsonl"), key.replace("_", "-")
     elif key == "spec_bench" or key in SPEC_BENCH_CATEGORIES:

@@ -59,7 +59,8 @@ def add_parser(sub) -> None:
                    help="prompt lookup's draft lengths, where they should differ from --draft-max")
     g.add_argument("--workload", nargs="+", action="extend", metavar="NAME|FILE.jsonl",
                    help=f"built-in ({', '.join(BUILTIN_WORKLOADS)}) or a JSONL file of "
-                        "{prompt|messages, temperature, max_tokens, category} (default: code-edit spec-bench)")
+                        "{prompt|messages, temperature, max_tokens, category}; NAME:twice sends each prompt, then "
+                        "the same request again (default: code-edit spec-bench)")
     g.add_argument("--prompts-per-workload", type=int, default=10, metavar="P",
                    help="prompts per workload (default 10; multi-turn: requests, 4 a conversation)")
     g.add_argument("--temp", type=float, nargs="+", default=None, metavar="T",
