@@ -28,6 +28,7 @@ class ServerSettings:
     ubatch: int = 512  # most tokens in one forward pass (--ubatch-size): verifications, then prompt chunks
     prefill_slowdown: float = SLOWDOWN  # a pass with a prompt chunk beside streams costs at most this x theirs
     api_keys: tuple[str, ...] = ()  # none: no authentication
+    key_scopes: dict[str, str] = field(default_factory=dict)  # API key -> the cross-request scope it confines to
     max_body: int = MAX_BODY_BYTES
     allowed_hosts: frozenset[str] = frozenset()  # Host names served besides IPs and localhost; "*": any
     cors_origins: frozenset[str] = frozenset()  # origins allowed cross-origin; "*": any
@@ -42,6 +43,8 @@ class ServerSettings:
             raise ValueError(f"max_body must be >= 1024 bytes, got {self.max_body}")
         if any(not k or k != k.strip() for k in self.api_keys):
             raise ValueError("an API key must be non-empty and have no surrounding whitespace")
+        if any(k not in self.api_keys or not s or len(s) > 128 for k, s in self.key_scopes.items()):
+            raise ValueError("a key scope must belong to a listed API key and be 1 to 128 characters")
         for name, value in (("read_timeout", self.read_timeout), ("drain_timeout", self.drain_timeout)):
             if not 0 < value < 1e6:  # also refuses NaN
                 raise ValueError(f"{name} must be > 0 seconds, got {value}")
