@@ -66,8 +66,16 @@ def add_parser(sub) -> None:
     g.add_argument("--read-timeout", type=float, default=30.0, metavar="S",
                    help="seconds a client has to send a request's headers (else the connection is closed), "
                         "then again its body (else 408) (default 30)")
+    g.add_argument("--request-line-timeout", type=float, default=10.0, metavar="S",
+                   help="seconds a connection may stay open without sending a full request line, from its opening "
+                        "or its previous answer; then it is closed (default 10)")
     g.add_argument("--max-connections", type=int, default=256, metavar="N",
-                   help="connections served at once; requests on more get 503 (default 256)")
+                   help="connections served at once; requests on more get 503, except /health, which is always "
+                        "answered (default 256)")
+    g.add_argument("--max-connections-per-client", type=int, default=32, metavar="N",
+                   help="open connections from one client address (loopback included); more are answered 503 and "
+                        "closed at once (default 32; 0: no limit). Behind a reverse proxy every client has the "
+                        "proxy's address: raise it or set 0 there")
     g.add_argument("--drain-timeout", type=float, default=20.0, metavar="S",
                    help="on SIGTERM, seconds the requests in flight may take to finish before streams end with "
                         "an error event and queued requests get 503 (default 20)")
@@ -183,7 +191,9 @@ def settings_from(args, target_path: str):
                               allowed_hosts=allowed_hosts(args.host, args.allowed_host),
                               cors_origins=frozenset(o.strip().rstrip("/") for o in args.cors_origin if o.strip()),
                               read_timeout=args.read_timeout, drain_timeout=args.drain_timeout,
-                              max_connections=args.max_connections)
+                              max_connections=args.max_connections,
+                              max_connections_per_client=args.max_connections_per_client,
+                              request_line_timeout=args.request_line_timeout)
     except ValueError as e:
         raise CliError(str(e), 2) from None
 
