@@ -313,13 +313,16 @@ def test_8_a_stalled_body_gets_408(server):
 
 
 def test_8_connections_beyond_the_cap_get_503(server):
+    """Beyond the cap every request gets 503 but /health (issue 39: a prober must not see a dead server)."""
     idle = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(8)]
     try:
-        assert httpx.get(server.url + "/health").status_code == 503
+        r = httpx.get(server.url + "/v1/models", headers={"X-Api-Key": KEY})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "too_many_connections"
+        assert httpx.get(server.url + "/health").status_code == 200
     finally:
         for s in idle:
             s.close()
-    assert _wait_for(lambda: httpx.get(server.url + "/health").status_code == 200, 5)
+    assert _wait_for(lambda: httpx.get(server.url + "/v1/models", headers={"X-Api-Key": KEY}).status_code == 200, 5)
 
 
 # --- 10. browser-origin attacks --------------------------------------------------------------------

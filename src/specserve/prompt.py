@@ -1,7 +1,27 @@
-"""Prompt text -> target token ids, for plain and chat prompts."""
+"""Prompt text -> target token ids, for plain and chat prompts.
+
+In a chat, only the template's own markup may produce control tokens (`<|im_start|>`,
+`<|im_end|>`, ...). Message content is the user's text: spelling a control token in it must
+not close the turn and open a system one. So where content spells one, the template is
+rendered with a placeholder in its place, and the rendered text is tokenized the way
+llama.cpp does it (control tokens split out first, the text between tokenized plainly), the
+placeholder's text counting as plain text. Chats whose content spells no control token are
+tokenized as before, in one call.
+"""
 from __future__ import annotations
 
-from .chat import render_for
+import bisect
+import re
+import secrets
+import weakref
+
+from .chat import ChatTemplateError, render_for, validate_messages
+
+# llama_token_attr bits: parse_special=False skips CONTROL and UNKNOWN tokens' texts
+_ATTR_UNKNOWN, _ATTR_CONTROL = 1 << 0, 1 << 3
+_ATTR_LSTRIP, _ATTR_RSTRIP = 1 << 7, 1 << 8
+_ASCII_SPACE = " \t\n\v\f\r"  # C isspace, which llama.cpp's LSTRIP/RSTRIP strip
+_specials_cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def prompt_tokens(model, prompt: str, chat: bool = False) -> list[int]:
@@ -11,15 +31,143 @@ def prompt_tokens(model, prompt: str, chat: bool = False) -> list[int]:
     return model.tokenize(prompt, add_special=True, parse_special=False)
 
 
+def control_tokens(model) -> "_ControlTokens":
+    """The tokens only parse_special=True produces (CONTROL and UNKNOWN ones), cached per model."""
+    try:
+        return _specials_cache[model]
+    except (KeyError, TypeError):
+        pass
+    found = _ControlTokens(model.vocab)
+    try:
+        _specials_cache[model] = found
+    except TypeError:
+        pass
+    return found
+
+
+class _ControlTokens:
+    """(text, id, attr) of the control tokens, grouped by their first characters so that finding
+    which occur in a text takes a scan per group, not per token (Gemma has 6250 of them)."""
+
+    PREFIX = 4
+
+    def __init__(self, vocab) -> None:
+        self.groups: dict[str, list[tuple[str, int, int]]] = {}
+        for i, (text, attr) in enumerate(zip(vocab.token_texts, vocab.token_attrs)):
+            if text and attr & (_ATTR_CONTROL | _ATTR_UNKNOWN):
+                self.groups.setdefault(text[:self.PREFIX], []).append((text, i, attr))
+
+    def occurring(self, text: str) -> list[tuple[str, int, int]]:
+        """Those whose text occurs in `text`, longest first (the order in which llama.cpp splits
+        them out; equal lengths by id)."""
+        found = [s for prefix, group in self.groups.items() if prefix in text for s in group if s[0] in text]
+        return sorted(found, key=lambda s: (-len(s[0]), s[1]))
+
+
 def chat_tokens(model, messages) -> list[int]:
-    """Render messages with the model's template and tokenize, special tokens parsed.
+    """Render messages with the model's template and tokenize: the template's markup with its
+    control tokens, message content as plain text (see the module docstring).
 
     Templates that write the BOS text themselves would get a second BOS from the
     tokenizer; it is dropped.
     """
-    text = render_for(model, messages)
-    tokens = model.tokenize(text, add_special=True, parse_special=True)
+    msgs = validate_messages(messages)
+    specials = control_tokens(model)
+    spelled = specials.occurring("\x00".join(m["content"] for m in msgs))  # a false find costs time, not tokens
+    if not spelled:
+        tokens = model.tokenize(render_for(model, msgs), add_special=True, parse_special=True)
+    else:
+        tokens = _tokens_with_plain_content(model, msgs, spelled, specials)
     bos = model.vocab.bos
     if bos is not None and len(tokens) >= 2 and tokens[0] == bos and tokens[1] == bos:
         tokens = tokens[1:]
+    return tokens
+
+
+def _tokens_with_plain_content(model, msgs: list[dict], spelled, specials) -> list[int]:
+    nonce = "".join(secrets.choice("0123456789") for _ in range(16))  # digits: no filter changes them
+    literals: list[str] = []
+
+    def placeholder(text: str) -> str:
+        literals.append(text)
+        return f"\ue000{nonce}.{len(literals) - 1}\ue001"
+
+    escaped = []
+    for m in msgs:
+        content, pieces, pos = m["content"], [], 0
+        for start, end, _ in _split_out(content, spelled, ()):
+            pieces += [content[pos:start], placeholder(content[start:end])]
+            pos = end
+        escaped.append({**m, "content": "".join(pieces) + content[pos:]})
+    rendered = render_for(model, escaped)
+    # The rendered text with each placeholder's own text back in place; those spans stay plain text.
+    parts = re.split(f"\ue000{nonce}\\.(\\d+)\ue001", rendered)
+    text, zones = [], []
+    pos = 0
+    for k, part in enumerate(parts):
+        if k % 2:
+            part = literals[int(part)]
+            zones.append((pos, pos + len(part)))
+        elif nonce in part:
+            raise ChatTemplateError("a message spells a control token and this model's chat template changes "
+                                    "message content in a way that keeps it from being tokenized as plain text")
+        text.append(part)
+        pos += len(part)
+    text = "".join(text)
+    return _tokenize_outside(model, text, zones, specials.occurring(text))
+
+
+def _split_out(text: str, specials, zones) -> list[tuple[int, int, tuple]]:
+    """Where llama.cpp would split `specials` out of `text` (longest first, each found left to
+    right in what is left), skipping matches that touch a zone: [(start, end, special)], sorted."""
+    raw = [(0, len(text))]
+    found = []
+    starts = [z[0] for z in zones]
+    for special in specials:
+        t = special[0]
+        if t not in text:
+            continue
+        pieces = []
+        for a, b in raw:
+            p = text.find(t, a, b)
+            while p != -1:
+                q = p + len(t)
+                i = bisect.bisect_left(starts, q)  # zones starting before q
+                if i and zones[i - 1][1] > p:  # overlaps a zone: user text, not a token
+                    p = text.find(t, p + 1, b)
+                    continue
+                pieces.append((a, p))
+                found.append((p, q, special))
+                a = q
+                p = text.find(t, a, b)
+            pieces.append((a, b))
+        raw = [(a, b) for a, b in pieces if b > a]
+    return sorted(found, key=lambda f: f[0])
+
+
+def _tokenize_outside(model, text: str, zones, specials: list) -> list[int]:
+    """Tokenize as llama.cpp does with parse_special=True, except that no control token is
+    taken from inside `zones`: control tokens split out, every stretch between them tokenized
+    plainly (as llama.cpp tokenizes each on its own, with its SPM space prefix), BOS/EOS added."""
+    v = model.vocab
+    tokens = [v.bos] if v.add_bos and v.bos is not None else []
+    pos = 0
+    found = _split_out(text, specials, zones)
+    for k, (start, end, (_, token, attr)) in enumerate(found):
+        stop = start
+        if attr & _ATTR_LSTRIP:
+            while stop > pos and text[stop - 1] in _ASCII_SPACE:
+                stop -= 1
+        if stop > pos:
+            tokens += model.tokenize(text[pos:stop], add_special=False, parse_special=False)
+        tokens.append(token)
+        pos = end
+        if attr & _ATTR_RSTRIP:
+            limit = found[k + 1][0] if k + 1 < len(found) else len(text)
+            while pos < limit and text[pos] in _ASCII_SPACE:
+                pos += 1
+    if pos < len(text):
+        tokens += model.tokenize(text[pos:], add_special=False, parse_special=False)
+    if v.add_eos and v.eos is not None:
+        tokens.append(v.eos)
     return tokens

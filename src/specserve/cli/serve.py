@@ -33,13 +33,20 @@ def add_parser(sub) -> None:
                    help=f"require 'Authorization: Bearer KEY' or 'X-Api-Key: KEY' (not on /health); default: "
                         f"${API_KEY_ENV}, which, unlike the command line, other users cannot see in ps")
     g.add_argument("--api-key-file", metavar="FILE",
-                   help="read keys from FILE, one per line ('#' starts a comment); any of them is accepted")
+                   help="read keys from FILE, one per line ('#' starts a comment); any of them is accepted. A line "
+                        "'KEY scope=NAME' confines that key's requests to cross-request scope NAME, whatever "
+                        "their profile or speculative.cross_request_scope says (one asking for another gets 400): "
+                        "tenants with keys of their own scopes never draft from each other's text")
     g.add_argument("--alias", metavar="NAME", help="the served model's name (default: the target file's stem)")
     g.add_argument("--profile", action="append", default=[], metavar="NAME=OPTIONS",
                    help="a named preset requests select with 'model': e.g. code=spec=draft,draft_max=8 or "
                         "prose=spec=none,temperature=0.8 (repeatable). Options: spec, draft_max, draft_min, "
                         "draft_p_min, ngram_min, ngram_max, suffix_max, cross_request, cross_request_scope, "
-                        "temperature, top_k, top_p, min_p, seed, max_tokens, ignore_eos, verify")
+                        "temperature, top_k, top_p, min_p, seed, max_tokens, ignore_eos, verify; "
+                        "pinned=OPT+OPT... lists options a request may not change (it gets 400 pinned_parameter "
+                        "unless it sends the profile's own value). A profile's cross_request_scope is pinned "
+                        "without being listed. Any key may name any profile: keep tenants apart with scoped "
+                        "keys (--api-key-file)")
     g.add_argument("-np", "--parallel", type=int, default=2, metavar="N",
                    help="slots: requests generating at once, each step's tokens of all of them in one "
                         "forward pass (default 2)")
@@ -59,8 +66,16 @@ def add_parser(sub) -> None:
     g.add_argument("--read-timeout", type=float, default=30.0, metavar="S",
                    help="seconds a client has to send a request's headers (else the connection is closed), "
                         "then again its body (else 408) (default 30)")
+    g.add_argument("--request-line-timeout", type=float, default=10.0, metavar="S",
+                   help="seconds a connection may stay open without sending a full request line, from its opening "
+                        "or its previous answer; then it is closed (default 10)")
     g.add_argument("--max-connections", type=int, default=256, metavar="N",
-                   help="connections served at once; requests on more get 503 (default 256)")
+                   help="connections served at once; requests on more get 503, except /health, which is always "
+                        "answered (default 256)")
+    g.add_argument("--max-connections-per-client", type=int, default=32, metavar="N",
+                   help="open connections from one client address (loopback included); more are answered 503 and "
+                        "closed at once (default 32; 0: no limit). Behind a reverse proxy every client has the "
+                        "proxy's address: raise it or set 0 there")
     g.add_argument("--drain-timeout", type=float, default=20.0, metavar="S",
                    help="on SIGTERM, seconds the requests in flight may take to finish before streams end with "
                         "an error event and queued requests get 503 (default 20)")
@@ -104,21 +119,42 @@ def _model_name(given: str | None, target_path: str) -> str:
     return Path(target_path).stem
 
 
-def api_keys(args) -> tuple[str, ...]:
-    """The keys from --api-key (or $SPECSERVE_API_KEY) and --api-key-file. Raises CliError(2)."""
+def api_keys(args) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The keys from --api-key (or $SPECSERVE_API_KEY) and --api-key-file, and the scope each key of
+    the file confines its requests to (a line `KEY scope=NAME`; a bare `KEY` is confined to none).
+    Raises CliError(2)."""
     keys = [args.api_key] if args.api_key else []
+    scopes: dict[str, str] = {}
     if args.api_key_file:
         try:
             lines = Path(args.api_key_file).read_text().splitlines()
         except (OSError, UnicodeDecodeError) as e:
             raise CliError(f"--api-key-file: {e}", 2) from None
-        found = [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+        found = 0
+        for n, line in enumerate(lines, 1):
+            words = line.split()
+            if not words or words[0].startswith("#"):
+                continue
+            key, options = words[0], words[1:]
+            for option in options:  # never the key itself in a message: the log and a terminal may show it
+                name, sep, value = option.partition("=")
+                if name != "scope" or not sep or not value:
+                    raise CliError(f"--api-key-file {args.api_key_file} line {n}: a line is 'KEY' or "
+                                   "'KEY scope=NAME'", 2)
+                if scopes.get(key, value) != value:
+                    raise CliError(f"--api-key-file {args.api_key_file} line {n}: this key was given another "
+                                   "scope before", 2)
+                if len(value) > 128:
+                    raise CliError(f"--api-key-file {args.api_key_file} line {n}: a scope is at most 128 "
+                                   "characters", 2)
+                scopes[key] = value
+            keys.append(key)
+            found += 1
         if not found:
             raise CliError(f"--api-key-file {args.api_key_file} holds no key", 2)
-        keys += found
     if args.api_key == "" and not keys:
         log.warning("--api-key (or $%s) is empty: authentication is off", API_KEY_ENV)
-    return tuple(dict.fromkeys(keys))
+    return tuple(dict.fromkeys(keys)), scopes
 
 
 def allowed_hosts(bind: str, extra: list[str]) -> frozenset[str]:
@@ -146,15 +182,18 @@ def settings_from(args, target_path: str):
         raise CliError(f"--cross-request-mib must be > 0, got {args.cross_request_mib}", 2)
     name = args.alias or _model_name(args.model, target_path)
     spec = dataclasses.asdict(spec_params(args))
+    keys, key_scopes = api_keys(args)
     try:
         profiles = build_profiles(Profile(name, spec=spec, verify=args.verify), args.profile)
         return ServerSettings(model_name=name, profiles=profiles, parallel=args.parallel, queue=args.queue,
                               ubatch=args.ubatch_size, prefill_slowdown=args.prefill_slowdown,
-                              api_keys=api_keys(args), max_body=int(args.max_body_mib * (1 << 20)),
+                              api_keys=keys, key_scopes=key_scopes, max_body=int(args.max_body_mib * (1 << 20)),
                               allowed_hosts=allowed_hosts(args.host, args.allowed_host),
                               cors_origins=frozenset(o.strip().rstrip("/") for o in args.cors_origin if o.strip()),
                               read_timeout=args.read_timeout, drain_timeout=args.drain_timeout,
-                              max_connections=args.max_connections)
+                              max_connections=args.max_connections,
+                              max_connections_per_client=args.max_connections_per_client,
+                              request_line_timeout=args.request_line_timeout)
     except ValueError as e:
         raise CliError(str(e), 2) from None
 

@@ -76,5 +76,6 @@ def access_middleware(settings: ServerSettings, on_error) -> list[Middleware]:
                                      allow_methods=["GET", "POST"],
                                      allow_headers=["Authorization", "Content-Type", "X-Api-Key"], max_age=600))
     if settings.api_keys:
-        middleware.append(Middleware(ApiKeyMiddleware, keys=settings.api_keys, on_error=on_error))
+        middleware.append(Middleware(ApiKeyMiddleware, keys=settings.api_keys, on_error=on_error,
+                                     scopes=settings.key_scopes))
     return middleware

@@ -12,7 +12,8 @@ read the answers as same-origin. So, before anything runs:
   `application/json` (checked where the body is read): a browser cannot send that
   cross-origin without a CORS preflight, which is off by default.
 - With keys set, every path except /health needs `Authorization: Bearer KEY` or
-  `X-Api-Key: KEY` (as llama-server accepts).
+  `X-Api-Key: KEY` (as llama-server accepts). A key given a scope (`KEY scope=NAME` in
+  --api-key-file) confines its requests to that cross-request scope, whatever they send.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from urllib.parse import urlsplit
 from .errors import ApiError, error_response
 
 OPEN_PATHS = frozenset({"/health"})  # answered without an API key (load balancers probe it)
+KEY_SCOPE = "specserve.key_scope"  # ASGI scope entry: the cross-request scope the request's API key confines it to
 
 
 def _hostname(authority: str) -> str | None:
@@ -86,29 +88,37 @@ class HostOriginGuard:
 
 
 class ApiKeyMiddleware:
-    """401 unless `Authorization: Bearer KEY` or `X-Api-Key: KEY` carries one of `keys`, except on OPEN_PATHS."""
+    """401 unless `Authorization: Bearer KEY` or `X-Api-Key: KEY` carries one of `keys`, except on OPEN_PATHS.
+    A key listed in `scopes` confines its requests to that cross-request scope: the ASGI scope's
+    KEY_SCOPE entry says which, and the endpoints apply it whatever the request sends."""
 
-    def __init__(self, app, keys: tuple[str, ...], on_error):
+    def __init__(self, app, keys: tuple[str, ...], on_error, scopes: dict[str, str] | None = None):
         self.app = app
         self.keys = [k.encode() for k in keys]
+        self.scopes = [(scopes or {}).get(k) for k in keys]
         self.on_error = on_error
 
-    def _valid(self, given: bytes) -> bool:
-        ok = False
-        for key in self.keys:  # every key compared, in constant time each
-            ok |= hmac.compare_digest(given, key)
-        return ok
+    def _match(self, given: bytes) -> int:
+        """The index of the key `given` is, or -1."""
+        found = -1
+        for i, key in enumerate(self.keys):  # every key compared, in constant time each
+            if hmac.compare_digest(given, key):
+                found = i
+        return found
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"] not in OPEN_PATHS and scope["method"] != "OPTIONS":
             headers = dict(scope["headers"])
             bearer = headers.get(b"authorization", b"")
             given = bearer[7:] if bearer[:7].lower() == b"bearer " else headers.get(b"x-api-key", b"")
-            if not self._valid(given):
+            i = self._match(given)
+            if i < 0:
                 self.on_error(401)
                 message = "invalid API key" if given else "missing API key"
                 err = ApiError(401, f"{message}: send 'Authorization: Bearer <key>' or 'X-Api-Key: <key>'",
                                code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
                 await error_response(err)(scope, receive, send)
                 return
+            if self.scopes[i] is not None:
+                scope = {**scope, KEY_SCOPE: self.scopes[i]}
         await self.app(scope, receive, send)

@@ -25,7 +25,7 @@ from ..prompt import chat_tokens
 from ..stats import GenerationStats
 from .errors import ApiError, bad_request
 from .metrics import log_request
-from .params import GenRequest
+from .params import GenRequest, check_context
 from .scheduler import QueueFull, SlotPool
 
 log = logging.getLogger("specserve.server")
@@ -219,6 +219,7 @@ async def start(state, req: GenRequest, request: Request | None = None) -> Job:
             raise bad_request(f"the prompt is {len(tokens)} tokens but the context holds {engine.n_ctx} "
                               f"(it must leave room for at least one generated token)", "prompt",
                               "context_length_exceeded")
+        check_context(req, len(tokens), engine.n_ctx)  # prompt + max_tokens must fit, or 400
         t_queued = time.perf_counter()
         slot = await _acquire(scheduler.pool, tokens, request)
     except QueueFull:

@@ -1,11 +1,16 @@
-"""The HTTP listener: uvicorn with deadlines for slow clients and for draining.
+"""The HTTP listener: uvicorn with deadlines for slow clients, connection limits, and draining.
 
+- Request line: a connection must deliver a full request line within `request_line_timeout`
+  seconds of opening, or of its previous response, or it is closed: an idle connection
+  costs a client nothing, so idle ones must not hold the server's places for long.
 - Headers: a connection must deliver a request's headers within `read_timeout` seconds
   of opening, or of its previous response, or it is closed (uvicorn has no such limit:
   a slowloris client that never ends its headers would hold its connection for ever).
   The body gets the same time again, checked where it is read (408).
-- Connections: `max_connections` are served at once; a request on one more gets 503
-  (uvicorn's limit_concurrency).
+- Connections: one client address may hold `max_connections_per_client` open at once; one
+  more is answered 503 and closed at once. `max_connections` are served at once; a request
+  on one more gets 503, except /health, which is answered however many are open (a load
+  balancer that sees 503 there would take a busy server for a dead one).
 - Draining: the first SIGTERM/SIGINT stops new requests (503) and lets those in flight
   finish, for at most `drain_timeout` seconds; then queued requests get 503, streams end
   with an error event, and the process exits 0. A second signal ends the drain at once;
@@ -14,46 +19,114 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from .errors import ApiError, error_body, error_response
+from .guard import OPEN_PATHS
 from .jobs import stopping
 
 log = logging.getLogger("specserve.server")
+REFUSED_LINGER_S = 1.0  # a refused connection is closed this long after its 503, once the client has read it
 
 
-def header_deadline_protocol(base: type[asyncio.Protocol], timeout: float) -> type[asyncio.Protocol]:
-    """uvicorn's HTTP protocol class `base` (h11 or httptools), closing connections whose next
-    request's headers do not arrive within `timeout` seconds."""
+def _too_many(message: str) -> ApiError:
+    return ApiError(503, message, code="too_many_connections", headers={"Retry-After": "1", "Connection": "close"})
 
-    class HeaderDeadline(base):
+
+def _raw_503(message: str) -> bytes:
+    body = json.dumps(error_body(503, message, code="too_many_connections")).encode()
+    return (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
+            b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(body)) + body
+
+
+def guarded_protocol(base: type[asyncio.Protocol], settings, on_error=lambda status: None) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol class `base` (h11 or httptools) with the deadlines and connection
+    limits of the module docstring, from `settings` (ServerSettings). `on_error(503)` counts refusals."""
+    line_timeout, header_timeout = settings.request_line_timeout, settings.read_timeout
+    per_client, most = settings.max_connections_per_client, settings.max_connections
+    per_client_message = (f"this client address has {per_client} connections open, the most it may; "
+                          "close some or reuse them")
+    refusal = _raw_503(per_client_message)
+    open_by_client: dict[str, int] = {}
+
+    class Guarded(base):
+        def __init__(self, *args, **kw) -> None:
+            super().__init__(*args, **kw)
+            inner = self.app
+
+            async def app(scope, receive, send) -> None:  # the global limit, checked per request
+                if scope["type"] == "http" and len(self.connections) > most and scope["path"] not in OPEN_PATHS:
+                    on_error(503)
+                    await error_response(_too_many(f"the server has {most} connections open, the most it serves; "
+                                                   "retry later"))(scope, receive, send)
+                    return
+                await inner(scope, receive, send)
+
+            self.app = app
+
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
-            self._arm_header_deadline()
+            self._client_key = None
+            self._refused = False
+            host = self.client[0] if self.client else None
+            if per_client and host is not None:
+                if open_by_client.get(host, 0) >= per_client:
+                    self._refused = True
+                    on_error(503)
+                    transport.write(refusal)
+                    if transport.can_write_eof():
+                        transport.write_eof()
+                    self._linger = self.loop.call_later(REFUSED_LINGER_S, transport.close)
+                    return
+                open_by_client[host] = open_by_client.get(host, 0) + 1
+                self._client_key = host
+            self._arm_deadlines()
+
+        def data_received(self, data: bytes) -> None:
+            if self._refused:
+                return  # answered already; nothing it sends is read
+            if not self._line_seen and b"\n" in data:
+                self._line_seen = True
+                self._line_timer.cancel()
+            super().data_received(data)
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            self._arm_header_deadline()
+            self._arm_deadlines()
 
         def connection_lost(self, exc) -> None:
-            self._header_timer.cancel()
+            for timer in ("_header_timer", "_line_timer", "_linger"):
+                if getattr(self, timer, None) is not None:
+                    getattr(self, timer).cancel()
+            host = getattr(self, "_client_key", None)
+            if host is not None:
+                self._client_key = None
+                left = open_by_client.get(host, 1) - 1
+                if left > 0:
+                    open_by_client[host] = left
+                else:
+                    open_by_client.pop(host, None)
             super().connection_lost(exc)
 
-        def _arm_header_deadline(self) -> None:
-            timer = getattr(self, "_header_timer", None)
-            if timer is not None:
-                timer.cancel()
-            self._header_timer = self.loop.call_later(timeout, self._header_deadline)
+        def _arm_deadlines(self) -> None:
+            for timer in ("_header_timer", "_line_timer"):
+                if getattr(self, timer, None) is not None:
+                    getattr(self, timer).cancel()
+            self._line_seen = False
+            self._header_timer = self.loop.call_later(header_timeout, self._deadline, False)
+            self._line_timer = self.loop.call_later(line_timeout, self._deadline, True)
 
-        def _header_deadline(self) -> None:
+        def _deadline(self, line: bool) -> None:
             waiting_for_headers = self.cycle is None or self.cycle.response_complete
-            if waiting_for_headers and not self.transport.is_closing():
+            if waiting_for_headers and not (line and self._line_seen) and not self.transport.is_closing():
                 self.transport.close()
 
-    return HeaderDeadline
+    return Guarded
 
 
 class DrainingServer(uvicorn.Server):
@@ -98,9 +171,9 @@ def serve(app, host: str, port: int, settings) -> None:
     """Listen on host:port until a signal has drained the server. A failed bind exits with status 1."""
     # h11 and asyncio, named: uvicorn's "auto" switches to httptools and uvloop when they are installed
     # (Ray Serve pulls both in), and the server's timing under dropped streams must not change with that.
+    # No limit_concurrency: the protocol applies the connection limits itself, sparing /health.
     config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="on",
                             loop="asyncio", timeout_keep_alive=5,
-                            http=header_deadline_protocol(H11Protocol, settings.read_timeout),
-                            limit_concurrency=settings.max_connections + 1,  # uvicorn counts the new one too
+                            http=guarded_protocol(H11Protocol, settings, app.state.server.metrics.error),
                             timeout_graceful_shutdown=5)
     DrainingServer(config, app.state.server.scheduler, settings.drain_timeout).run()

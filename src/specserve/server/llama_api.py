@@ -1,7 +1,8 @@
 """llama-server's native POST /completion, for scripts written against llama.cpp.
 
-Fields: prompt, n_predict, temperature, top_k, top_p, min_p, seed (-1: random, as in
-llama-server), stream, stop, ignore_eos, cache_prompt, and speculation as llama-server spells it (`speculative.n_max`,
+Fields: prompt, n_predict (-1 or absent: until the context fills), temperature, top_k, top_p, min_p,
+seed (-1: random, as in llama-server), stream, stop, ignore_eos, cache_prompt, samplers (where
+they mean what this server does: see params._samplers), and speculation as llama-server spells it (`speculative.n_max`,
 `speculative.n_min`, `speculative.p_min`) or as our `speculative` object. The answer
 carries `content`, `tokens_predicted`, `tokens_evaluated`, `stop` and `timings`
 (with `draft_n` and `draft_n_accepted`). Streams send one `data:` object per chunk,
@@ -15,8 +16,8 @@ from starlette.responses import JSONResponse, Response
 from .errors import bad_request
 from .jobs import CLIENT_GONE, Job, start
 from .openai_api import speculative_usage, sse_response
-from .params import GenRequest, check_unsupported, completion_prompt, get, read_json, resolve_profile, \
-    sampling_params, spec_params
+from .params import KEY_SCOPE, GenRequest, check_unsupported, completion_prompt, get, read_json, \
+    resolve_profile, sampling_params, spec_params
 
 _LLAMA_SPEC_KEYS = {"speculative.n_max": "draft_max", "speculative.n_min": "draft_min",
                     "speculative.p_min": "draft_p_min"}
@@ -61,10 +62,12 @@ async def _request(request: Request) -> GenRequest:
     if flat and spec_obj is not None:
         raise bad_request("give either the speculative object or speculative.n_max/n_min/p_min, not both",
                           "speculative")
-    spec, verify = spec_params(flat if spec_obj is None else spec_obj, profile, state.engine.draft is not None)
-    sampling = sampling_params(body, profile, state.engine.n_ctx, ("n_predict", "max_tokens"), random_seed=-1)
+    spec, verify = spec_params(flat if spec_obj is None else spec_obj, profile, state.engine.draft is not None,
+                               request.scope.get(KEY_SCOPE))
+    sampling, limit = sampling_params(body, profile, state.engine.n_ctx, ("n_predict", "max_tokens"), random_seed=-1)
     return GenRequest("llama", profile.name, sampling, spec, verify, stream=get(body, "stream", bool, False),
-                      prompt=completion_prompt(body), cache_prompt=get(body, "cache_prompt", bool, True))
+                      prompt=completion_prompt(body), cache_prompt=get(body, "cache_prompt", bool, True),
+                      limit=limit)
 
 
 async def completion(request: Request) -> Response:

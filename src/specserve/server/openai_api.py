@@ -19,8 +19,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from .errors import ApiError, bad_request, error_body
 from .jobs import CLIENT_GONE, Job, start
-from .params import GenRequest, check_content_parts, check_unsupported, completion_prompt, get, read_json, \
-    resolve_profile, sampling_params, spec_params
+from .params import COMPLETIONS_MAX_TOKENS, KEY_SCOPE, GenRequest, check_messages, check_unsupported, \
+    completion_prompt, get, read_json, resolve_profile, sampling_params, spec_params
 
 log = logging.getLogger("specserve.server")
 
@@ -79,19 +79,21 @@ async def _request(request: Request, endpoint: str) -> GenRequest:
     profile = resolve_profile(body, state.profiles, state.settings.model_name)
     check_unsupported(body)
     chat = endpoint == "chat"
-    sampling = sampling_params(body, profile, state.engine.n_ctx,
-                               ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",))
-    spec, verify = spec_params(body.get("speculative"), profile, state.engine.draft is not None)
+    sampling, limit = sampling_params(body, profile, state.engine.n_ctx,
+                                      ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",),
+                                      default_max=None if chat else COMPLETIONS_MAX_TOKENS)
+    spec, verify = spec_params(body.get("speculative"), profile, state.engine.draft is not None,
+                               request.scope.get(KEY_SCOPE))
     options = get(body, "stream_options", dict, {})
     messages = get(body, "messages", list) if chat else None
     if chat and not messages:
         raise bad_request("messages must be a non-empty array", "messages")
     if chat:
-        check_content_parts(messages)
+        check_messages(messages)
     req = GenRequest(endpoint, profile.name, sampling, spec, verify, stream=get(body, "stream", bool, False),
                      prompt=None if chat else completion_prompt(body), messages=messages,
                      include_usage=get(options, "include_usage", bool, False, "stream_options.include_usage"),
-                     cache_prompt=get(body, "cache_prompt", bool, True))
+                     cache_prompt=get(body, "cache_prompt", bool, True), limit=limit)
     return req
 
 

@@ -4,6 +4,11 @@
 gets those speculation and sampling defaults, which its own fields still override.
 The served model itself (its alias) is the profile made of the command-line flags,
 and every named profile starts from it.
+
+Pinned fields are the ones a request may not change: `pinned=temperature+verify` lists
+them (option names, joined with '+'), and a profile that sets a cross_request_scope pins it
+without being told. A request that sets a pinned field to another value gets 400
+`pinned_parameter`; sending the profile's own value is fine.
 """
 from __future__ import annotations
 
@@ -26,17 +31,20 @@ _OPTIONS: dict[str, tuple[str, str, type]] = {
     "max_tokens": ("max_tokens", "sampling", int), "n_predict": ("max_tokens", "sampling", int),
     "ignore_eos": ("ignore_eos", "sampling", bool), "verify": ("verify", "verify", str),
 }
+PIN_OPTION = "pinned"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
 
 
 @dataclass(frozen=True)
 class Profile:
-    """Defaults for requests that name this profile: keyword overrides, already validated."""
+    """Defaults for requests that name this profile: keyword overrides, already validated.
+    `pinned`: field names (SpecParams', SamplingParams', "verify") requests may not change."""
 
     name: str
     spec: dict = field(default_factory=dict)  # SpecParams fields
     sampling: dict = field(default_factory=dict)  # SamplingParams fields
     verify: str = DEFAULT_VERIFY
+    pinned: frozenset = frozenset()
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -45,9 +53,12 @@ class Profile:
             raise ValueError(f"verify must be one of {', '.join(VERIFY_METHODS)}, got {self.verify!r}")
         SpecParams(**self.spec)  # raise ValueError now, at startup, not on the first request
         SamplingParams(**{"max_tokens": 1, **self.sampling})
+        if self.spec.get("cross_request_scope"):  # a scope the profile sets is pinned by default
+            object.__setattr__(self, "pinned", frozenset(self.pinned | {"cross_request_scope"}))
 
     def describe(self) -> dict:
-        return {"speculative": dict(self.spec), "sampling": dict(self.sampling), "verify": self.verify}
+        return {"speculative": dict(self.spec), "sampling": dict(self.sampling), "verify": self.verify,
+                "pinned": sorted(self.pinned)}
 
 
 def _convert(key: str, value: str, kind: type):
@@ -61,18 +72,32 @@ def _convert(key: str, value: str, kind: type):
         raise ValueError(f"{key} must be {kind.__name__}, got {value!r}") from None
 
 
+def _pinned(name: str, value: str) -> set[str]:
+    fields = set()
+    for option in filter(None, (s.strip().replace("-", "_") for s in value.split("+"))):
+        if option not in _OPTIONS:
+            raise ValueError(f"profile {name}: pinned={value}: unknown option {option!r}; known: "
+                             f"{', '.join(sorted(_OPTIONS))}")
+        fields.add(_OPTIONS[option][0])
+    return fields
+
+
 def parse_profile(text: str, base: Profile) -> Profile:
     """Parse `NAME=key=value,key=value` into a Profile layered on `base`. Raises ValueError."""
     name, sep, options = text.partition("=")
     if not sep or not name:
         raise ValueError(f"--profile wants NAME=key=value,..., got {text!r}")
-    spec, sampling, verify = dict(base.spec), dict(base.sampling), base.verify
+    spec, sampling, verify, pinned = dict(base.spec), dict(base.sampling), base.verify, set(base.pinned)
     given = set()
     for item in filter(None, (s.strip() for s in options.split(","))):
         key, sep, value = item.partition("=")
         key = key.strip().replace("-", "_")
+        if sep and key == PIN_OPTION:
+            pinned |= _pinned(name, value)
+            continue
         if not sep or key not in _OPTIONS:
-            raise ValueError(f"profile {name}: unknown option {item!r}; known: {', '.join(sorted(_OPTIONS))}")
+            raise ValueError(f"profile {name}: unknown option {item!r}; known: "
+                             f"{', '.join(sorted([*_OPTIONS, PIN_OPTION]))}")
         fname, group, kind = _OPTIONS[key]
         value = _convert(key, value.strip(), kind)
         if group == "spec":
@@ -83,7 +108,7 @@ def parse_profile(text: str, base: Profile) -> Profile:
         else:
             verify = value
     try:
-        return Profile(name, draft_max_caps_suffix(spec, given), sampling, verify)
+        return Profile(name, draft_max_caps_suffix(spec, given), sampling, verify, frozenset(pinned))
     except ValueError as e:
         raise ValueError(f"profile {name}: {e}") from None
 

@@ -14,6 +14,8 @@ MAX_BODY_BYTES = 4 << 20
 READ_TIMEOUT_S = 30.0
 DRAIN_TIMEOUT_S = 20.0
 MAX_CONNECTIONS = 256
+MAX_CONNECTIONS_PER_CLIENT = 32
+REQUEST_LINE_TIMEOUT_S = 10.0
 MIN_UBATCH = 66  # the last token, a draft of at most 64, and one more
 
 
@@ -28,12 +30,15 @@ class ServerSettings:
     ubatch: int = 512  # most tokens in one forward pass (--ubatch-size): verifications, then prompt chunks
     prefill_slowdown: float = SLOWDOWN  # a pass with a prompt chunk beside streams costs at most this x theirs
     api_keys: tuple[str, ...] = ()  # none: no authentication
+    key_scopes: dict[str, str] = field(default_factory=dict)  # API key -> the cross-request scope it confines to
     max_body: int = MAX_BODY_BYTES
     allowed_hosts: frozenset[str] = frozenset()  # Host names served besides IPs and localhost; "*": any
     cors_origins: frozenset[str] = frozenset()  # origins allowed cross-origin; "*": any
     read_timeout: float = READ_TIMEOUT_S  # seconds for a request's headers, then again for its body
     drain_timeout: float = DRAIN_TIMEOUT_S  # seconds a drain waits before it ends the requests in flight
     max_connections: int = MAX_CONNECTIONS  # connections served at once; requests on more get 503
+    max_connections_per_client: int = MAX_CONNECTIONS_PER_CLIENT  # open connections from one address; 0: no limit
+    request_line_timeout: float = REQUEST_LINE_TIMEOUT_S  # seconds a connection may wait before its request line
 
     def __post_init__(self) -> None:
         if self.model_name not in self.profiles:
@@ -42,7 +47,13 @@ class ServerSettings:
             raise ValueError(f"max_body must be >= 1024 bytes, got {self.max_body}")
         if any(not k or k != k.strip() for k in self.api_keys):
             raise ValueError("an API key must be non-empty and have no surrounding whitespace")
-        for name, value in (("read_timeout", self.read_timeout), ("drain_timeout", self.drain_timeout)):
+        if any(k not in self.api_keys or not s or len(s) > 128 for k, s in self.key_scopes.items()):
+            raise ValueError("a key scope must belong to a listed API key and be 1 to 128 characters")
+        if self.max_connections_per_client < 0:
+            raise ValueError(f"max_connections_per_client must be >= 0 (0: no limit), "
+                             f"got {self.max_connections_per_client}")
+        for name, value in (("read_timeout", self.read_timeout), ("drain_timeout", self.drain_timeout),
+                            ("request_line_timeout", self.request_line_timeout)):
             if not 0 < value < 1e6:  # also refuses NaN
                 raise ValueError(f"{name} must be > 0 seconds, got {value}")
         if self.ubatch < MIN_UBATCH:
