@@ -361,6 +361,7 @@ def test_5_one_client_address_cannot_take_every_connection(limited):
             answer = extra.recv(65536)
             assert answer.startswith(b"HTTP/1.1 503") and b"too_many_connections" in answer, answer
             assert _closed_within(extra, 3) is not None
+        held += [_connect(limited) for _ in range(8)]  # refused, not yet closed: they take no place of the 8
         other = httpx.Client(base_url=limited.url, transport=httpx.HTTPTransport(local_address="127.0.0.2"))
         with other:  # another address is served, /health and the rest
             assert other.get("/health").status_code == 200

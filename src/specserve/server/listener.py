@@ -53,6 +53,7 @@ def guarded_protocol(base: type[asyncio.Protocol], settings, on_error=lambda sta
                           "close some or reuse them")
     refusal = _raw_503(per_client_message)
     open_by_client: dict[str, int] = {}
+    refused_open = [0]  # refused connections not yet closed: they do not count against max_connections
 
     class Guarded(base):
         def __init__(self, *args, **kw) -> None:
@@ -60,7 +61,8 @@ def guarded_protocol(base: type[asyncio.Protocol], settings, on_error=lambda sta
             inner = self.app
 
             async def app(scope, receive, send) -> None:  # the global limit, checked per request
-                if scope["type"] == "http" and len(self.connections) > most and scope["path"] not in OPEN_PATHS:
+                served = len(self.connections) - refused_open[0]
+                if scope["type"] == "http" and served > most and scope["path"] not in OPEN_PATHS:
                     on_error(503)
                     await error_response(_too_many(f"the server has {most} connections open, the most it serves; "
                                                    "retry later"))(scope, receive, send)
@@ -77,6 +79,7 @@ def guarded_protocol(base: type[asyncio.Protocol], settings, on_error=lambda sta
             if per_client and host is not None:
                 if open_by_client.get(host, 0) >= per_client:
                     self._refused = True
+                    refused_open[0] += 1
                     on_error(503)
                     transport.write(refusal)
                     if transport.can_write_eof():
@@ -103,6 +106,9 @@ def guarded_protocol(base: type[asyncio.Protocol], settings, on_error=lambda sta
             for timer in ("_header_timer", "_line_timer", "_linger"):
                 if getattr(self, timer, None) is not None:
                     getattr(self, timer).cancel()
+            if getattr(self, "_refused", False):
+                self._refused = False
+                refused_open[0] -= 1
             host = getattr(self, "_client_key", None)
             if host is not None:
                 self._client_key = None
