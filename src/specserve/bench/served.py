@@ -97,7 +97,6 @@ class ServedModels:
         except BaseException:
             self.close()
             raise
-        self.parallel = parallel
 
     def url(self, draft: str | None) -> str:
         return self.servers[draft if draft in self.servers else next(iter(self.servers))].url
