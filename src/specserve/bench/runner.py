@@ -80,7 +80,11 @@ def plan_configs(specs: list[str], drafts: list[str], draft_maxes: list[int],
         configs += [BenchConfig(c.name + IN_PROCESS, c.spec, c.draft_model, c.draft_max)
                     for c in local if c.spec == "auto-fresh"]
     named = [endpoint_name(e) for e in endpoints]
-    base = next((name for name, url in named if endpoint_baseline in (name, url)), "target")
+    base = "target"
+    if endpoint_baseline is not None:
+        base = next((name for name, url in named if endpoint_baseline in (name, url)), None)
+        if base is None:
+            raise ValueError(f"--endpoint-baseline {endpoint_baseline} names none of the --endpoint servers")
     return configs + [BenchConfig(name, "endpoint", endpoint=url, baseline=base) for name, url in named]
 
 
