@@ -519,3 +519,23 @@ def test_a_prefill_is_judged_over_the_tokens_the_lookups_leave():
     fresh = Controller()
     fresh.load_state_dict(ctl.state_dict())
     assert fresh.share_of_lookups(0.0) == pytest.approx(8 / 9)
+
+
+def test_a_shadow_longer_than_the_lookups_cap_is_judged_up_to_the_cap():
+    """With --draft-max 8 the lookups are capped at 8 too, yet a draft model step that keeps 8
+    commits 9 tokens, and the engine judges a matching lookup against all 9 (Outcome.shadow).
+    Through the server that raised IndexError inside the policy and cancelled the request."""
+    from specserve.policy import Choice
+
+    ctl = measured(CPU_F16, 0.008)
+    spec = SpecParams(draft_max=8, suffix_max=8)  # what `--draft-max 8` makes (config.draft_max_caps_suffix)
+    policy = ctl.policy(spec, ["draft", "ngram", "suffix"])
+    no_probes(policy)
+    policy.choose()
+    policy.observe(Outcome(Choice("draft", 0), 0, 0, 0.0, CPU_F16(1)))  # past the opening step
+    policy.see("ngram", (4, 40))
+    policy.see("suffix", (8, 8))
+    policy.choose()
+    policy.observe(Outcome(Choice("draft", 8), 8, 8, 0.048, CPU_F16(9), shadow={"ngram": (9, 9), "suffix": (9, 7)}))
+    assert policy.acc["ngram"].h == pytest.approx(8) and policy.acc["ngram"].t == pytest.approx(8)
+    assert policy.acc["suffix"].h == pytest.approx(7) and policy.acc["suffix"].t == pytest.approx(8)

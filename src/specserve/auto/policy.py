@@ -641,6 +641,10 @@ class AutoPolicy:
         head = self._step_head[0] if used == HYBRID and self._step_head else None
         for name, (tried, hit) in shadow.items():
             order = self._step_offers.get(name, (0, 0))[0]
+            # the engine judges a lookup's proposal against every committed token, which after a long
+            # draft (8 kept + the bonus) runs past a lookup capped at --draft-max: it would draft its cap
+            tried = min(tried, self.caps.get(name, 0))
+            hit = min(hit, tried)
             if name in FREE and name in self.caps and name not in (used, head) and order and tried:
                 self._learn_lookup(name, self._bucket(order, self._step_opening), tried, hit)
                 self.acc[name].add(tried, hit)
