@@ -171,7 +171,7 @@ def test_a_saved_profile_plans_the_first_step_as_the_saved_controller(tmp_path, 
         plans = []
         for ctl in (trained, fresh):
             policy = ctl.policy(spec, s.names)
-            policy.see_ngram(*offer)
+            policy.see("ngram", offer)
             name, plan = policy.plan()  # (probe pacing is of the moment: not kept, not compared)
             plans.append((name, plan.k, plan.rate))
         assert plans[1][:2] == plans[0][:2], (offer, plans)
@@ -181,19 +181,19 @@ def test_a_saved_profile_plans_the_first_step_as_the_saved_controller(tmp_path, 
 def test_spread_weighs_the_pooled_rate_by_how_alike_requests_were():
     """Requests whose rates only scatter binomially around the pooled rate make it worth many trials;
     requests far from it (code, then translation, then code) make it worth few."""
-    from specserve.auto.acceptance import _PRIOR_W, _W_MAX, _W_MIN, Spread
+    from specserve.auto.acceptance import PRIOR_W, W_MAX, W_MIN, Spread
 
     alike, unlike = Spread(), Spread()
-    assert alike.weight(0.7) == _PRIOR_W  # nothing seen yet: the fixed weight
+    assert alike.weight(0.7) == PRIOR_W  # nothing seen yet: the fixed weight
     for i in range(12):
         alike.add(0.7 + (0.05 if i % 2 else -0.05), 0.7, 20)  # within 20 trials' binomial noise (0.10)
         unlike.add(0.9 if i % 2 else 0.1, 0.5, 20)
-    assert alike.weight(0.7) == _W_MAX
-    assert unlike.weight(0.5) == _W_MIN
+    assert alike.weight(0.7) == W_MAX
+    assert unlike.weight(0.5) == W_MIN
     middling = Spread()
     for i in range(12):
         middling.add(0.7 + (0.2 if i % 2 else -0.2), 0.7, 20)  # variance 0.04 - 0.0105 of noise
-    assert _W_MIN < middling.weight(0.7) < _PRIOR_W
+    assert W_MIN < middling.weight(0.7) < PRIOR_W
     assert middling.weight(0.7) == pytest.approx(0.21 / (0.04 - 0.0105) - 1, rel=0.05)
 
 
@@ -201,7 +201,7 @@ def test_a_request_unlike_the_last_ones_leans_less_on_their_rate():
     """Lookups accepted in code (all kept) and rejected in translations (none kept), alternately:
     a new request that has seen its first 2 suffix drafts rejected trusts the pooled rate less than
     the fixed weight would (that is, before the engine knew how much requests differ)."""
-    from specserve.auto.acceptance import _PRIOR_W
+    from specserve.auto.acceptance import PRIOR_W
 
     ctl = measured(CPU_F16, 0.02)
     offers = {"suffix": (8, 6), "ngram": (0, 0)}
@@ -220,7 +220,7 @@ def test_a_request_unlike_the_last_ones_leans_less_on_their_rate():
         p = ctl.prior("suffix", 8, 0.0)
         shape = ctl.position_shape("suffix", 8, 0.0).factors(policy.caps["suffix"])
         return (policy._lookup_rates("suffix", 8)[0],
-                policy.acc_order[("suffix", 8)].rates(p[0] / p[1], _PRIOR_W, shape)[0])
+                policy.acc_order[("suffix", 8)].rates(p[0] / p[1], PRIOR_W, shape)[0])
 
     request(True)
     now, fixed = after_two_misses()  # (not finished: it tells the spread nothing)
@@ -315,15 +315,15 @@ def test_what_a_process_learns_of_a_drafters_cost_is_saved():
 def test_requests_far_apart_leave_a_draft_models_prior_little_weight():
     """Code at 95% and prose at 30% in turn: the pooled rate says little about the next request, for
     the draft model as for a lookup, so a prose request stops drafting after a few tokens."""
-    from specserve.auto.acceptance import _PRIOR_W, _W_MIN
+    from specserve.auto.acceptance import PRIOR_W, W_MIN
 
     ctl = Controller()
-    assert ctl.prior_weight("draft", 0, 0.0, 0.7) == _PRIOR_W  # nothing known of requests yet
+    assert ctl.prior_weight("draft", 0, 0.0, 0.7) == PRIOR_W  # nothing known of requests yet
     for i in range(8):
         ctl.learn_spread("draft", 0, 0.0, 0.95 if i % 2 else 0.3, 20.0)
         ctl.learn_spread("ngram", 0, 0.0, 0.95 if i % 2 else 0.3, 20.0)
-    assert ctl.prior_weight("draft", 0, 0.0, 0.7) == _W_MIN
-    assert ctl.prior_weight("ngram", 0, 0.0, 0.7) == _W_MIN
+    assert ctl.prior_weight("draft", 0, 0.0, 0.7) == W_MIN
+    assert ctl.prior_weight("ngram", 0, 0.0, 0.7) == W_MIN
 
 
 def test_the_draft_models_first_draft_is_learnt_apart():

@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 from specserve.config import SpecParams
-from specserve.controller import _PROBE_MAX, _PROBE_MIN, Controller, CostModel, _DraftCost
-from specserve.auto.cost import _STALE
+from specserve.auto import Controller
+from specserve.auto.cost import STALE, CostModel, DraftCost
+from specserve.auto.probing import PROBE_MAX, PROBE_MIN
 from specserve.policy import FixedPolicy, Outcome
 
 
@@ -184,7 +185,7 @@ def test_comes_back_on_after_probes_succeed(results):
         on = next(j for j in range(i, len(steps)) if steps[j][1] == "draft" and steps[j][2] >= 4)
         # two probe intervals, and the few steps a probe's follow-ups take to reach 4 tokens (15-66
         # steps here since a request's first draft is learnt apart and starts nothing)
-        assert on - i <= 2 * _PROBE_MAX + _PROBE_MIN
+        assert on - i <= 2 * PROBE_MAX + PROBE_MIN
 
 
 def test_prefers_the_ngram_when_it_matches_and_the_draft_is_dear(results):
@@ -283,7 +284,7 @@ def test_a_long_pass_measured_slow_long_ago_does_not_price_long_drafts_out_for_g
         m.add(1, 0.25)
         m.add(17, 0.60)
     assert m.table(41)[41] == pytest.approx(3.0, rel=0.01)  # while fresh, what was measured holds
-    for _ in range(_STALE):  # a long stretch of short drafts: the 41-token estimate goes stale
+    for _ in range(STALE):  # a long stretch of short drafts: the 41-token estimate goes stale
         m.add(6, 0.30)
     tab = m.table(41)
     assert tab[41] < 1.2  # extrapolated from the fresh n, optimistically (it really costs 1.46 s)
@@ -293,13 +294,13 @@ def test_a_long_pass_measured_slow_long_ago_does_not_price_long_drafts_out_for_g
 
 
 def test_draft_cost_regression_separates_drafting_from_catching_up():
-    fit, rng = _DraftCost(), np.random.default_rng(0)
+    fit, rng = DraftCost(), np.random.default_rng(0)
     for _ in range(60):
         n, lag = int(rng.integers(1, 9)), int(rng.choice([1, 2, 2, 40]))
         fit.add(n, lag, 0.008 + 0.013 * n + 0.006 * (lag - 1))
     a, b, c = fit.coef(0.005, 0.4)
     assert (b, c) == pytest.approx((0.013, 0.006), rel=0.05) and a == pytest.approx(0.008, rel=0.25)
-    one = _DraftCost()  # one draft length: a and b split what a 1-token draft costs
+    one = DraftCost()  # one draft length: a and b split what a 1-token draft costs
     for lag in [1, 2] * 20:
         one.add(1, lag, 0.020 + 0.006 * (lag - 1))
     a, b, c = one.coef(0.005, 0.4)
@@ -374,7 +375,7 @@ def test_a_prefilled_draft_model_is_not_charged_for_the_prompt():
     spec, ctl = SpecParams(draft_max=8), Controller()
     ctl.verify.add(1, 0.020)
     ctl.prompt_cost["draft"] = 0.001  # seconds a prompt token, measured before
-    ctl.draft["draft"] = _DraftCost()
+    ctl.draft["draft"] = DraftCost()
     for _ in range(20):
         ctl.draft["draft"].add(4, 1, 0.004)  # drafting is cheap: prefilling pays
     V = ctl.verify.table(9)
@@ -401,7 +402,7 @@ def test_the_ngram_drafts_on_long_matches_and_not_on_short_ones():
         policy = ctl.policy(spec, ["ngram"])
         for _ in range(200):
             order = 4 if rng.random() < 0.3 else 1
-            policy.see_ngram(order, 8)
+            policy.see("ngram", (order, 8))
             c = policy.choose()
             n = c.k if c.drafter == "ngram" else 0
             acc = 0
@@ -420,7 +421,7 @@ def test_no_ngram_match_means_no_ngram_draft():
     ctl.verify.add(1, 0.02)
     policy = ctl.policy(SpecParams(draft_max=8), ["ngram"])
     for _ in range(50):
-        policy.see_ngram(0, 0)
+        policy.see("ngram", (0, 0))
         c = policy.choose()
         assert c.k == 0
         policy.observe(Outcome(c, 0, 0, 0.0, 0.02))
@@ -445,7 +446,7 @@ def test_two_unlucky_drafts_do_not_switch_a_good_draft_model_off():
     for _ in range(4):
         for n in (1, 2, 3, 4, 9):
             ctl.verify.add(n, ref(n))
-    ctl.draft["draft"] = _DraftCost()
+    ctl.draft["draft"] = DraftCost()
     for n in (1, 2, 3, 4) * 3:
         ctl.draft["draft"].add(n, 1, 0.042 * n)
     policy = ctl.policy(SpecParams(draft_max=8), ["draft"])
@@ -475,13 +476,13 @@ def test_requests_unlike_the_last_ones_gain_from_the_spread(monkeypatch):
     """Code (the n-gram's drafts 90% right, 60-token answers) alternating with translations (10% right,
     20 tokens), one controller: with the pooled acceptance weighted by how alike requests were
     (acceptance.Spread), the translations run faster than with the fixed weight, and code no slower."""
-    from specserve.auto.acceptance import _PRIOR_W
+    from specserve.auto.acceptance import PRIOR_W
 
     code = Scenario(CPU_F16, {"draft": const(0.8), "ngram": const(0.9)}, const(0.6), n_tokens=60)
     translation = Scenario(CPU_F16, {"draft": const(0.7), "ngram": const(0.1)}, const(0.5), n_tokens=20)
 
     spread = np.array([alternating(code, translation, 20, 6, seed) for seed in range(4)])
-    monkeypatch.setattr(Controller, "prior_weight", lambda self, *args: _PRIOR_W)
+    monkeypatch.setattr(Controller, "prior_weight", lambda self, *args: PRIOR_W)
     fixed = np.array([alternating(code, translation, 20, 6, seed) for seed in range(4)])
     code_gain = geomean(spread[:, 0::2]) / geomean(fixed[:, 0::2])
     translation_gain = geomean(spread[:, 1::2]) / geomean(fixed[:, 1::2])
@@ -497,7 +498,7 @@ def test_a_draft_model_near_break_even_takes_the_prompt_where_requests_differ(mo
     worth its catch-up and the drafter never runs; judged over what requests have been (the
     spread), it takes the prompt, code runs faster, and prose loses no more than it takes to learn."""
     from specserve.auto.acceptance import Shape
-    from specserve.auto.policy import AutoPolicy
+    from specserve.auto import AutoPolicy
 
     ref = curve({1: 70, 2: 105, 3: 113, 4: 150, 7: 153, 8: 190, 16: 300})
     names = ["draft"]

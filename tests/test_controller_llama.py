@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from specserve.config import SamplingParams, SpecParams
-from specserve.controller import AutoPolicy, Controller
+from specserve.auto import AutoPolicy, Controller
 from specserve.engine import Engine
 from specserve.policy import Outcome
 from specserve.sampling import process
@@ -53,10 +53,10 @@ class GpuLikeTimes:
     def __init__(self, policy: AutoPolicy):
         self.policy = policy
 
-    sees_ngram = True
+    sees_offers = True
 
-    def see_ngram(self, order: int, available: int) -> None:
-        self.policy.see_ngram(order, available)
+    def see(self, name: str, offer: tuple[int, int]) -> None:
+        self.policy.see(name, offer)
 
     def choose(self):
         return self.policy.choose()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from specserve.config import SamplingParams, SpecParams
 from specserve.drafters import BaseDrafter, Draft, Offer
 from specserve.engine import Engine, Slot
-from specserve.policy import Choice, FixedPolicy, judge, tell_offers
+from specserve.policy import FixedPolicy, judge, tell_offers, wants_offers
 
 
 class Repeat(BaseDrafter):
@@ -91,20 +91,19 @@ def test_judging_a_draft_stops_at_its_first_wrong_token():
     assert judge([5], [1]) == (1, 0) and judge([], [1]) == (0, 0)
 
 
-def test_offers_reach_the_first_controllers_shape():
-    class Old:
-        sees_ngram = True
+def test_offers_reach_only_a_policy_that_wants_them():
+    class Seeing:
+        def __init__(self, sees: bool):
+            self.sees_offers, self.seen = sees, []
 
-        def __init__(self):
-            self.seen = []
+        def see(self, name, offer):
+            self.seen.append((name, tuple(offer)))
 
-        def see_ngram(self, order, available):
-            self.seen.append((order, available))
-
-    old = Old()
-    tell_offers(old, {"ngram": Offer(3, 7), "suffix": Offer(5, 9)})
-    assert old.seen == [(3, 7)]
-    assert Choice("ngram", 2).k == 2
+    seeing, blind = Seeing(True), Seeing(False)
+    for policy in (seeing, blind):
+        tell_offers(policy, {"ngram": Offer(3, 7), "suffix": Offer(5, 9)})
+    assert seeing.seen == [("ngram", (3, 7)), ("suffix", (5, 9))] and blind.seen == []
+    assert wants_offers(seeing) and not wants_offers(blind) and not wants_offers(FixedPolicy("ngram", 4))
 
 
 def test_stats_count_committed_tokens(tiny_models):

@@ -7,7 +7,7 @@ import pytest
 
 from specserve import learned
 from specserve.config import SpecParams
-from specserve.controller import Controller
+from specserve.auto import Controller
 from test_controller import SCENARIOS, Scenario, const, curve, simulate
 
 # the reference pair on this project's CPU: Qwen2.5-Coder 1.5B F16 target passes (measured, ms),

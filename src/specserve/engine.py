@@ -21,7 +21,7 @@ import numpy as np
 from . import steps
 from .backends import Model, load_model
 from .config import DEFAULT_VERIFY, ModelConfig, SamplingParams, SpecParams
-from .controller import Controller
+from .auto import Controller
 from .drafters import EMPTY_DRAFT, Draft, Drafter, propose_steps
 from .drafters.draft_model import DraftModelDrafter, GreedyAcceptance
 from .drafters.hybrid import LOOKUPS, HybridDrafter

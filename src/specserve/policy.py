@@ -4,10 +4,9 @@ A Policy is asked before every step and told the outcome after it. FixedPolicy i
 what `--spec draft|ngram|none` means; the adaptive policy behind `--spec auto`
 lives in the auto package.
 
-Before choosing, a policy that wants it is told what each drafter could draft this step
-when the drafter can tell cheaply (`Drafter.peek`: prompt lookup's match). `tell_offers`
-is the one place that speaks both shapes: `see(drafter, offer)` for every drafter, or the
-first controller's `see_ngram(order, available)` for the n-gram alone.
+Before choosing, a policy that wants it (`sees_offers`) is told what each drafter could draft
+this step when the drafter can tell cheaply (`Drafter.peek`: prompt lookup's match), as
+`see(drafter, offer)` for each such drafter (`tell_offers`).
 
 Such a policy is also told, after the step, how each of those drafters would have fared had
 it drafted (`Outcome.shadow`): what it would have proposed, judged against the tokens the
@@ -61,10 +60,13 @@ def judge(proposal: Sequence[int], committed: Sequence[int]) -> tuple[int, int]:
 
 class Policy(Protocol):
     predicted_tokens_per_s: float
-    # Whether to be told each step what the drafters could draft: a policy sets one of
-    # sees_offers (then see(drafter, offer) is called for every drafter that can tell) or
-    # sees_ngram (then see_ngram(order, available) for the n-gram's offer).
-    sees_ngram: bool
+    # Whether to be told each step what the drafters could draft: then see(drafter, offer) is
+    # called for every drafter that can tell, before choose.
+    sees_offers: bool
+
+    def see(self, drafter: str, offer: tuple[int, int]) -> None:
+        """What the drafter would draft this step: (match length, 0 for none; tokens available)."""
+        ...
 
     def choose(self) -> Choice: ...
 
@@ -88,7 +90,7 @@ OFF = Choice(None, 0)
 
 def wants_offers(policy) -> bool:
     """Whether the policy wants to know, before each choice, what the drafters could draft."""
-    return bool(getattr(policy, "sees_offers", False) or getattr(policy, "sees_ngram", False))
+    return bool(getattr(policy, "sees_offers", False))
 
 
 def tell_offers(policy, offers: Mapping[str, tuple[int, int]]) -> None:
@@ -96,15 +98,13 @@ def tell_offers(policy, offers: Mapping[str, tuple[int, int]]) -> None:
     if getattr(policy, "sees_offers", False):
         for name, offer in offers.items():
             policy.see(name, offer)
-    elif getattr(policy, "sees_ngram", False) and "ngram" in offers:
-        policy.see_ngram(*offers["ngram"])
 
 
 class FixedPolicy:
     """Always the same drafter and draft length."""
 
     predicted_tokens_per_s = 0.0
-    sees_ngram = False
+    sees_offers = False
 
     def __init__(self, drafter: str | None, k: int):
         self._choice = Choice(drafter, k) if drafter and k > 0 else OFF

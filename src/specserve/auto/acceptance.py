@@ -20,15 +20,15 @@ _G_POS = 0.97  # per-trial decay of a request's counts at one draft position
 _G_POOL = 0.95  # per-step decay of a request's pooled counts
 _G_CONF = 0.995  # per-token decay of a confidence bucket's counts: the pair changes slowly
 _SHRINK = 6.0  # pseudo-trials pulling a position's rate toward the pooled rate
-_PRIOR_W = 10.0  # pseudo-trials pulling a request's pooled rate toward the engine's, until Spread knows
+PRIOR_W = 10.0  # pseudo-trials pulling a request's pooled rate toward the engine's, until Spread knows
 _G_SPREAD = 0.9  # per-request decay of a Spread's moments: about the last 10 requests
 # a request's (decayed) trials before its rate tells the spread anything. One is enough: the
 # binomial noise is subtracted, and a request where a lookup failed at once stops planning it,
 # so a higher bar would hear only from the requests where it kept working (writing after code:
 # its 1-trial failures never counted, and the n-gram's prior was taken as alike everywhere)
 _SPREAD_MIN_TRIED = 1.0
-_SPREAD_MIN_N = 3.0  # requests seen before the spread replaces _PRIOR_W
-_W_MIN, _W_MAX = 2.0, 40.0  # the prior's weight in pseudo-trials, whatever the spread says
+_SPREAD_MIN_N = 3.0  # requests seen before the spread replaces PRIOR_W
+W_MIN, W_MAX = 2.0, 40.0  # the prior's weight in pseudo-trials, whatever the spread says
 _CONF_PRIOR_W = 4.0  # pseudo-trials pulling a confidence bucket toward "calibrated"
 _G_SHAPE = 0.99  # per-trial decay of a Shape group's counts
 _SHAPE_W = 4.0  # pseudo-tokens, kept as expected, pulling a Shape group's factor toward 1
@@ -68,7 +68,7 @@ class Rates:
             self.tried[i] = self.tried[i] * _G_POS + 1.0
         self.h, self.t, self._cache = self.h * _G_POOL + n_hit, self.t * _G_POOL + n_tried, None
 
-    def rates(self, prior: float, weight: float = _PRIOR_W, shape: tuple[float, ...] | None = None) -> list[float]:
+    def rates(self, prior: float, weight: float = PRIOR_W, shape: tuple[float, ...] | None = None) -> list[float]:
         """[cap], each shrunk toward the pooled rate, itself shrunk toward `prior` by `weight` trials.
 
         shape: [cap] factors (Shape.factors): position i is shrunk toward the pooled rate times
@@ -84,7 +84,7 @@ class Rates:
                                for h, t, f in zip(self.hit, self.tried, shape)]
         return self._cache
 
-    def level(self, prior: float, weight: float = _PRIOR_W) -> float:
+    def level(self, prior: float, weight: float = PRIOR_W) -> float:
         """The pooled rate over positions, shrunk toward `prior` by `weight` trials."""
         return (self.h + weight * prior) / (self.t + weight)
 
@@ -185,11 +185,11 @@ class Spread:
     def weight(self, mean: float) -> float:
         """Pseudo-trials the pooled rate `mean` is worth to a new request."""
         if self.n < _SPREAD_MIN_N:
-            return _PRIOR_W
+            return PRIOR_W
         var, spread = (self.dev - self.noise) / self.n, mean * (1.0 - mean)
-        if var * (_W_MAX + 1.0) <= spread:
-            return _W_MAX
-        return max(spread / var - 1.0, _W_MIN)
+        if var * (W_MAX + 1.0) <= spread:
+            return W_MAX
+        return max(spread / var - 1.0, W_MIN)
 
     def state(self) -> list[float]:
         return [self.n, self.dev, self.noise]

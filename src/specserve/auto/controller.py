@@ -5,7 +5,7 @@ per drafter, match bucket and temperature regime (the prior of a new request) an
 requests have differed from it (how much that prior is worth), the draft
 model's confidence maps (by its own top probability and by the target's), the probe pacing,
 and how long requests run. Each request plans
-with its own `AutoPolicy` (policy.py), which reads and updates this state.
+with its own `AutoPolicy` (request.py), which reads and updates this state.
 
 Threads: the slots of one engine run their requests on several threads, all on one
 Controller. Its state is guarded by one lock, `Controller.lock`, held around every read
@@ -25,14 +25,13 @@ import logging
 import threading
 
 from ..config import SpecParams
-from .acceptance import _PRIOR_W, ORDER_PRIOR, PRIORS, ConfidenceMap, Shape, Spread
+from .acceptance import PRIOR_W, ORDER_PRIOR, PRIORS, ConfidenceMap, Shape, Spread
 from .cost import DraftCost, VerifyCost
+from .names import FREE
+from .request import AutoPolicy
 
 log = logging.getLogger("specserve")
 
-# drafters with no model, which copy what follows an earlier occurrence of the text's end:
-# nearly free to query or to catch up, and their offer (match length, tokens available) is known
-FREE = frozenset({"ngram", "suffix"})
 # pseudo-trials behind a model drafter's acceptance before any data: two unlucky first drafts
 # (0 of 2 at 70%: one engine in eleven) must not switch it off for good, since once off only
 # probes priced by its catch-up can bring it back
@@ -103,8 +102,6 @@ class Controller:
 
     def policy(self, spec: SpecParams, drafter_names: list[str], temperature: float = 0.0):
         """A new request's AutoPolicy."""
-        from .policy import AutoPolicy
-
         with self.lock:
             self.requests, self.tokens = 0.9 * self.requests + 1, 0.9 * self.tokens
             self.n_requests += 1
@@ -248,7 +245,7 @@ class Controller:
         pooled rate; the unlucky first draft it guarded against (the pair open their answers
         differently: "Here is" against "To") is learnt apart (OPENING)."""
         sp = self.spread.get((name, order, regime))
-        return sp.weight(mean) if sp is not None else _PRIOR_W
+        return sp.weight(mean) if sp is not None else PRIOR_W
 
     def learn_spread(self, name: str, order: int, regime: float, rate: float, tried: float) -> None:
         """A finished request's own rate there, over `tried` (decayed) trials."""

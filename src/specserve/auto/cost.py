@@ -17,7 +17,7 @@ _G_COST = 0.95  # per-step decay of the drafting-cost regression
 _LOADED_OBS = 4  # the most observations a loaded pass-cost estimate counts as
 # passes after which a pass length not measured since is stale: past the longest fresh one it is
 # forgotten (extrapolated from the fresh ones, optimistically) until a pass of it measures it anew
-_STALE = 512
+STALE = 512
 
 
 class DraftCost:
@@ -124,11 +124,11 @@ class VerifyCost:
     A long pass measured once in a slow spell and never since would price long drafts out for
     good: they are never planned, so never measured again (a profile saved after prose, where
     no long draft ran for thousands of passes, then a code edit). So an n not measured in
-    _STALE passes is left out of the fit where it lies past every fresh n: its cost is
+    STALE passes is left out of the fit where it lies past every fresh n: its cost is
     extrapolated, optimistically, and the next pass over it starts its estimate anew.
     """
 
-    stale = _STALE  # passes after which an n not measured since is stale
+    stale = STALE  # passes after which an n not measured since is stale
 
     def __init__(self):
         self._m: dict[int, list] = {}  # n -> [EMA seconds, observations, tick of the last]
@@ -148,7 +148,7 @@ class VerifyCost:
         m[1], m[2] = m[1] + 1, self._tick
         m[0] += (min(t, 3 * m[0]) - m[0]) * max(0.05, 1 / m[1])  # clipped: a preempted pass
         # rebuilt when an estimate moved by more than 2%, at most every 8 passes, and every
-        # _STALE / 4 passes (an estimate may have gone stale)
+        # STALE / 4 passes (an estimate may have gone stale)
         tab, since = self._table, self._tick - self._built
         if tab is not None and since >= 8 and (n >= len(tab) or abs(m[0] - tab[n]) > 0.02 * tab[n] or 4 * since >= self.stale):
             self._table = None

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ..config import DEFAULT_VERIFY, SUFFIX_MAX_DEFAULT, SamplingParams, SpecParams
-from ..controller import Controller
+from ..auto import Controller
 from ..drafters.suffix_store import SuffixStore
 from ..engine import Engine, token_seconds
 from ..prompt import chat_tokens, prompt_tokens

@@ -3,7 +3,7 @@
 A lookup (suffix, then prompt lookup) proposes the m tokens that followed an earlier
 occurrence of the text's end, for free; when the policy asks for k > m tokens, the draft
 model continues after them (its first batch takes the m tokens). The policy plans it only
-when a lookup matches (auto.policy mirrors LOOKUPS); with no match it drafts nothing.
+when a lookup matches (auto plans them as FREE: auto/names.py); with no match it drafts nothing.
 
 Under sampling the lookup's tokens are deterministic (q = one-hot) and the model's carry
 their distributions, so one draft mixes both and rejection sampling stays exact.

@@ -1,0 +1,56 @@
+"""When an unused drafter is tried again: probes.
+
+A drafter not in use (a draft model; a lookup only until the engine has judged it unasked)
+is probed with a short draft once the steps since its last use reach an interval (doubled
+after a failure, up to PROBE_MAX) and the probe's expected loss, catch-up included, fits in
+_EPS of the decode time since the drafter last ran (in this request, plus what the engine
+saved before it). A drafter never run in this process is probed at once if nothing is known
+of it; if a loaded profile measured it, its budget counts from the process's start. A fully
+accepted probe is followed up at once, a few times (learning.py sets the next interval); one
+whose catch-up cost is still unknown, while its lag is short; one that could not pay even at
+100% acceptance, at 1/8 of the budget. The hybrid is never probed: its parts are.
+"""
+from __future__ import annotations
+
+from .names import FREE
+from . import planner
+
+_EPS = 0.01  # share of decode time that probes may lose
+PROBE_MIN, PROBE_MAX = 4, 32  # steps between probes of an unused drafter
+FOLLOW_UPS = 6  # successful probes in a row that may bypass the budget
+
+
+class Probing:
+    """AutoPolicy's probes (request.py holds the state they read)."""
+
+    def _probe(self, name: str, V, best_rate: float) -> planner.Plan | None:
+        """The plan of a short probe of `name`, if one is due now."""
+        ctl = self.ctl
+        if name in self.offers and not self.offers[name][0]:
+            return None  # nothing to probe with
+        if name in ctl.shadowed:
+            return None  # judged at every step where it matches, unasked: nothing a probe would add
+        if self.step - self.used_step[name] < ctl.interval.get(name, PROBE_MIN):
+            return None
+        budget = _EPS * (self.clock - self.since[name])
+        k, fit = self.kmin[name], ctl.draft.get(name)
+        # what catching up costs is unknown until lags vary: look while the lag is short and cheap
+        # (never while its cache lacks this request's prompt: that catch-up is what makes a probe costly)
+        early = (name not in FREE and name not in self.fresh and fit is not None and not fit.lag_known()
+                 and self.lag[name] <= 2 * PROBE_MIN)
+        if not (early or self.follow_up and self.follow_up[0] == name):
+            if budget < self._probe_cost.get(name, 0.0):
+                return None  # below the cost last computed (a lagging cache only adds to it)
+            # seconds a probe that drafts loses against the best choice making its expected tokens
+            p = self._plan(name, V, kmin=k, kmax=k, found=True)
+            cost = self._catchup(name, V) + p.seconds - p.tokens / best_rate
+            if not self._could_pay(name, V):
+                cost *= 8  # only to refresh what it costs, rarely
+            self._probe_cost[name] = cost
+            if budget < cost:
+                return None
+        return self._plan(name, V, kmin=k, kmax=k)
+
+    def _could_pay(self, name: str, V) -> bool:
+        """Whether the drafter would pay if every token it drafted were accepted."""
+        return self._plan(name, V, kmin=self.kmin[name], found=True, ceiling=True).rate > 1.0 / V[1]
