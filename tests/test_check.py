@@ -112,7 +112,7 @@ def test_repacked_weights_estimated_on_the_cpu_repack_path(tmp_path):
 
     On an AMX CPU specserve turns llama.cpp's extra buffers off; there the test masks AMX
     from llama.cpp (an LD_PRELOAD shim refusing the tile permission) to take the other path."""
-    from specserve.backends.llama_cpp import cpu_has_amx
+    from specserve.backends.llama_native import cpu_has_amx
 
     env = {**os.environ, "SPECSERVE_EXTRA_BUFFERS": "1"}
     if cpu_has_amx():
