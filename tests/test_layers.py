@@ -12,8 +12,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 import specserve
 
 ROOT = Path(specserve.__file__).parent

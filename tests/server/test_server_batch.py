@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from specserve.tools.interference import span, tpot, tpot_between
-
 sys.path.insert(0, str(Path(__file__).parent))
 from server_fixtures import ServerProcess, serve_args, tiny_models_dir  # noqa: E402,F401
 from test_server import metrics  # noqa: E402
@@ -86,21 +84,3 @@ def test_interference_check_measures_streams_around_a_long_prompt(server, tmp_pa
     # the control: the same streams alone first, timed over the same token positions as the window
     assert timed(report), json.dumps(report)
     assert report["slowdown_vs_control_max"] and report["growth_max"]
-
-
-def test_interference_tpot_counts_a_stall():
-    times = [0.0, 0.1, 0.2, 0.3, 1.3, 1.4]  # a 1 s stall from 0.3
-    assert tpot(times, 0.0, 0.3) == pytest.approx(0.1)
-    assert tpot(times, 0.35, 1.0) == pytest.approx(1.0)  # from the token before to the token after
-    assert tpot(times, 0.35, 2.0) is None  # the stream ended before the window did
-
-
-def test_interference_control_is_timed_over_the_measured_positions():
-    measured = [0.0, 0.1, 0.2, 0.3, 1.3, 1.4]
-    control = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5]  # the same stream with nothing arriving
-    window = span(measured, 0.35, 1.0)
-    assert window == (3, 4)
-    assert tpot_between(control, window) == pytest.approx(0.1)
-    assert tpot_between(control[:4], window) is None  # the control stream ended sooner
-    chunked = [0.0, 0.1, 0.4, 0.4, 0.4, 0.5]  # positions 3 and 4 came in one chunk, with 2
-    assert tpot_between(chunked, window) == pytest.approx(0.1)  # from the chunk before: 3 tokens in 0.3 s
