@@ -114,7 +114,7 @@ class Engine:
         """Check a loaded profile's drafting cost against this machine now (a few 1-token passes of each
         model), once. Called on the thread that runs the passes: the first request's (policy_for), or
         the server's engine thread at start. llama.cpp's passes run ~1.5x slower in a process where
-        two threads have run them (backends.llama_cpp.DecodeThreads), so none is run elsewhere."""
+        two threads have run them (backends.llama_native.DecodeThreads), so none is run elsewhere."""
         if self._uncalibrated:
             self._uncalibrated = False
             self.controller.calibrate("draft", *token_seconds(self.draft, self.target))

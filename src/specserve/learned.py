@@ -71,7 +71,7 @@ def file_identity(path: str | os.PathLike) -> dict:
 
 
 def machine_identity() -> dict:
-    from .backends.llama_cpp import use_extra_buffers
+    from .backends.llama_native import use_extra_buffers
 
     cpu = platform.processor() or ""
     try:

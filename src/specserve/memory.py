@@ -5,7 +5,7 @@ anything is loaded. Three parts per model, each what llama.cpp allocates on the 
 
 - weights: the sum of the tensors' bytes (the file, memory-mapped), plus the CPU
   backend's repacked copy: where llama.cpp may use its "extra" buffers (see
-  backends.llama_cpp.use_extra_buffers; not on AMX CPUs), it copies the matrix weights
+  backends.llama_native.use_extra_buffers; not on AMX CPUs), it copies the matrix weights
   of types it has interleaved kernels for (on x86: Q4_0, Q4_K, IQ4_NL; rows a multiple
   of 8; never the token embedding, which is only gathered from) into a CPU_REPACK
   buffer of the same size, for faster batched matmuls. Measured with llama-cpp-python
@@ -142,7 +142,7 @@ def estimate(shape: ModelShape, n_ctx: int, cache_type: str = "f16", repack: boo
     if n_ctx <= 0:
         raise ValueError(f"context size must be > 0, got {n_ctx}")
     if repack is None:
-        from .backends.llama_cpp import use_extra_buffers
+        from .backends.llama_native import use_extra_buffers
 
         repack = use_extra_buffers()
     per_token = shape.kv_bytes_per_token(cache_type)

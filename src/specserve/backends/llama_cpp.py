@@ -15,15 +15,12 @@ so that the engine does not speculate.
 On CPUs with AMX, llama.cpp's AMX weight buffers (an "extra" buffer type it prefers
 for quantized weights there) crash this build's matrix multiplication on any batch of
 two or more tokens (SIGSEGV in ggml_backend_amx_mul_mat): extra buffer types are off
-on such CPUs (see use_extra_buffers) unless SPECSERVE_EXTRA_BUFFERS=1.
+on such CPUs (see llama_native.use_extra_buffers) unless SPECSERVE_EXTRA_BUFFERS=1.
 """
 from __future__ import annotations
 
 import ctypes
-import logging
 import os
-import re
-import threading
 import time
 from typing import Sequence
 
@@ -32,120 +29,11 @@ import numpy as np
 import llama_cpp as C
 
 from .base import MemoryUse, VocabInfo
+from .llama_cpp_batch import SharedContext
+from .llama_native import DecodeThreads, LoadLog, NativeContext, init_backend, mib_sum, use_extra_buffers
 
 _VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
 _ATTR_CONTROL = 1 << 3  # llama_token_attr: LLAMA_TOKEN_ATTR_CONTROL
-
-
-class _LoadLog:
-    """Captures llama.cpp's log while a model or context is created.
-
-    llama.cpp reports the sizes of what it allocated (model buffer, KV cache,
-    compute buffer) only in its log; we read them from there. Outside captures,
-    only errors go to stderr (everything with SPECSERVE_VERBOSE=1).
-    """
-
-    _lock = threading.Lock()
-    _lines: list[str] | None = None
-    verbose = bool(os.environ.get("SPECSERVE_VERBOSE"))
-
-    @staticmethod
-    @C.llama_log_callback
-    def _callback(level, text, user_data):
-        msg = text.decode("utf-8", errors="replace") if text else ""
-        if _LoadLog._lines is not None:
-            _LoadLog._lines.append(msg)
-        if _LoadLog.verbose or level == 4:  # GGML_LOG_LEVEL_ERROR
-            os.write(2, msg.encode())
-
-    @classmethod
-    def install(cls) -> None:
-        C.llama_log_set(cls._callback, ctypes.c_void_p(0))
-
-    @classmethod
-    def capture(cls, fn):
-        with cls._lock:
-            cls._lines = []
-            try:
-                result = fn()
-                return result, "".join(cls._lines)
-            finally:
-                cls._lines = None
-
-
-_BACKEND_READY = threading.Event()
-
-
-class DecodeThreads:
-    """The live threads that have run llama.cpp passes in this process.
-
-    llama-cpp-python builds llama.cpp with OpenMP, and libgomp keeps a team of worker threads for
-    each thread that runs a pass. Once the teams hold more threads than the machine has cores,
-    libgomp (as far as we can tell) throttles its spin-wait at its barriers, one per op of a pass,
-    and waits on a futex instead: every pass then runs ~1.5x slower (the 0.5B draft's 1-token pass on 2 cores: 23.5 ms from one
-    thread, 35 ms once a second thread has run passes). So each process runs its passes on one
-    thread (the server: its engine thread, see Engine.calibrate); a second one is logged, once."""
-
-    _lock = threading.Lock()
-    _seen: dict[int, threading.Thread] = {}
-    _warned = False
-
-    @classmethod
-    def note(cls) -> None:
-        """Called before every pass; costs a dict lookup unless this thread is new."""
-        if threading.get_ident() not in cls._seen:
-            cls._add(threading.current_thread())
-
-    @classmethod
-    def _add(cls, thread: threading.Thread) -> None:
-        with cls._lock:
-            cls._seen = {i: t for i, t in cls._seen.items() if t.is_alive()}
-            cls._seen[thread.ident] = thread
-            if len(cls._seen) > 1 and not cls._warned:
-                cls._warned = True
-                logging.getLogger("specserve").warning(
-                    "llama.cpp passes run on %d threads of this process (%s): with OpenMP each pass then runs "
-                    "~1.5x slower; run them all on one thread", len(cls._seen),
-                    ", ".join(t.name for t in cls._seen.values()))
-
-    @classmethod
-    def live(cls) -> list[str]:
-        """The names of the live threads that have run passes."""
-        with cls._lock:
-            return [t.name for t in cls._seen.values() if t.is_alive()]
-
-
-def _init_backend() -> None:
-    if not _BACKEND_READY.is_set():
-        _LoadLog.install()
-        C.llama_backend_init()
-        _BACKEND_READY.set()
-
-
-def cpu_has_amx() -> bool:
-    """Whether this CPU has Intel AMX tiles (Linux: /proc/cpuinfo flags)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and " amx_tile" in line for line in f)
-    except OSError:
-        return False
-
-
-def use_extra_buffers() -> bool:
-    """Whether llama.cpp may put weights in its CPU "extra" buffers (AMX, CPU_REPACK).
-
-    Not on a CPU with AMX: llama.cpp's AMX matmul (as built by llama-cpp-python 0.3.36)
-    crashes there with a segmentation fault on Q4_K/Q6_K drafts, and on F16 weights it makes
-    9- to 33-token passes 1.5-1.8x slower, the passes speculation verifies with.
-    SPECSERVE_EXTRA_BUFFERS=1/0 overrides.
-    """
-    env = os.environ.get("SPECSERVE_EXTRA_BUFFERS")
-    return env != "0" if env else not cpu_has_amx()
-
-
-def _mib_sum(pattern: str, log: str) -> int:
-    """Sum every 'NAME ... = X MiB' figure matching pattern in a llama.cpp log, in bytes."""
-    return int(sum(float(m) for m in re.findall(pattern + r"[^\n]*?=\s*([0-9.]+) MiB", log)) * 1024 * 1024)
 
 
 class LlamaCppModel:
@@ -154,21 +42,21 @@ class LlamaCppModel:
     def __init__(self, path: str, n_gpu_layers: int = 0, n_threads: int | None = None):
         if not os.path.isfile(path):
             raise FileNotFoundError(f"model file not found: {path}")
-        _init_backend()
+        init_backend()
         self.path = path
         self.n_threads = n_threads or max(1, os.cpu_count() or 1)
         params = C.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
         params.use_extra_bufts = use_extra_buffers()
-        model, self.load_log = _LoadLog.capture(lambda: C.llama_model_load_from_file(path.encode(), params))
+        model, self.load_log = LoadLog.capture(lambda: C.llama_model_load_from_file(path.encode(), params))
         if not model:
             raise ValueError(f"llama.cpp could not load {path} (not a GGUF model it supports?)")
-        self._model = model
+        self.handle = model  # llama.cpp's model pointer: contexts are created from it (llama_native)
         self._vocab = C.llama_model_get_vocab(model)
         self.n_ctx_train = C.llama_model_n_ctx_train(model)
-        self.weights_bytes = _mib_sum(r"model buffer size", self.load_log) or C.llama_model_size(model)
+        self.weights_bytes = mib_sum(r"model buffer size", self.load_log) or C.llama_model_size(model)
         # the CPU backend's repacked copy of some matrices (part of weights_bytes)
-        self.repacked_bytes = _mib_sum(r"(?:CPU_REPACK|AMX) model buffer size", self.load_log)
+        self.repacked_bytes = mib_sum(r"(?:CPU_REPACK|AMX) model buffer size", self.load_log)
         self.metadata = self._read_metadata()
         self.vocab = self._read_vocab()
         self.can_rollback = not any(bool(getattr(C, f, lambda m: False)(model))
@@ -180,13 +68,13 @@ class LlamaCppModel:
     def _read_metadata(self) -> dict[str, str]:
         out = {}
         buf = ctypes.create_string_buffer(1 << 16)
-        for i in range(C.llama_model_meta_count(self._model)):
-            C.llama_model_meta_key_by_index(self._model, i, buf, len(buf))
+        for i in range(C.llama_model_meta_count(self.handle)):
+            C.llama_model_meta_key_by_index(self.handle, i, buf, len(buf))
             key = buf.value.decode("utf-8", errors="replace")
-            n = C.llama_model_meta_val_str_by_index(self._model, i, buf, len(buf))
+            n = C.llama_model_meta_val_str_by_index(self.handle, i, buf, len(buf))
             if n >= len(buf):  # long values (chat templates): ask again with room for all of it
                 big = ctypes.create_string_buffer(n + 1)
-                C.llama_model_meta_val_str_by_index(self._model, i, big, len(big))
+                C.llama_model_meta_val_str_by_index(self.handle, i, big, len(big))
                 out[key] = big.value.decode("utf-8", errors="replace")
             else:
                 out[key] = buf.value.decode("utf-8", errors="replace")
@@ -248,50 +136,12 @@ class LlamaCppModel:
 
     def new_shared_context(self, n_ctx: int, n_seq: int, n_batch: int = 512):
         """n_seq sequences of n_ctx tokens in one context, decoded together (llama_cpp_batch)."""
-        from .llama_cpp_batch import SharedContext
-
         return SharedContext(self, n_ctx, n_seq, n_batch)
 
     def close(self) -> None:
-        if self._model:
-            C.llama_model_free(self._model)
-            self._model = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-
-class NativeContext:
-    """A llama.cpp context with its decode batch: created, measured and freed the same way by the
-    single-sequence context and the shared one."""
-
-    def _open_native(self, model: "LlamaCppModel", n_ctx: int, n_batch: int, n_seq: int, what: str) -> None:
-        params = C.llama_context_default_params()
-        params.n_ctx = n_ctx
-        params.n_batch = params.n_ubatch = n_batch  # one micro-batch per decode
-        params.n_seq_max = n_seq
-        params.kv_unified = n_seq > 1  # the slots share one cache (llama.cpp would split it evenly)
-        params.n_threads = params.n_threads_batch = model.n_threads
-        params.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED  # halves decode speed on CPU here
-        params.swa_full = True  # a sliding-window cache that reuses cells could not be rolled back
-        params.no_perf = True
-        ctx, self.load_log = _LoadLog.capture(lambda: C.llama_init_from_model(model._model, params))
-        if not ctx:
-            raise MemoryError(f"llama.cpp could not create a context of {what} for {model.path}")
-        self._ctx = ctx
-        self._mem = C.llama_get_memory(ctx)
-        self._batch = C.llama_batch_init(n_batch, 0, 1)
-        self.kv_bytes = _mib_sum(r"KV buffer size", self.load_log)
-        self.compute_bytes = _mib_sum(r"compute buffer size", self.load_log)
-
-    def close(self) -> None:
-        if self._ctx:
-            C.llama_batch_free(self._batch)
-            C.llama_free(self._ctx)
-            self._ctx = None
+        if self.handle:
+            C.llama_model_free(self.handle)
+            self.handle = None
 
     def __del__(self):
         try:

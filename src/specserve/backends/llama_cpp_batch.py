@@ -15,20 +15,23 @@ it; `SharedContext.decode` is the batched verb.
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 import llama_cpp as C
 
 from .base import MemoryUse
-from .llama_cpp import DecodeThreads, LlamaCppModel, NativeContext
+from .llama_native import DecodeThreads, NativeContext
+
+if TYPE_CHECKING:
+    from .llama_cpp import LlamaCppModel  # the model builds these contexts (new_shared_context)
 
 
 class SharedContext(NativeContext):
     """n_seq sequences of up to n_ctx tokens each, at most n_batch tokens per decode."""
 
-    def __init__(self, model: LlamaCppModel, n_ctx: int, n_seq: int, n_batch: int = 512):
+    def __init__(self, model: "LlamaCppModel", n_ctx: int, n_seq: int, n_batch: int = 512):
         if n_seq < 1:
             raise ValueError(f"need at least one sequence, got {n_seq}")
         self.model = model
@@ -91,7 +94,6 @@ class SharedContext(NativeContext):
         self._open -= 1
         if self._open == 0:
             self.close()
-
 
 
 class SeqContext:

@@ -111,21 +111,18 @@ def sampling_params(args) -> SamplingParams:
 
 
 def load_engine(cfg: ModelConfig, quiet: bool = False):
-    """Load target and draft, run the pairing check, print the memory summary."""
-    from ..engine import Engine
-    from ..pairing import check_pairing
+    """Load target and draft, run the pairing check (a refused draft: exit status 2), print its warnings
+    and the memory summary."""
+    from ..loading import PairingRefused, load_checked
 
     try:
-        engine = Engine.load(cfg)
+        engine, warnings = load_checked(cfg)
+    except PairingRefused as e:
+        raise CliError(str(e), 2) from None
     except (FileNotFoundError, ValueError, MemoryError) as e:
         raise CliError(str(e)) from None
-    if engine.draft is not None:
-        report = check_pairing(engine.target, engine.draft)
-        if report.flagrant:
-            engine.close()
-            raise CliError("draft model refused: " + "; ".join(report.problems), 2)
-        for w in report.warnings:
-            print(f"warning: {w}", file=sys.stderr)
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
     if not quiet:
         from ..memory import loaded_summary
 

@@ -6,13 +6,20 @@ then the process exits 0. A second signal ends the drain at once.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import ipaddress
 import logging
 import os
+import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from ..config import ModelConfig
 from .common import CliError, add_model_args, add_spec_args, load_engine, model_config, spec_params
+
+if TYPE_CHECKING:
+    from ..server import ServerSettings
 
 log = logging.getLogger("specserve.server")
 API_KEY_ENV = "SPECSERVE_API_KEY"
@@ -198,21 +205,44 @@ def settings_from(args, target_path: str):
         raise CliError(str(e), 2) from None
 
 
-def run(args) -> int:
-    if args.replicas is not None or args.min_replicas is not None or args.max_replicas is not None:
-        try:
-            from ..cluster.serve import run as run_replicas
-        except ImportError as e:
-            raise CliError(f"--replicas needs Ray Serve: pip install 'specserve[ray]' ({e})", 2) from None
-        return run_replicas(args)
-    from ..server import create_app, logsafe
-    from ..server.listener import serve
-
-    logsafe.install()  # clients' strings reach log lines: escape them
+def configs(args) -> tuple[ModelConfig, ServerSettings]:
+    """What one engine loads and how it serves, from the flags; raises CliError before any model loads."""
     cfg = model_config(args)
     settings = settings_from(args, cfg.target_path)
     if not args.no_cross_request:
         cfg = dataclasses.replace(cfg, cross_request_bytes=int(args.cross_request_mib * (1 << 20)))
+    return cfg, settings
+
+
+def _replicas():
+    """cli/replicas.py, imported only when replicas are asked for: it needs the `ray` extra."""
+    try:
+        from . import replicas
+    except ImportError as e:
+        raise CliError(f"--replicas needs Ray Serve: pip install 'specserve[ray]' ({e})", 2) from None
+    return replicas
+
+
+def app_builder(args: dict):
+    """`serve run specserve.cli.serve:app_builder flags="..."`: Ray Serve's own runner, with the flags of
+    `specserve serve --replicas N` (--host/--port are Serve's own there: `serve run --port`)."""
+    p = argparse.ArgumentParser(prog="specserve serve")
+    add_parser(p.add_subparsers(dest="command", required=True))
+    ns = p.parse_args(["serve", *shlex.split(args.get("flags", ""))])
+    return _replicas().application(ns, *configs(ns))
+
+
+def run(args) -> int:
+    if args.replicas is not None or args.min_replicas is not None or args.max_replicas is not None:
+        replicas = _replicas()
+        if args.threads is None:  # local replicas share the cores; on a cluster, set -t per replica yourself
+            args.threads = max(1, (os.cpu_count() or 1) // max(1, args.replicas or 1))
+        return replicas.run(args, *configs(args))
+    from ..server import create_app, logsafe
+    from ..server.listener import serve
+
+    logsafe.install()  # clients' strings reach log lines: escape them
+    cfg, settings = configs(args)
     engine = load_engine(cfg)
     app = None
     try:

@@ -2,20 +2,21 @@
 
     specserve serve --pair smollm2 --replicas 2 -t 1 -np 2        # a local Ray, started here
     RAY_ADDRESS=auto specserve serve --replicas 4 ...             # an existing cluster
-    serve run specserve.cluster.app:app_builder flags="--pair smollm2 --replicas 2 -t 1"
+    serve run specserve.cli.serve:app_builder flags="--pair smollm2 --replicas 2 -t 1"
 
-`build(spec, scale)` is the application; `app_builder` is the `serve run` entry, taking the
-same flags as `specserve serve`. Autoscaling follows Ray Serve's autoscaling config on the
-engine deployment: requests in flight per replica against a target (default: its slots).
+`build(spec, scale)` is the application, from settings objects (`cli/serve.py` and `cli/replicas.py`
+make them from `specserve serve`'s flags; `cli/serve.py`'s `app_builder` is the `serve run` entry).
+Autoscaling follows Ray Serve's autoscaling config on the engine deployment: requests in flight per
+replica against a target (default: its slots).
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
-import shlex
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .replica import ReplicaSpec
+if TYPE_CHECKING:
+    from .replica import ReplicaSpec
 
 log = logging.getLogger("specserve.cluster")
 APP_NAME = "specserve"
@@ -77,6 +78,7 @@ class ScaleConfig:
 
 def build(spec: ReplicaSpec, scale: ScaleConfig):
     """The application: Ingress (HTTP) -> Engine (PrefixAffinityRouter) -> replicas; Registry beside."""
+    # Ray is an optional extra: ScaleConfig above imports (and is tested) without it.
     from ray import serve
     from ray.serve.config import RequestRouterConfig
 
@@ -97,32 +99,3 @@ def build(spec: ReplicaSpec, scale: ScaleConfig):
                                max_ongoing_requests=s.max_connections,
                                ray_actor_options={"num_cpus": 0}).bind(engine, registry, s, APP_NAME)
     return ingress
-
-
-def from_args(args):
-    """(ReplicaSpec, ScaleConfig) from `specserve serve` flags; raises CliError(2) on bad values."""
-    from ..cli.common import CliError, model_config
-    from ..cli.serve import settings_from
-
-    cfg = model_config(args)
-    settings = settings_from(args, cfg.target_path)
-    if not args.no_cross_request:
-        cfg = dataclasses.replace(cfg, cross_request_bytes=int(args.cross_request_mib * (1 << 20)))
-    try:
-        scale = ScaleConfig(replicas=args.replicas or 1, min_replicas=args.min_replicas,
-                            max_replicas=args.max_replicas, target_ongoing=args.target_ongoing,
-                            upscale_delay_s=args.upscale_delay, downscale_delay_s=args.downscale_delay,
-                            cpus_per_replica=float(cfg.n_threads or 1))
-    except ValueError as e:
-        raise CliError(str(e), 2) from None
-    return ReplicaSpec(cfg, settings), scale
-
-
-def app_builder(args: dict):
-    """`serve run specserve.cluster.app:app_builder flags="..."`: the flags of `specserve serve`
-    (--host/--port are Serve's own there: `serve run --port`)."""
-    from ..cli import build_parser
-
-    ns = build_parser().parse_args(["serve", *shlex.split(args.get("flags", ""))])
-    spec, scale = from_args(ns)
-    return build(spec, scale)

@@ -15,7 +15,11 @@ import os
 import socket
 from dataclasses import dataclass
 
+from ray import serve
+
 from ..config import ModelConfig
+from ..loading import load_checked
+from ..server import create_app, logsafe
 from ..server.state import ServerSettings
 from .registry import REPORT_EVERY_S
 
@@ -34,13 +38,10 @@ class EngineReplica:
     """Target, draft, slots and cross-request store: one specserve server without a listener."""
 
     def __init__(self, spec: ReplicaSpec, registry):
-        from ray import serve
-
-        from ..cli.common import load_engine
-        from ..server import create_app, logsafe
-
         logsafe.install()
-        self.engine = load_engine(spec.model, quiet=True)
+        self.engine, warnings = load_checked(spec.model)  # a refused draft (PairingRefused) fails the replica
+        for w in warnings:
+            log.warning("%s", w)
         self.app = create_app(self.engine, spec.settings)
         self.state = self.app.state.server
         self.registry = registry

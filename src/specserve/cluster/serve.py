@@ -1,5 +1,7 @@
 """`specserve serve --replicas N`: deploy the application on Ray and serve until a signal.
 
+`run(spec, scale, host, port)` takes the settings objects (cli/serve.py and cli/replicas.py make them from the flags).
+
 Without RAY_ADDRESS a Ray instance is started in this process with just enough CPUs
 (this machine's count, or more if the replicas reserve more); with RAY_ADDRESS (e.g.
 `auto`, or `ray://head:10001`) the application is deployed on that cluster, and every
@@ -13,22 +15,22 @@ import os
 import signal
 import threading
 
-import ray  # noqa: F401 - ImportError here tells `specserve serve` that the extra is missing
+import ray  # ImportError here tells `specserve serve` that the extra is missing
 
-from .app import APP_NAME, build, from_args
+from ray import serve
+
+from .app import APP_NAME, ScaleConfig, build
+from .replica import ReplicaSpec
 
 log = logging.getLogger("specserve.cluster")
 
 
-def run(args) -> int:
-    import ray
-    from ray import serve
+class ClusterError(RuntimeError):
+    """The application did not start on Ray Serve."""
 
-    from ..cli.common import CliError
 
-    if args.threads is None:  # local replicas share the cores; on a cluster, set -t per replica yourself
-        args.threads = max(1, (os.cpu_count() or 1) // max(1, args.replicas or 1))
-    spec, scale = from_args(args)
+def run(spec: ReplicaSpec, scale: ScaleConfig, host: str, port: int) -> int:
+    """Deploy, serve until SIGTERM/SIGINT, shut down; 0 when done. Raises ClusterError."""
     address = os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, log_to_driver=True)
@@ -40,16 +42,16 @@ def run(args) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        serve.start(http_options={"host": args.host, "port": args.port})
+        serve.start(http_options={"host": host, "port": port})
         log.info("deploying %d engine replica(s) of %s (%s threads, %d slots, queue %d each)%s on %s:%d",
                  scale.replicas, spec.settings.model_name, spec.model.n_threads, spec.settings.parallel,
                  spec.settings.queue, f", autoscaling {scale.min_replicas}..{scale.max_replicas}"
-                 if scale.autoscaling else "", args.host, args.port)
+                 if scale.autoscaling else "", host, port)
         try:
             serve.run(build(spec, scale), name=APP_NAME, route_prefix="/", blocking=False)
         except RuntimeError as e:
-            raise CliError(f"the application did not start: {e}") from None
-        log.info("serving on http://%s:%d (Ray Serve)", args.host, args.port)
+            raise ClusterError(f"the application did not start: {e}") from None
+        log.info("serving on http://%s:%d (Ray Serve)", host, port)
         while not stop.wait(1.0):
             pass
     finally:
@@ -61,9 +63,6 @@ def _shutdown(timeout: float, whole_serve: bool) -> None:
     """Delete the application (replicas finish what they run), and Serve too where this process started
     Ray (`whole_serve`; on a shared cluster other applications go on); then disconnect or stop Ray.
     Never waits past `timeout`."""
-    import ray
-    from ray import serve
-
     def stop_serve() -> None:
         try:
             log.info("shutting down the replicas")

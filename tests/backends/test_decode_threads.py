@@ -1,5 +1,5 @@
 """Every llama.cpp pass of a process runs on one thread: with OpenMP, a second thread that runs passes
-makes all of them ~1.5x slower (backends.llama_cpp.DecodeThreads). The server runs its passes on its
+makes all of them ~1.5x slower (backends.llama_native.DecodeThreads). The server runs its passes on its
 engine thread alone, the draft-cost calibration of a loaded auto profile included."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ TWO_THREADS = "llama.cpp passes run on 2 threads"
 
 def test_a_second_decoding_thread_is_named_once(tiny_paths, caplog):
     from specserve.backends import load_model
-    from specserve.backends.llama_cpp import DecodeThreads
+    from specserve.backends.llama_native import DecodeThreads
 
     model = load_model(str(tiny_paths["target"]), n_threads=1)
     DecodeThreads._seen, DecodeThreads._warned = {}, False  # what earlier tests' threads left

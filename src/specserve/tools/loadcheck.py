@@ -1,11 +1,11 @@
 """The replicated endpoint against one server: same greedy text, then load (and optionally a fault).
 
-    python -m specserve.cluster.loadcheck --pair smollm2 --replicas 2 --clients 8 --duration 60
-    python -m specserve.cluster.loadcheck --pair smollm2 --replicas 2 --kill-after 20   # the fault test
+    python -m specserve.tools.loadcheck --pair smollm2 --replicas 2 --clients 8 --duration 60
+    python -m specserve.tools.loadcheck --pair smollm2 --replicas 2 --kill-after 20   # the fault test
 
 1. Starts `specserve serve` (one server) and collects greedy answers to --prompts prompts; stops it.
 2. Starts `specserve serve --replicas N` and asks the same prompts: the texts must be equal.
-3. Runs `server.loadtest` against it (mixed plain, streamed and abandoned chat requests).
+3. Runs `tools.loadtest` against it (mixed plain, streamed and abandoned chat requests).
    With --kill-after S, SIGKILLs one replica's process S seconds into the load; then the only
    errors allowed are streams that were running on it ("stream error: replica_failed"), at
    most its slots + queue, and the endpoint must report both replicas again before the end.
@@ -20,13 +20,14 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
 import httpx
 
 from ..bench.workloads import load_workload
-from ..server import loadtest
+from . import loadtest
 
 READY_TIMEOUT_S = 600.0
 
@@ -89,7 +90,7 @@ def _kill_one(url: str, after: float, record: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specserve.cluster.loadcheck", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m specserve.tools.loadcheck", description=__doc__.split("\n\n")[0])
     p.add_argument("--pair", default="smollm2", help="packaged pair to serve (default smollm2)")
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--threads", type=int, default=1, help="-t per replica, and for the single server (default 1)")
@@ -100,12 +101,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--kill-after", type=float, default=None, metavar="S",
                    help="SIGKILL one replica S seconds into the load (the fault test)")
-    p.add_argument("--logs", default=".", help="folder for the servers' logs (default .)")
+    p.add_argument("--logs", default=None, metavar="DIR",
+                   help="folder for the servers' logs (default: a new temporary folder, named in the report)")
     p.add_argument("--json", metavar="OUT", help="also write the report here")
     args = p.parse_args(argv)
+    args.logs = args.logs or tempfile.mkdtemp(prefix="specserve-loadcheck-")
     serve_args = ["--pair", args.pair, "-t", str(args.threads), "-np", str(args.slots)]
     prompts = load_workload("spec-bench", args.prompts)
-    report: dict = {"replicas": args.replicas, "clients": args.clients, "duration_s": args.duration}
+    report: dict = {"replicas": args.replicas, "clients": args.clients, "duration_s": args.duration,
+                    "logs": args.logs}
 
     single, url = _start(serve_args, os.path.join(args.logs, "loadcheck-single.log"), None)
     try:

@@ -112,14 +112,14 @@ def test_repacked_weights_estimated_on_the_cpu_repack_path(tmp_path):
 
     On an AMX CPU specserve turns llama.cpp's extra buffers off; there the test masks AMX
     from llama.cpp (an LD_PRELOAD shim refusing the tile permission) to take the other path."""
-    from specserve.backends.llama_cpp import cpu_has_amx
+    from specserve.backends.llama_native import cpu_has_amx
 
     env = {**os.environ, "SPECSERVE_EXTRA_BUFFERS": "1"}
     if cpu_has_amx():
         if shutil.which("cc") is None:
             pytest.skip("no C compiler to build the AMX mask")
         shim = tmp_path / "mask_amx.so"
-        subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", str(shim), str(Path(__file__).parent / "data" /
+        subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", str(shim), str(Path(__file__).parents[1] / "data" /
                         "mask_amx.c"), "-ldl"], check=True)
         env["LD_PRELOAD"] = str(shim)
     out = subprocess.run([sys.executable, "-m", "specserve", "check", "-m", real_model("qwen2.5-coder-1.5b"),

@@ -1,6 +1,6 @@
 """How much a long prompt arriving slows the streams already running on a server.
 
-    python -m specserve.server.interference --url http://127.0.0.1:8080 --streams 3 --prompt-tokens 2000
+    python -m specserve.tools.interference --url http://127.0.0.1:8080 --streams 3 --prompt-tokens 2000
 
 Starts --streams streaming requests (--max-tokens each, ignore_eos), waits --warmup seconds,
 then sends one request whose prompt is about --prompt-tokens tokens long (max_tokens 1) and
@@ -62,7 +62,7 @@ def _stream(client: httpx.Client, body: dict, times: list[float], errors: list) 
         errors.append(str(e)[:200])
 
 
-def _span(times: list[float], start: float, end: float) -> tuple[int, int] | None:
+def span(times: list[float], start: float, end: float) -> tuple[int, int] | None:
     """The token positions around [start, end]: the last token at or before start and the first at or
     after end (None: the stream was not running throughout)."""
     first = max((i for i, t in enumerate(times) if t <= start), default=None)
@@ -72,19 +72,19 @@ def _span(times: list[float], start: float, end: float) -> tuple[int, int] | Non
     return first, last
 
 
-def _tpot(times: list[float], start: float, end: float) -> float | None:
+def tpot(times: list[float], start: float, end: float) -> float | None:
     """Mean seconds a token over [start, end], stalls included: from the last token at or before start
     to the first at or after end, over the gaps between them (None: the stream was not running throughout)."""
-    span = _span(times, start, end)
-    return _tpot_between(times, span) if span else None
+    window = span(times, start, end)
+    return tpot_between(times, window) if window else None
 
 
-def _tpot_between(times: list[float], span: tuple[int, int]) -> float | None:
+def tpot_between(times: list[float], window: tuple[int, int]) -> float | None:
     """Mean seconds a token between two token positions (None: the stream ended before the second).
 
     Tokens that arrived in one chunk (a speculative step's) share a time: where both positions
     fall in one chunk, the span starts at the chunk before instead, so it measures time at all."""
-    first, last = span
+    first, last = window
     if last >= len(times):
         return None
     while first > 0 and times[first] >= times[last]:
@@ -138,14 +138,14 @@ def run(args) -> dict:
     t_sent, t_answered = sent["t"], sent["answered"]
     streams = []
     for i, ts in enumerate(times):
-        before = _tpot(ts, t_sent - args.warmup / 2, t_sent - 1e-6)
-        span = _span(ts, t_sent, t_answered)
-        during = _tpot_between(ts, span) if span else None
-        after = _tpot(ts, t_answered + 1e-6, t_answered + args.warmup / 2)  # None if the stream ended first
+        before = tpot(ts, t_sent - args.warmup / 2, t_sent - 1e-6)
+        window = span(ts, t_sent, t_answered)
+        during = tpot_between(ts, window) if window else None
+        after = tpot(ts, t_answered + 1e-6, t_answered + args.warmup / 2)  # None if the stream ended first
         s = {"tokens": len(ts), "tpot_before_s": before, "tpot_during_s": during, "tpot_after_s": after,
              "slowdown": _ratio(during, before), "after_vs_before": _ratio(after, before)}
         if control is not None:
-            ctl = _tpot_between(control[i], span) if span else None
+            ctl = tpot_between(control[i], window) if window else None
             s.update(tpot_control_s=ctl, slowdown_vs_control=_ratio(during, ctl), growth=_ratio(ctl, before))
         streams.append(s)
     report = {"url": args.url, "streams": args.streams, "prompt_tokens": sent["prompt_tokens"],
@@ -174,7 +174,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m specserve.server.interference", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m specserve.tools.interference", description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default="http://127.0.0.1:8080")
     p.add_argument("--streams", type=int, default=3, help="streams running when the long prompt arrives (default 3)")
     p.add_argument("--prompt-tokens", type=int, default=2000, help="about how long the arriving prompt is (default 2000)")

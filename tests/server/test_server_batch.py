@@ -60,7 +60,7 @@ def test_interference_check_measures_streams_around_a_long_prompt(server, tmp_pa
     def measure() -> dict:
         # 440: the streams' prompts (up to 68 tokens) and their max_tokens must fit the 512-token context
         out = tmp_path / "inter.json"
-        r = subprocess.run([sys.executable, "-m", "specserve.server.interference", "--url", server.url, "--streams",
+        r = subprocess.run([sys.executable, "-m", "specserve.tools.interference", "--url", server.url, "--streams",
                             "2", "--prompt-tokens", "100", "--max-tokens", "440", "--warmup", "0.1", "--json", str(out),
                             # a token a chunk: the control is timed at the window's chunk positions
                             "--body", '{"speculative": {"mode": "none"}}'],
@@ -84,25 +84,3 @@ def test_interference_check_measures_streams_around_a_long_prompt(server, tmp_pa
     # the control: the same streams alone first, timed over the same token positions as the window
     assert timed(report), json.dumps(report)
     assert report["slowdown_vs_control_max"] and report["growth_max"]
-
-
-def test_interference_tpot_counts_a_stall():
-    from specserve.server.interference import _tpot
-
-    times = [0.0, 0.1, 0.2, 0.3, 1.3, 1.4]  # a 1 s stall from 0.3
-    assert _tpot(times, 0.0, 0.3) == pytest.approx(0.1)
-    assert _tpot(times, 0.35, 1.0) == pytest.approx(1.0)  # from the token before to the token after
-    assert _tpot(times, 0.35, 2.0) is None  # the stream ended before the window did
-
-
-def test_interference_control_is_timed_over_the_measured_positions():
-    from specserve.server.interference import _span, _tpot_between
-
-    measured = [0.0, 0.1, 0.2, 0.3, 1.3, 1.4]
-    control = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5]  # the same stream with nothing arriving
-    span = _span(measured, 0.35, 1.0)
-    assert span == (3, 4)
-    assert _tpot_between(control, span) == pytest.approx(0.1)
-    assert _tpot_between(control[:4], span) is None  # the control stream ended sooner
-    chunked = [0.0, 0.1, 0.4, 0.4, 0.4, 0.5]  # positions 3 and 4 came in one chunk, with 2
-    assert _tpot_between(chunked, span) == pytest.approx(0.1)  # from the chunk before: 3 tokens in 0.3 s
