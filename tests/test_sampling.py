@@ -71,7 +71,7 @@ def test_every_distribution_guarded_against_nan_and_inf():
 
 import pytest  # noqa: E402
 
-from specserve.sampling import Candidates, NonFiniteLogits, Noise, Sampler, _top_k, candidates  # noqa: E402
+from specserve.sampling import Candidates, NonFiniteLogits, Noise, Sampler, candidates, top_k_ids  # noqa: E402
 
 
 def test_top_k_is_exact_with_ties_and_infinities():
@@ -84,7 +84,7 @@ def test_top_k_is_exact_with_ties_and_infinities():
             z = np.round(z, 1)  # many ties at the k-th value: the lowest ids win
         if trial % 5 == 0:
             z[:, rng.integers(0, V, size=V // 2)] = -np.inf
-        got = _top_k(z, k)
+        got = top_k_ids(z, k)
         for r in range(R):
             assert (got[r] == np.sort(np.lexsort((np.arange(V), -z[r]))[:k])).all(), (trial, V, k)
 

@@ -28,9 +28,8 @@ observations each, so this process's own passes take over within a few steps), a
 engine with a draft model times a few of its 1-token passes at start, alternating with the
 target's, and rescales the saved drafting costs if the draft's cost relative to the target's is
 off by more than 2x (`Controller.calibrate`; relative, so that a slow spell of the whole
-machine rescales nothing). Without that, a profile learnt under load that claimed the draft
-model costs 2.7x what it does kept auto from ever drafting with it again.
-`--no-auto-profile` (or SPECSERVE_AUTO_PROFILE=0) turns all of it off.
+machine rescales nothing). Why each of these rules exists, and what it fixed: docs/auto.md,
+"What it keeps across processes". `--no-auto-profile` (or SPECSERVE_AUTO_PROFILE=0) turns all of it off.
 """
 from __future__ import annotations
 

@@ -91,7 +91,7 @@ def candidates(logits: np.ndarray, params: SamplingParams) -> Candidates:
     m = z.max(axis=1)  # [R]; NaN anywhere makes it NaN
     _check_finite(m)
     if 0 < params.top_k < V:  # top-k renormalises over the k kept: the other tokens never matter again
-        ids = _top_k(z, params.top_k)
+        ids = top_k_ids(z, params.top_k)
         s = (z[np.arange(R)[:, None], ids] - m[:, None]) * inv_t  # [R, k] tempered, max 0
         return _cut(ids, s, np.log(np.exp(s).sum(axis=1)), params)
     # Vocabulary-sized arrays below are few and reused in place: each new one costs page faults.
@@ -103,7 +103,7 @@ def candidates(logits: np.ndarray, params: SamplingParams) -> Candidates:
     if params.min_p > 0:  # min-p comes last and keeps {p >= min_p p_max}: a superset of the final set
         ids = _padded([np.flatnonzero(row >= np.log(params.min_p)) for row in full])
     elif params.top_p < 1:  # the most likely first; all of them if these miss top_p
-        ids = _top_k(full, min(_TOP_P_CANDIDATES, V))
+        ids = top_k_ids(full, min(_TOP_P_CANDIDATES, V))
         if (e[np.arange(R)[:, None], ids].sum(axis=1) < params.top_p * total).any():
             ids = np.broadcast_to(_all_ids(V), (R, V))
     else:  # no truncation: every token is a candidate, in id order
@@ -155,7 +155,7 @@ def _check_finite(values: np.ndarray) -> None:
         raise NonFiniteLogits("the model returned NaN or infinite logits")
 
 
-def _top_k(z: np.ndarray, k: int) -> np.ndarray:
+def top_k_ids(z: np.ndarray, k: int) -> np.ndarray:
     """[R, k] the ids of the k largest of each row of z ([R, V]), in id order.
 
     Without sorting or partitioning the vocabulary: ids are split into groups of those equal

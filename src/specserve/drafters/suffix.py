@@ -16,7 +16,8 @@ shared SuffixStore, indexed the same way. Each step:
    twice the matched order (a longer match, a longer draft), and never past `cap`.
 
 The proposal depends only on the sequence and the store's contents: lossless as any
-deterministic draft (the verifier treats it as q = one-hot) and reproducible.
+deterministic draft (the verifier treats it as q = one-hot) and reproducible. The store, scopes,
+privacy and why the cap is 64: docs/cross-request.md.
 """
 from __future__ import annotations
 

@@ -20,6 +20,8 @@ pass). With no stream running a prompt takes whole n_batch chunks.
 A failure stays in its slot: a pass that fails is retried one slot at a time, and a slot
 whose generator raises ends with that error while the others go on.
 
+What the chunking measured, and what was tried and not kept: docs/serving.md.
+
 Forward passes are serialised: two llama.cpp decodes at once (each spinning its own
 threads) slow each other down by ~100x on a small CPU. Other engine calls (closing a
 request, emptying a cache) are submitted to the same thread and run between steps.
