@@ -1,7 +1,8 @@
 """llama-server's native POST /completion, for scripts written against llama.cpp.
 
 Fields: prompt, n_predict (-1 or absent: until the context fills), temperature, top_k, top_p, min_p,
-seed (-1: random, as in llama-server), stream, stop, ignore_eos, cache_prompt, samplers (where
+seed (-1: random, as in llama-server), stream, stop, ignore_eos, cache_prompt, grammar (GBNF),
+json_schema, response_format (server/structured.py), samplers (where
 they mean what this server does: see params._samplers), and speculation as llama-server spells it (`speculative.n_max`,
 `speculative.n_min`, `speculative.p_min`) or as our `speculative` object. The answer
 carries `content`, `tokens_predicted`, `tokens_evaluated`, `stop` and `timings`
@@ -9,6 +10,8 @@ carries `content`, `tokens_predicted`, `tokens_evaluated`, `stop` and `timings`
 the last with `"stop": true`, and no `[DONE]`, as llama-server does.
 """
 from __future__ import annotations
+
+import dataclasses
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -18,6 +21,8 @@ from .jobs import CLIENT_GONE, Job, start
 from .openai_api import speculative_usage, sse_response
 from .params import KEY_SCOPE, GenRequest, check_unsupported, completion_prompt, get, read_json, \
     resolve_profile, sampling_params, spec_params
+from .structured import finish_detail
+from .tools import request_constraint
 
 _LLAMA_SPEC_KEYS = {"speculative.n_max": "draft_max", "speculative.n_min": "draft_min",
                     "speculative.p_min": "draft_p_min"}
@@ -49,7 +54,8 @@ def final(job: Job, content: str, tokens: list[int]) -> dict:
     return {"content": content, "tokens": [], "stop": True, "model": job.req.model,
             "tokens_predicted": job.stats.n_generated, "tokens_evaluated": job.stats.n_prompt,
             "tokens_cached": job.stats.n_cached, "truncated": False, "stop_type": stop_type,
-            "stopping_word": word, "timings": timings(job), "speculative": speculative_usage(job)}
+            "stopping_word": word, "timings": timings(job), "speculative": speculative_usage(job),
+            **finish_detail(job.stats)}
 
 
 async def _request(request: Request) -> GenRequest:
@@ -65,6 +71,9 @@ async def _request(request: Request) -> GenRequest:
     spec, verify = spec_params(flat if spec_obj is None else spec_obj, profile, state.engine.draft is not None,
                                request.scope.get(KEY_SCOPE))
     sampling, limit = sampling_params(body, profile, state.engine.n_ctx, ("n_predict", "max_tokens"), random_seed=-1)
+    grammar, _ = await request_constraint(body, state.engine, chat=False)  # grammar, json_schema, response_format
+    if grammar is not None:
+        sampling = dataclasses.replace(sampling, grammar=grammar)
     return GenRequest("llama", profile.name, sampling, spec, verify, stream=get(body, "stream", bool, False),
                       prompt=completion_prompt(body), cache_prompt=get(body, "cache_prompt", bool, True),
                       limit=limit)

@@ -6,6 +6,7 @@ what speculation did for it.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -21,6 +22,9 @@ from .errors import ApiError, bad_request, error_body
 from .jobs import CLIENT_GONE, Job, start
 from .params import COMPLETIONS_MAX_TOKENS, KEY_SCOPE, GenRequest, check_messages, check_unsupported, \
     completion_prompt, get, read_json, resolve_profile, sampling_params, spec_params
+from .structured import finish_detail
+from .toolcalls import CallReader, answer, finish, stream
+from .tools import request_constraint
 
 log = logging.getLogger("specserve.server")
 
@@ -90,10 +94,13 @@ async def _request(request: Request, endpoint: str) -> GenRequest:
         raise bad_request("messages must be a non-empty array", "messages")
     if chat:
         check_messages(messages)
+    grammar, tools = await request_constraint(body, state.engine, chat)
+    if grammar is not None:
+        sampling = dataclasses.replace(sampling, grammar=grammar)
     req = GenRequest(endpoint, profile.name, sampling, spec, verify, stream=get(body, "stream", bool, False),
                      prompt=None if chat else completion_prompt(body), messages=messages,
                      include_usage=get(options, "include_usage", bool, False, "stream_options.include_usage"),
-                     cache_prompt=get(body, "cache_prompt", bool, True), limit=limit)
+                     cache_prompt=get(body, "cache_prompt", bool, True), limit=limit, tools=tools)
     return req
 
 
@@ -130,34 +137,49 @@ async def completions(request: Request) -> Response:
                 if chunk.text:
                     yield {**head, "choices": [{"text": chunk.text, "index": 0, "logprobs": None,
                                                 "finish_reason": None}]}
-            last = {**head, "choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": job.finish_reason}]}
+            last = {**head, "choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": job.finish_reason,
+                                         **finish_detail(job.stats)}]}
             async for event in _stream_end(head, last, job, req):
                 yield event
         return sse_response(request, job, events)
     return await _respond(request, job, lambda text: {**head, "choices": [{
-        "text": text, "index": 0, "logprobs": None, "finish_reason": job.finish_reason}]})
+        "text": text, "index": 0, "logprobs": None, "finish_reason": job.finish_reason, **finish_detail(job.stats)}]})
 
 
 async def chat_completions(request: Request) -> Response:
     req = await _request(request, "chat")
     job = await start(request.app.state.server, req, request)
+    calls = req.tools is not None and req.tools.choice != "none"  # read tool calls back from the text
     if req.stream:
         head = _head("chat.completion.chunk", req)
 
-        def choice(delta: dict, finish: str | None = None) -> dict:
-            return {**head, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        def choice(delta: dict, finish: str | None = None, detail: dict | None = None) -> dict:
+            return {**head, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish,
+                                         **(detail or {})}]}
 
         async def events(job: Job):
             yield choice({"role": "assistant", "content": ""})
-            async for chunk in job.chunks():
-                if chunk.text:
-                    yield choice({"content": chunk.text})
-            async for event in _stream_end(head, choice({}, job.finish_reason), job, req):
+            if calls:
+                reader = CallReader(req.tools.form)
+                async for delta in stream(reader, job.chunks()):
+                    yield choice(delta)
+                last = choice({}, finish(reader, job.finish_reason), finish_detail(job.stats, reader.cut()))
+            else:
+                async for chunk in job.chunks():
+                    if chunk.text:
+                        yield choice({"content": chunk.text})
+                last = choice({}, job.finish_reason, finish_detail(job.stats))
+            async for event in _stream_end(head, last, job, req):
                 yield event
         return sse_response(request, job, events)
-    return await _respond(request, job, lambda text: {**_head("chat.completion", req), "choices": [{
-        "index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-        "finish_reason": job.finish_reason}]})
+
+    def body(text: str) -> dict:
+        message, reason, cut = answer(req.tools.form, text, job.finish_reason) if calls else \
+            ({"role": "assistant", "content": text}, job.finish_reason, None)
+        return {**_head("chat.completion", req), "choices": [{
+            "index": 0, "message": message, "logprobs": None, "finish_reason": reason,
+            **finish_detail(job.stats, cut)}]}
+    return await _respond(request, job, body)
 
 
 async def models(request: Request) -> Response:
