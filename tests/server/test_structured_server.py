@@ -107,7 +107,7 @@ BAD = [
     (L, {"grammar": "root ::= ( unclosed"}, "grammar"),
     (L, {"grammar": 7}, "grammar"),
     (L, {"json_schema": "not a schema"}, "json_schema"),
-    (L, {"json_schema": {"type": "object"}, "grammar": 'root ::= "a"'}, "grammar"),
+    (L, {"json_schema": {"type": "object"}, "grammar": 'root ::= "a"'}, "json_schema"),
     (CH, {"response_format": {"type": "json_object"}, "json_schema": PERSON}, "json_schema"),
 ]
 

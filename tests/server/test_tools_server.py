@@ -53,7 +53,7 @@ def _valid(call) -> dict:
 def _streamed(client, **kw) -> tuple[str, list[dict], str]:
     """Content, tool calls and finish_reason put together from the stream's deltas, as clients do."""
     content, calls, finish = "", {}, None
-    for chunk in client.chat.completions.create(model="x", stream=True, **kw):
+    for chunk in client.chat.completions.create(model="tiny", stream=True, **kw):
         if not chunk.choices:
             continue
         d = chunk.choices[0].delta
@@ -72,7 +72,7 @@ def _streamed(client, **kw) -> tuple[str, list[dict], str]:
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_a_tool_round_trip(client, stream):
     """call -> tool result -> final answer, the history rendered through the model's own template."""
-    kw = dict(model="x", messages=ASK, tools=TOOLS, tool_choice="required", **GREEDY)
+    kw = dict(model="tiny", messages=ASK, tools=TOOLS, tool_choice="required", **GREEDY)
     if stream:
         content, calls, finish = _streamed(client, **kw)
         first = client.chat.completions.create(**kw).choices[0]
@@ -91,7 +91,7 @@ def test_a_tool_round_trip(client, stream):
     results = [{"role": "tool", "tool_call_id": c["id"], "content": json.dumps({"temperature": 21})}
                for c in assistant["tool_calls"]]
     history = [*ASK, assistant, *results]
-    final = client.chat.completions.create(model="x", messages=history, tools=TOOLS, tool_choice="none", **GREEDY)
+    final = client.chat.completions.create(model="tiny", messages=history, tools=TOOLS, tool_choice="none", **GREEDY)
     answer = final.choices[0]
     assert answer.finish_reason in ("stop", "length") and answer.message.tool_calls is None
     assert isinstance(answer.message.content, str) and "<tool_call>" not in answer.message.content
@@ -100,13 +100,13 @@ def test_a_tool_round_trip(client, stream):
 
 
 def test_required_calls_follow_their_schemas(client):
-    msg = client.chat.completions.create(model="x", messages=ASK, tools=TOOLS, tool_choice="required",
+    msg = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice="required",
                                          **GREEDY).choices[0].message
     assert msg.tool_calls and all(_valid(c) is not None for c in msg.tool_calls)
 
 
 def test_a_named_function_is_called_exactly_once(client):
-    r = client.chat.completions.create(model="x", messages=ASK, tools=TOOLS, **GREEDY,
+    r = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, **GREEDY,
                                        tool_choice={"type": "function", "function": {"name": "get_time"}})
     calls = r.choices[0].message.tool_calls
     assert [c.function.name for c in calls] == ["get_time"] and r.choices[0].finish_reason == "tool_calls"
@@ -114,7 +114,7 @@ def test_a_named_function_is_called_exactly_once(client):
 
 
 def test_parallel_tool_calls_false_allows_one_call(client):
-    r = client.chat.completions.create(model="x", messages=ASK, tools=TOOLS, tool_choice="required",
+    r = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice="required",
                                        parallel_tool_calls=False, **GREEDY)
     assert len(r.choices[0].message.tool_calls) == 1
 
@@ -125,7 +125,7 @@ def test_auto_answers_in_text_or_in_valid_calls(client):
         if stream:
             content, calls, finish = _streamed(client, **kw)
         else:
-            choice = client.chat.completions.create(model="x", **kw).choices[0]
+            choice = client.chat.completions.create(model="tiny", **kw).choices[0]
             content, finish = choice.message.content or "", choice.finish_reason
             calls = [{"name": c.function.name, "arguments": c.function.arguments}
                      for c in choice.message.tool_calls or []]
@@ -174,7 +174,7 @@ BAD = [
     "parallel-not-boolean", "tools-and-response-format", "tools-and-grammar"])
 def test_bad_tools_are_400_naming_the_field(client, fields, param, code):
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="x", messages=ASK, max_tokens=4, extra_body=fields)
+        client.chat.completions.create(model="tiny", messages=ASK, max_tokens=4, extra_body=fields)
     err = e.value.body
     assert err["param"] == param and err["code"] == code, err
     if code == "conflicting_parameters":
