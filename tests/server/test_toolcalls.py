@@ -63,3 +63,14 @@ def test_a_call_cut_by_max_tokens_says_so():
     assert "get_weather" in cut and "not complete JSON" in cut
     _, finish, cut = answer(SPECIAL, "<tool_call>\n{\"na", "length")
     assert finish == "length" and "before its function name" in cut
+
+
+def test_finish_detail_states_why_an_answer_ended():
+    from specserve.server.structured import finish_detail
+    from specserve.stats import GenerationStats
+
+    assert finish_detail(GenerationStats(finish_reason="stop")) == {}
+    dead = GenerationStats(finish_reason="stop", grammar_error="the grammar allows no token here (dead end)")
+    assert "dead end" in finish_detail(dead)["finish_detail"]
+    cut = finish_detail(GenerationStats(finish_reason="length"), "tool call 0 (f) was cut")
+    assert cut == {"finish_detail": "tool call 0 (f) was cut when max_tokens ended the answer"}

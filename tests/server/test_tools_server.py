@@ -53,7 +53,7 @@ def _valid(call) -> dict:
 def _streamed(client, **kw) -> tuple[str, list[dict], str]:
     """Content, tool calls and finish_reason put together from the stream's deltas, as clients do."""
     content, calls, finish = "", {}, None
-    for chunk in client.chat.completions.create(model="tiny", stream=True, **kw):
+    for chunk in client.chat.completions.create(**{"model": "tiny", **kw}, stream=True):
         if not chunk.choices:
             continue
         d = chunk.choices[0].delta

@@ -138,9 +138,8 @@ async def check_usable(engine, grammar: str, param: str) -> None:
 def finish_detail(stats, cut: str | None = None) -> dict:
     """The choice's `finish_detail` (a specserve extension), where the finish_reason alone would not
     say why the answer ended as it did: a grammar with no way forward, a tool call cut short."""
-    grammar_error = getattr(stats, "grammar_error", None)
-    if grammar_error:
-        return {"finish_detail": f"the output constraint allowed no further token: {grammar_error}"}
+    if stats.grammar_error:
+        return {"finish_detail": f"the output constraint allowed no further token: {stats.grammar_error}"}
     if cut and stats.finish_reason == "length":
         return {"finish_detail": f"{cut} when max_tokens ended the answer"}
     if cut:
