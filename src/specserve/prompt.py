@@ -91,7 +91,9 @@ def _tokens_with_plain_content(model, msgs: list[dict], spelled, specials, tools
 
     def placeholder(text: str) -> str:
         literals.append(text)
-        return f"\ue000{nonce}.{len(literals) - 1}\ue001"
+        # \x01: a character every JSON encoder escapes (tojson with ensure_ascii=False included), so
+        # a template that escapes content loses the placeholder and is refused below
+        return f"\ue000\x01{nonce}.{len(literals) - 1}\ue001"
 
     escaped = []
     for m in msgs:
@@ -102,7 +104,7 @@ def _tokens_with_plain_content(model, msgs: list[dict], spelled, specials, tools
         escaped.append({**m, "content": "".join(pieces) + content[pos:]})
     rendered = render_for(model, escaped, tools)
     # The rendered text with each placeholder's own text back in place; those spans stay plain text.
-    parts = re.split(f"\ue000{nonce}\\.(\\d+)\ue001", rendered)
+    parts = re.split(f"\ue000\x01{nonce}\\.(\\d+)\ue001", rendered)
     text, zones = [], []
     pos = 0
     for k, part in enumerate(parts):
