@@ -2,6 +2,6 @@
 the per-request matcher and its masks (constraint), and the drafter of forced tokens
 (drafters.forced). See docs/structured.md."""
 from .constraint import Constraint
-from .sources import GrammarError, check, from_gbnf, from_json_schema, from_lark, json_object
+from .sources import GrammarError, check, from_gbnf, from_grammar_text, from_json_schema, from_lark, json_object
 
-__all__ = ["Constraint", "GrammarError", "check", "from_gbnf", "from_json_schema", "from_lark", "json_object"]
+__all__ = ["Constraint", "GrammarError", "check", "from_gbnf", "from_grammar_text", "from_json_schema", "from_lark", "json_object"]

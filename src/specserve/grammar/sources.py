@@ -63,6 +63,13 @@ def from_gbnf(text: str) -> str:
     return check(llguidance.LLMatcher.grammar_from_lark(lark), "GBNF grammar")
 
 
+def from_grammar_text(text: str, name: str = "") -> str:
+    """A grammar file's text: Lark when it starts with `%llguidance` or its name ends .lark, else GBNF."""
+    if text.lstrip().startswith(LARK_MARK) or name.endswith(".lark"):
+        return from_lark(text)
+    return from_gbnf(text)
+
+
 def check(grammar: str, what: str = "grammar", tokenizer=None) -> str:
     """`grammar` if llguidance can build a matcher from it (for `tokenizer`'s vocabulary when given);
     else GrammarError with llguidance's reason."""
