@@ -20,6 +20,7 @@ tokens to the previous request's prompt, so the cached prefix covers all but the
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -40,6 +41,7 @@ REPO_NAME = "myproject"  # llama-server's fixed project name (and "filename" for
 CURRENT_FILE = "filename"
 CHUNK_SEPARATOR = "\n\n--- snippet ---\n\n"  # between extra chunks when the model has no FIM_SEP
 DEFAULT_BATCH = 2048  # llama-server's default -b: the prefix and suffix share one batch
+_found: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> FimTokens (a scan of its vocabulary)
 
 
 class FimUnsupported(ValueError):
@@ -66,7 +68,21 @@ class FimTokens:
 
 
 def fim_tokens(model) -> FimTokens:
-    """The FIM tokens of a loaded model (backends' Model: `.vocab.token_texts`, `.metadata`)."""
+    """The FIM tokens of a loaded model (backends' Model: `.vocab.token_texts`, `.metadata`), found once
+    per model (the scan of a 152k-token vocabulary takes ~15 ms, too much for every keystroke)."""
+    try:
+        return _found[model]
+    except (KeyError, TypeError):
+        pass
+    found = _scan(model)
+    try:
+        _found[model] = found
+    except TypeError:
+        pass
+    return found
+
+
+def _scan(model) -> FimTokens:
     texts = model.vocab.token_texts
     n_vocab = model.vocab.n_vocab
     metadata = getattr(model, "metadata", {}) or {}

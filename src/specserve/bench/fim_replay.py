@@ -85,22 +85,23 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
 
 
-def summarize_replay(configs, runs: list[FimRun], baseline: str = "target") -> list[dict]:
+def summarize_replay(configs, runs: list[FimRun]) -> list[dict]:
     """One row per configuration (see the module's docstring); `vs_target`: the median over requests
-    of the baseline's time / this one's, paired by request."""
+    of its baseline's time / this one's, paired by request (the target alone, or for an endpoint the
+    --endpoint-baseline server, its own target alone)."""
     by = {c.name: [r for r in runs if r.config == c.name] for c in configs}
-    base = {r.case: r for r in by.get(baseline, [])}
     rows = []
     for c in configs:
         rs = by[c.name]
         if not rs:
             continue
+        base = {r.case: r for r in by.get(c.baseline, [])}
         t = [r.t_total_s for r in rs]
         keys = [r.t_total_s for r in rs if r.typed > 0]
         paired = [base[r.case].t_total_s / r.t_total_s for r in rs if r.case in base and r.t_total_s > 0]
         same = [r.text == base[r.case].text for r in rs if r.case in base]
         rows.append({
-            "config": c.name, "flags": c.flags, "requests": len(rs),
+            "config": c.name, "flags": c.flags, "baseline": c.baseline, "requests": len(rs),
             "p50_ms": 1000 * statistics.median(t), "p95_ms": 1000 * _pct(t, 0.95),
             "p50_keystroke_ms": 1000 * statistics.median(keys) if keys else 0.0,
             "ttft_p50_ms": 1000 * statistics.median([r.t_first_s for r in rs if r.t_first_s > 0] or [0.0]),
@@ -134,7 +135,8 @@ def render_replay(rows: list[dict]) -> str:
              "characters typed since the last one); TTFT: to the first chunk with text; line match: the suggestion's "
              "first line is the file's real rest of the line; prompt tok / keys tok: prompt tokens the server "
              "evaluated per request, all / keystroke requests (the rest came from its cache); vs target: median "
-             "over requests of the target alone's time / this one's; = target: text identical to the target alone's")
+             "over requests of the target alone's time / this one's (an endpoint: its --endpoint-baseline's); "
+             "= target: text identical to that baseline's")
     return "\n".join(lines) + "\n\n" + notes
 
 

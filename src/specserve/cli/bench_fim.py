@@ -53,8 +53,7 @@ def run(args, target_path: str, draft_paths: dict[str, str], specs: list[str]) -
     finally:
         if served is not None:
             served.close()
-    baseline = args.endpoint_baseline or "target"
-    rows = summarize_replay(configs, runs, baseline)
+    rows = summarize_replay(configs, runs)
     n_requests = sum(map(len, files))
     head = (f"fim-replay: {n_requests} /infill requests per configuration ({args.prompts_per_workload} cut points, "
             f"{len(KEYSTROKES)} keystrokes each) editing {', '.join(m.replace('.', '/') + '.py' for m in FIM_MODULES)} "
