@@ -88,3 +88,12 @@ def test_a_model_without_fim_tokens_is_refused_naming_the_missing_token(tiny_mod
     with pytest.raises(FimUnsupported, match=r"infill is not supported by this model: its vocabulary has no FIM "
                                              r"prefix token \(<\|fim_prefix\|>.*no suffix token.*no middle token"):
         model_layout(tiny_models["target"], Infill(prefix="a"), n_ctx=1024)
+
+
+def test_without_n_predict_the_extra_context_still_leaves_room_to_generate(fim_model):
+    tok = lambda s: fim_model.tokenize(s, add_special=False, parse_special=False) if s else []  # noqa: E731
+    f = fim_tokens(fim_model)
+    extra = [("big.py", "x = 1\n" * 2000)]
+    prefix, suffix = "p = 2\n" * 2000, "s = 3\n" * 2000
+    ids = layout(f, tok, Infill(prefix=prefix, suffix=suffix, extra=extra), n_ctx=1024, n_predict=0, n_batch=512)
+    assert len(ids) == 1023  # one token of room: llama-server's share alone would have made it 1025

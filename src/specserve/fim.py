@@ -13,7 +13,7 @@ The layout is llama-server's repo-level pattern (https://arxiv.org/pdf/2409.1218
 
 with its budget rules: the prefix keeps its last 3/4 of a batch of tokens, the suffix its first
 quarter less the prompt; the extra chunks fill what the context leaves after a batch and twice
-n_predict, cut from their start (the chunks nearest the cursor, last, are kept). Without
+n_predict (and never more than leaves room for n_predict), cut from their start (the chunks nearest the cursor, last, are kept). Without
 FIM_REP/FIM_SEP the chunks are joined with a plain separator. `prompt` (the current line up to
 the cursor) comes after FIM_MID, as llama-server documents it: a keystroke then only appends
 tokens to the previous request's prompt, so the cached prefix covers all but the new ones.
@@ -135,7 +135,11 @@ def layout(fim: FimTokens, tokenize: Callable[[str], list[int]], req: Infill, n_
     prefix, suffix, prompt = tokenize(req.prefix), tokenize(req.suffix), tokenize(req.prompt)
     n_prefix = min(len(prefix), 3 * (n_batch // 4))
     n_suffix = min(len(suffix), max(0, n_batch // 4 - (2 + len(prompt))))
-    n_extra = min(max(0, n_ctx - n_batch - 2 * max(n_predict, 0)), len(extra))
+    # llama-server's share for the extra context; and never so much that the prompt and n_predict (at
+    # least one token) would not fit the context, which llama-server's share allows without n_predict
+    fixed = (bos is not None) + 3 + n_prefix + n_suffix + len(prompt)
+    n_extra = min(max(0, n_ctx - n_batch - 2 * max(n_predict, 0)), max(0, n_ctx - fixed - max(n_predict, 1)),
+                  len(extra))
     out = extra[len(extra) - n_extra:]
     if bos is not None:
         out.append(bos)
