@@ -3,6 +3,7 @@
 llama.vscode src/llama-server.ts `createRequestPayload`), and /v1/completions with `suffix`."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -140,3 +141,14 @@ def test_a_model_without_fim_tokens_is_refused_with_the_reason(tmp_path):
                 assert err["code"] == "infill_not_supported" and "no FIM prefix token (<|fim_prefix|>" in err["message"]
     finally:
         assert srv.stop() == 0
+
+
+def test_a_streamed_infill_is_llama_servers_stream_with_the_same_text(fim_server):
+    body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "prompt": "    a", "n_predict": 16, "temperature": 0}
+    whole = post(fim_server, "/infill", body)
+    with fim_server.client() as c, c.stream("POST", "/infill", json={**body, "stream": True}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:")]
+    assert all(e["stop"] is False for e in events[:-1]) and events[-1]["stop"] is True
+    assert "".join(e["content"] for e in events) == whole["content"]
+    assert events[-1]["tokens_predicted"] == whole["tokens_predicted"] and "timings" in events[-1]
