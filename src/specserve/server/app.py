@@ -18,7 +18,7 @@ from starlette.routing import Route
 
 from ..engine import Engine
 from ..memory import fmt_bytes
-from . import llama_api, openai_api
+from . import infill, llama_api, openai_api
 from .errors import CatchAll, install_handlers
 from .guard import ApiKeyMiddleware, HostOriginGuard
 from .state import ServerSettings, ServerState
@@ -55,6 +55,7 @@ def create_app(engine: Engine, settings: ServerSettings) -> Starlette:
         Route("/v1/chat/completions", openai_api.chat_completions, methods=["POST"]),
         Route("/v1/models", openai_api.models, methods=["GET"]),
         Route("/completion", llama_api.completion, methods=["POST"]),
+        Route("/infill", infill.infill, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]

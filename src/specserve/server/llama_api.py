@@ -55,6 +55,12 @@ def final(job: Job, content: str, tokens: list[int]) -> dict:
 async def _request(request: Request) -> GenRequest:
     state = request.app.state.server
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
+    return llama_request(body, state, request)
+
+
+def llama_request(body: dict, state, request: Request, endpoint: str = "llama",
+                  prompt: str | list[int] | None = None) -> GenRequest:
+    """A /completion body (or what /infill leaves of one) -> GenRequest; `prompt` given: the body has none."""
     profile = resolve_profile(body, state.profiles, state.settings.model_name)
     check_unsupported(body)
     spec_obj = get(body, "speculative", dict)
@@ -65,9 +71,9 @@ async def _request(request: Request) -> GenRequest:
     spec, verify = spec_params(flat if spec_obj is None else spec_obj, profile, state.engine.draft is not None,
                                request.scope.get(KEY_SCOPE))
     sampling, limit = sampling_params(body, profile, state.engine.n_ctx, ("n_predict", "max_tokens"), random_seed=-1)
-    return GenRequest("llama", profile.name, sampling, spec, verify, stream=get(body, "stream", bool, False),
-                      prompt=completion_prompt(body), cache_prompt=get(body, "cache_prompt", bool, True),
-                      limit=limit)
+    return GenRequest(endpoint, profile.name, sampling, spec, verify, stream=get(body, "stream", bool, False),
+                      prompt=completion_prompt(body) if prompt is None else prompt,
+                      cache_prompt=get(body, "cache_prompt", bool, True), limit=limit)
 
 
 async def completion(request: Request) -> Response:

@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from .errors import ApiError, bad_request, error_body
+from .infill_rules import openai_fim_prompt
 from .jobs import CLIENT_GONE, Job, start
 from .params import COMPLETIONS_MAX_TOKENS, KEY_SCOPE, GenRequest, check_messages, check_unsupported, \
     completion_prompt, get, read_json, resolve_profile, sampling_params, spec_params
@@ -77,8 +78,9 @@ async def _request(request: Request, endpoint: str) -> GenRequest:
     state = request.app.state.server
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
     profile = resolve_profile(body, state.profiles, state.settings.model_name)
-    check_unsupported(body)
     chat = endpoint == "chat"
+    suffix = None if chat else body.pop("suffix", None)  # fill in the middle (infill.py)
+    check_unsupported(body)
     sampling, limit = sampling_params(body, profile, state.engine.n_ctx,
                                       ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",),
                                       default_max=None if chat else COMPLETIONS_MAX_TOKENS)
@@ -90,8 +92,11 @@ async def _request(request: Request, endpoint: str) -> GenRequest:
         raise bad_request("messages must be a non-empty array", "messages")
     if chat:
         check_messages(messages)
+    prompt = None if chat else completion_prompt(body)
+    if suffix is not None and suffix != "":
+        prompt = await openai_fim_prompt(state, prompt, suffix, sampling.max_tokens)
     req = GenRequest(endpoint, profile.name, sampling, spec, verify, stream=get(body, "stream", bool, False),
-                     prompt=None if chat else completion_prompt(body), messages=messages,
+                     prompt=prompt, messages=messages,
                      include_usage=get(options, "include_usage", bool, False, "stream_options.include_usage"),
                      cache_prompt=get(body, "cache_prompt", bool, True), limit=limit)
     return req
