@@ -41,9 +41,9 @@ def speculative_usage(job: Job) -> dict:
 
 def _traced_usage(job: Job) -> dict:
     """With the trace on, the speed to compare with: the target alone's, where the server has measured it."""
-    if job.tracer is None:
+    if not job.req.spec.trace:
         return {}
-    return {"target_alone_tokens_per_s": target_alone_tokens_per_s(job.state.engine.controller)}
+    return {"target_alone_tokens_per_s": target_alone_tokens_per_s(job.state.engine.controller, job.stats)}
 
 
 def traced(choice: dict, job: Job, whole: bool = False) -> dict:

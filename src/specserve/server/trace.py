@@ -17,6 +17,7 @@ from typing import Callable
 
 from ..auto import Controller
 from ..engine import Chunk
+from ..stats import GenerationStats
 
 TARGET = "target"  # the source of a token the target wrote itself
 
@@ -68,15 +69,19 @@ class Tracer:
         return out
 
 
-def target_alone_tokens_per_s(controller: Controller | None) -> float | None:
-    """What the target alone would generate per second here, if the server has measured it: the
-    reciprocal of auto's estimate of a 1-token target pass and its verification (auto.cost.VerifyCost),
-    which it measures on the steps it does not draft. None when no such pass has been measured: the
-    estimate for other lengths does not tell it. It leaves out the few per-token costs outside the pass
-    (sampling setup, the server's own), so the target alone would be a little slower than this."""
+def target_alone_tokens_per_s(controller: Controller | None, stats: GenerationStats) -> float | None:
+    """What the target alone would have generated per second for this request, if the server has
+    measured it: each of its tokens a 1-token target pass and its verification, as auto measures
+    them on the steps it does not draft (auto.cost.VerifyCost), plus what this request's steps cost
+    beside their passes (the engine's and the server's own work, which the target alone has too).
+    None until a 1-token pass has been measured: the estimate for other lengths does not tell it."""
     if controller is None:
         return None
     with controller.lock:
         passes = controller.verify.state()["passes"]  # [[n, EMA seconds, observations, tick], ...]
     seconds = next((p[1] for p in passes if p[0] == 1), None)
-    return round(1 / seconds, 2) if seconds else None
+    if not seconds:
+        return None
+    if stats.n_passes and stats.t_total:
+        seconds += max(stats.t_decode - stats.t_draft - stats.t_verify, 0.0) / stats.n_passes
+    return round(1 / seconds, 2)
