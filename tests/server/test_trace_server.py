@@ -118,3 +118,11 @@ def test_streamed_llama_and_completions_chunks_carry_their_runs(server):
 def test_trace_must_be_a_boolean(server):
     r = httpx.post(server.url + "/v1/chat/completions", json={"messages": MSG, "speculative": {"trace": "yes"}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "speculative.trace"
+
+
+def test_the_overhead_tool_pairs_trace_on_and_off(server, capsys):
+    from specserve.tools.trace_overhead import main
+
+    assert main(["--url", server.url, "--rounds", "1", "--prompts", "2", "--max-tokens", "8"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["pairs"] == 2 and all(r > 0 for r in out["median_on_over_off"].values())
