@@ -16,7 +16,7 @@ const SOURCES = [  // the drafters the engine names; any other name the server s
 const KNOWN = new Set(SOURCES.map(s => s[0]));
 
 const $ = id => document.getElementById(id);
-const state = { messages: [], busy: false, abort: null, models: [], keyWaiters: null, seen: new Set(KNOWN) };
+const state = { messages: [], chat: 0, busy: false, abort: null, models: [], keyWaiters: null, seen: new Set(KNOWN) };
 
 // --- the API key: asked once, kept in this tab; a 401 asks again ----------------------------------
 
@@ -238,6 +238,7 @@ function requestBody() {
 }
 
 async function send(text) {
+  const chat = state.chat;  // New chat during the answer starts another conversation: this one's end is dropped
   state.messages.push({ role: "user", content: text });
   addMessage("user", text);
   const view = addMessage("assistant", "");
@@ -276,6 +277,7 @@ async function send(text) {
     state.abort = null;
     setBusy(false);
   }
+  if (chat !== state.chat) return;
   if (content) state.messages.push({ role: "assistant", content });
   else if (!stopped) state.messages.pop();  // an error before any text: the turn did not happen
   showFinal(view, usage, stopped);
@@ -308,6 +310,7 @@ async function readEvents(response, onEvent) {
 
 function newChat() {
   if (state.abort) state.abort.abort();
+  state.chat += 1;
   state.messages = [];
   $("transcript").replaceChildren($("empty"));
   $("empty").hidden = false;
