@@ -127,3 +127,10 @@ def test_the_overhead_tool_pairs_trace_on_and_off(server, capsys):
     assert main(["--url", server.url, "--rounds", "1", "--prompts", "2", "--max-tokens", "8"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["pairs"] == 2 and all(r > 0 for r in out["median_on_over_off"].values())
+
+
+def test_infill_refuses_the_trace(server):
+    # /infill's line rules cut the text after generation: a trace would not match it
+    r = httpx.post(server.url + "/infill", json={"input_prefix": "def f(", "input_suffix": ")\n",
+                                                  "speculative": {"trace": True}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "speculative.trace"
