@@ -36,12 +36,20 @@ class Browser:
     that arrive meanwhile are kept in `events`."""
 
     def __init__(self):
-        from websockets.sync.client import connect
-
         self._dir = tempfile.TemporaryDirectory(prefix="specserve-chromium-")
         self._log = open(Path(self._dir.name) / "chromium.log", "wb")
         self.proc = subprocess.Popen([CHROMIUM, *FLAGS, f"--user-data-dir={self._dir.name}", "about:blank"],
                                      stdout=self._log, stderr=subprocess.STDOUT)
+        self.ws, self._ids, self.events = None, itertools.count(1), []
+        try:
+            self._connect()
+        except BaseException:
+            self.close()
+            raise
+
+    def _connect(self) -> None:
+        from websockets.sync.client import connect
+
         port = self._port()
         deadline = time.monotonic() + START_TIMEOUT
         while True:
@@ -51,8 +59,6 @@ class Browser:
                 break
             time.sleep(0.1)
         self.ws = connect(pages[0]["webSocketDebuggerUrl"], max_size=None, open_timeout=START_TIMEOUT).__enter__()
-        self._ids = itertools.count(1)
-        self.events: list[dict] = []
         for domain in ("Page", "Runtime", "Log"):
             self.call(domain + ".enable")
 
@@ -124,7 +130,8 @@ class Browser:
 
     def close(self) -> None:
         try:
-            self.ws.close()
+            if self.ws is not None:
+                self.ws.close()
         finally:
             self.proc.terminate()
             try:
