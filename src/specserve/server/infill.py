@@ -101,6 +101,8 @@ async def _parse(request: Request) -> tuple:
     elif n_predict is not None:
         rest["n_predict"] = n_predict
     req = llama_request(rest, state, request, endpoint="infill", prompt=[0])
+    if req.spec.trace:  # the line rules cut the text after the fact: runs would not match it
+        raise bad_request("speculative.trace is not available on /infill", "speculative.trace", "unsupported_parameter")
     n_cmpl = get(body, "n_cmpl", int, 1)
     if n_cmpl < 1 or n_cmpl > 1 and not req.sampling.greedy:
         raise bad_request(f"n_cmpl={n_cmpl}: this server answers one completion a request (n_cmpl > 1 only for a "

@@ -27,6 +27,7 @@ from .errors import ApiError, bad_request
 from .metrics import log_request
 from .params import GenRequest, check_context
 from .scheduler import QueueFull, SlotPool
+from .trace import Tracer
 
 log = logging.getLogger("specserve.server")
 CLIENT_GONE = 499  # nginx's "client closed request": nobody reads it, the log and metrics do
@@ -68,6 +69,8 @@ class Job:
         self._done = False
         self._finished = False
         self._closing = None  # the engine-thread future of finish()
+        # who produced each token, when the request asks (speculative.trace): fed every chunk by chunks()
+        self.tracer = Tracer(state.engine.target.token_bytes, keep=not req.stream) if req.spec.trace else None
 
     @property
     def finish_reason(self) -> str:
@@ -89,6 +92,8 @@ class Job:
 
     async def chunks(self) -> AsyncIterator[Chunk]:
         while (chunk := await self.step()) is not None:
+            if self.tracer is not None:
+                self.tracer.feed(chunk)
             yield chunk
 
     async def collect(self, request: Request) -> tuple[str, list[int]] | None:

@@ -5,8 +5,9 @@ seed (-1: random, as in llama-server), stream, stop, ignore_eos, cache_prompt, s
 they mean what this server does: see params._samplers), and speculation as llama-server spells it (`speculative.n_max`,
 `speculative.n_min`, `speculative.p_min`) or as our `speculative` object. The answer
 carries `content`, `tokens_predicted`, `tokens_evaluated`, `stop` and `timings`
-(with `draft_n` and `draft_n_accepted`). Streams send one `data:` object per chunk,
-the last with `"stop": true`, and no `[DONE]`, as llama-server does.
+(with `draft_n` and `draft_n_accepted`); `speculative_trace` too where `speculative.trace` asks.
+Streams send one `data:` object per chunk, the last with `"stop": true`, and no `[DONE]`, as
+llama-server does.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 
 from .errors import bad_request
 from .jobs import CLIENT_GONE, Job, start
-from .openai_api import speculative_usage, sse_response
+from .openai_api import speculative_usage, sse_response, traced
 from .params import KEY_SCOPE, GenRequest, check_unsupported, completion_prompt, get, read_json, \
     resolve_profile, sampling_params, spec_params
 
@@ -84,10 +85,10 @@ async def completion(request: Request) -> Response:
             tokens = []
             async for chunk in job.chunks():
                 tokens.extend(chunk.tokens)
-                yield {"content": chunk.text, "tokens": chunk.tokens, "stop": False}
+                yield traced({"content": chunk.text, "tokens": chunk.tokens, "stop": False}, job)
             yield final(job, "", tokens)
         return sse_response(request, job, events)
     out = await job.run_to_end(request)
     if out is None:
         return Response(status_code=CLIENT_GONE)
-    return JSONResponse(final(job, *out))
+    return JSONResponse(traced(final(job, *out), job, whole=True))

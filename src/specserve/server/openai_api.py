@@ -2,7 +2,8 @@
 
 Responses follow OpenAI's shapes; speculation shows up as extensions: a request's
 `speculative` object picks the mode and lengths, and `usage.speculative` reports
-what speculation did for it.
+what speculation did for it; with `speculative.trace`, each choice's `speculative_trace`
+says who produced each token of its text (trace.py, docs/webui.md).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from .infill_rules import openai_fim_prompt
 from .jobs import CLIENT_GONE, Job, start
 from .params import COMPLETIONS_MAX_TOKENS, KEY_SCOPE, GenRequest, check_messages, check_unsupported, \
     completion_prompt, get, read_json, resolve_profile, sampling_params, spec_params
+from .trace import target_alone_tokens_per_s
 
 log = logging.getLogger("specserve.server")
 
@@ -33,7 +35,22 @@ def speculative_usage(job: Job) -> dict:
             "accepted": s.n_accepted, "acceptance": round(s.acceptance, 4),
             "mean_accepted_len": round(s.mean_accepted_len, 4), "tokens_per_s": round(s.tokens_per_s, 2),
             "drafted_by_position": list(s.drafted_by_position), "accepted_by_position": list(s.accepted_by_position),
-            "prompt_s": round(s.t_prompt, 4), "decode_s": round(s.t_decode, 4) if s.t_total else 0.0}
+            "prompt_s": round(s.t_prompt, 4), "decode_s": round(s.t_decode, 4) if s.t_total else 0.0,
+            **_traced_usage(job)}
+
+
+def _traced_usage(job: Job) -> dict:
+    """With the trace on, the speed to compare with: the target alone's, where the server has measured it."""
+    if not job.req.spec.trace:
+        return {}
+    return {"target_alone_tokens_per_s": target_alone_tokens_per_s(job.state.engine.controller, job.stats)}
+
+
+def traced(choice: dict, job: Job, whole: bool = False) -> dict:
+    """The choice with its `speculative_trace` (of the last chunk, or the whole text), if the request asked."""
+    if job.tracer is None:
+        return choice
+    return {**choice, "speculative_trace": job.tracer.entries if whole else job.tracer.last}
 
 
 def usage(job: Job) -> dict:
@@ -133,14 +150,14 @@ async def completions(request: Request) -> Response:
         async def events(job: Job):
             async for chunk in job.chunks():
                 if chunk.text:
-                    yield {**head, "choices": [{"text": chunk.text, "index": 0, "logprobs": None,
-                                                "finish_reason": None}]}
+                    yield {**head, "choices": [traced({"text": chunk.text, "index": 0, "logprobs": None,
+                                                       "finish_reason": None}, job)]}
             last = {**head, "choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": job.finish_reason}]}
             async for event in _stream_end(head, last, job, req):
                 yield event
         return sse_response(request, job, events)
-    return await _respond(request, job, lambda text: {**head, "choices": [{
-        "text": text, "index": 0, "logprobs": None, "finish_reason": job.finish_reason}]})
+    return await _respond(request, job, lambda text: {**head, "choices": [traced({
+        "text": text, "index": 0, "logprobs": None, "finish_reason": job.finish_reason}, job, whole=True)]})
 
 
 async def chat_completions(request: Request) -> Response:
@@ -149,20 +166,21 @@ async def chat_completions(request: Request) -> Response:
     if req.stream:
         head = _head("chat.completion.chunk", req)
 
-        def choice(delta: dict, finish: str | None = None) -> dict:
-            return {**head, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        def choice(delta: dict, finish: str | None = None, trace: bool = False) -> dict:
+            c = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return {**head, "choices": [traced(c, job) if trace else c]}
 
         async def events(job: Job):
             yield choice({"role": "assistant", "content": ""})
             async for chunk in job.chunks():
                 if chunk.text:
-                    yield choice({"content": chunk.text})
+                    yield choice({"content": chunk.text}, trace=True)
             async for event in _stream_end(head, choice({}, job.finish_reason), job, req):
                 yield event
         return sse_response(request, job, events)
-    return await _respond(request, job, lambda text: {**_head("chat.completion", req), "choices": [{
+    return await _respond(request, job, lambda text: {**_head("chat.completion", req), "choices": [traced({
         "index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-        "finish_reason": job.finish_reason}]})
+        "finish_reason": job.finish_reason}, job, whole=True)]})
 
 
 async def models(request: Request) -> Response:
