@@ -117,12 +117,13 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
-def _model_name(given: str | None, target_path: str) -> str:
-    """What clients call the served model without --alias: the packaged name, else the file's stem."""
-    from ..models import DEFAULT_TARGET
+def _model_name(given: str | None, target_path: str, pair: str = "qwen") -> str:
+    """What clients call the served model without --alias: the packaged name (the --pair's target
+    where -m is not given), else the file's stem."""
+    from ..models import PAIRS
 
     if given is None:
-        return DEFAULT_TARGET
+        return PAIRS[pair][0]
     if not given.endswith(".gguf") and "/" not in given:
         return given  # a packaged model name, e.g. smollm2-f16
     return Path(target_path).stem
@@ -189,7 +190,7 @@ def settings_from(args, target_path: str):
         raise CliError(f"--port must be in [0, 65535], got {args.port}", 2)
     if not args.cross_request_mib > 0:
         raise CliError(f"--cross-request-mib must be > 0, got {args.cross_request_mib}", 2)
-    name = args.alias or _model_name(args.model, target_path)
+    name = args.alias or _model_name(args.model, target_path, getattr(args, "pair", "qwen"))
     spec = {k: v for k, v in dataclasses.asdict(spec_params(args)).items() if k != "trace"}  # per request only
     keys, key_scopes = api_keys(args)
     try:
