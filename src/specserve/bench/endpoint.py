@@ -140,6 +140,18 @@ def stream_infill(client: httpx.Client, url: str, body: dict) -> dict:
     """One streamed /infill request (llama-server's native stream: `data:` objects, the last with
     "stop": true). Returns the text, the time to the first chunk with text and to the last event,
     and what the server reported: tokens predicted, evaluated and cached, drafts."""
+    try:
+        return _stream_infill(client, url, body)
+    except httpx.RemoteProtocolError:
+        # a kept-alive connection the server closed while other configurations ran (llama-server
+        # drops idle ones after 5 s): nothing was sent back, so the request was not served; once more
+        try:
+            return _stream_infill(client, url, body)
+        except httpx.RemoteProtocolError as e:
+            raise EndpointError(f"{url}: {e}") from None
+
+
+def _stream_infill(client: httpx.Client, url: str, body: dict) -> dict:
     t0 = time.perf_counter()
     t_first, parts, last = 0.0, [], {}
     try:
@@ -158,6 +170,10 @@ def stream_infill(client: httpx.Client, url: str, body: dict) -> dict:
                     t_first = t_first or time.perf_counter() - t0
                 if event.get("stop"):
                     last = event
+    except httpx.RemoteProtocolError:
+        if parts or last:
+            raise EndpointError(f"{url}: the server closed the stream part-way") from None
+        raise
     except (httpx.HTTPError, json.JSONDecodeError) as e:
         raise EndpointError(f"{url}: {e}") from None
     timings = last.get("timings") or {}
