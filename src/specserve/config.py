@@ -67,6 +67,7 @@ class SpecParams:
     suffix_max caps the suffix drafter; a draft_max the user sets caps it too (see
     `draft_max_caps_suffix`). cross_request: read and feed the engine's store of earlier
     requests; only requests of the same cross_request_scope see each other's text.
+    trace: a server response says, per token, which drafter proposed it or that the target wrote it.
     """
 
     mode: str = "auto"
@@ -78,6 +79,7 @@ class SpecParams:
     suffix_max: int = SUFFIX_MAX_DEFAULT
     cross_request: bool = True
     cross_request_scope: str = ""
+    trace: bool = False  # the server reports who produced each token (docs/webui.md); generation is the same
 
     def __post_init__(self) -> None:
         if self.mode not in SPEC_MODES:

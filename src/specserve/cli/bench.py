@@ -58,11 +58,13 @@ def add_parser(sub) -> None:
     g.add_argument("--ngram-max", type=_comma_list(int), default=None, metavar="LIST",
                    help="prompt lookup's draft lengths, where they should differ from --draft-max")
     g.add_argument("--workload", nargs="+", action="extend", metavar="NAME|FILE.jsonl",
-                   help=f"built-in ({', '.join(BUILTIN_WORKLOADS)}) or a JSONL file of "
+                   help=f"built-in ({', '.join(BUILTIN_WORKLOADS)}, fim-replay: editor completion through /infill, "
+                        "docs/infill.md) or a JSONL file of "
                         "{prompt|messages, temperature, max_tokens, category}; NAME:twice sends each prompt, then "
                         "the same request again (default: code-edit spec-bench)")
     g.add_argument("--prompts-per-workload", type=int, default=10, metavar="P",
-                   help="prompts per workload (default 10; multi-turn: requests, 4 a conversation)")
+                   help="prompts per workload (default 10; multi-turn: requests, 4 a conversation; fim-replay: cut "
+                        "points, 3 requests each)")
     g.add_argument("--temp", type=float, nargs="+", default=None, metavar="T",
                    help="temperature(s); each runs everything (default: the workload's own, else 0)")
     g.add_argument("-n", "--n-predict", type=int, default=None, metavar="N",
@@ -168,13 +170,16 @@ def run(args) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per endpoint request otherwise
     try:
         workloads = args.workload or _DEFAULT_WORKLOADS
-        prompts = [p for w in workloads for p in load_workload(w, args.prompts_per_workload)]
+        prompts = [p for w in workloads if w != "fim-replay" for p in load_workload(w, args.prompts_per_workload)]
     except ValueError as e:
         raise CliError(str(e), 2) from None
     target_path, draft_paths = _model_paths(args)
     if args.spec is not None and "draft" in args.spec and not draft_paths:
         raise CliError("--spec draft needs a draft model (-md)", 2)
     specs = args.spec or list(_DEFAULT_SPECS)
+    if "fim-replay" in workloads:  # editor completion through /infill: a run of its own (bench_fim.py)
+        from . import bench_fim
+        return bench_fim.run(args, target_path, draft_paths, specs)
     try:
         configs = plan_configs(specs, list(draft_paths), args.draft_max, args.endpoint, args.ngram_max,
                                tuple(args.via), args.endpoint_baseline)

@@ -29,7 +29,7 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve OpenAI-compatible completions with speculative decoding",
                        description="Serve /v1/completions, /v1/chat/completions, /v1/models, /completion "
-                                   "(llama-server), /health and /metrics. Without -m, the packaged default "
+                                   "(llama-server), /health, /metrics and a chat page at /. Without -m, the packaged default "
                                    "pair is served.")
     add_model_args(p)
     add_spec_args(p)
@@ -69,6 +69,8 @@ def add_parser(sub) -> None:
                    help="requests waiting for a slot before new ones get 503 (default 16)")
     g.add_argument("--max-body-mib", type=float, default=4.0, metavar="MIB",
                    help="largest request body; bigger ones get 413 (default 4)")
+    g.add_argument("--no-webui", action="store_true",
+                   help="no chat page at / (it answers 404), as llama-server's flag (docs/webui.md)")
     g = p.add_argument_group("connections and browsers")
     g.add_argument("--read-timeout", type=float, default=30.0, metavar="S",
                    help="seconds a client has to send a request's headers (else the connection is closed), "
@@ -115,12 +117,13 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
-def _model_name(given: str | None, target_path: str) -> str:
-    """What clients call the served model without --alias: the packaged name, else the file's stem."""
-    from ..models import DEFAULT_TARGET
+def _model_name(given: str | None, target_path: str, pair: str = "qwen") -> str:
+    """What clients call the served model without --alias: the packaged name (the --pair's target
+    where -m is not given), else the file's stem."""
+    from ..models import PAIRS
 
     if given is None:
-        return DEFAULT_TARGET
+        return PAIRS[pair][0]
     if not given.endswith(".gguf") and "/" not in given:
         return given  # a packaged model name, e.g. smollm2-f16
     return Path(target_path).stem
@@ -187,8 +190,8 @@ def settings_from(args, target_path: str):
         raise CliError(f"--port must be in [0, 65535], got {args.port}", 2)
     if not args.cross_request_mib > 0:
         raise CliError(f"--cross-request-mib must be > 0, got {args.cross_request_mib}", 2)
-    name = args.alias or _model_name(args.model, target_path)
-    spec = dataclasses.asdict(spec_params(args))
+    name = args.alias or _model_name(args.model, target_path, getattr(args, "pair", "qwen"))
+    spec = {k: v for k, v in dataclasses.asdict(spec_params(args)).items() if k != "trace"}  # per request only
     keys, key_scopes = api_keys(args)
     try:
         profiles = build_profiles(Profile(name, spec=spec, verify=args.verify), args.profile)
@@ -200,7 +203,7 @@ def settings_from(args, target_path: str):
                               read_timeout=args.read_timeout, drain_timeout=args.drain_timeout,
                               max_connections=args.max_connections,
                               max_connections_per_client=args.max_connections_per_client,
-                              request_line_timeout=args.request_line_timeout)
+                              request_line_timeout=args.request_line_timeout, webui=not args.no_webui)
     except ValueError as e:
         raise CliError(str(e), 2) from None
 

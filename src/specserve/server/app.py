@@ -18,9 +18,9 @@ from starlette.routing import Route
 
 from ..engine import Engine
 from ..memory import fmt_bytes
-from . import llama_api, openai_api
+from . import infill, llama_api, openai_api, webui
 from .errors import CatchAll, install_handlers
-from .guard import ApiKeyMiddleware, HostOriginGuard
+from .guard import OPEN_PATHS, ApiKeyMiddleware, HostOriginGuard
 from .state import ServerSettings, ServerState
 
 log = logging.getLogger("specserve.server")
@@ -55,8 +55,10 @@ def create_app(engine: Engine, settings: ServerSettings) -> Starlette:
         Route("/v1/chat/completions", openai_api.chat_completions, methods=["POST"]),
         Route("/v1/models", openai_api.models, methods=["GET"]),
         Route("/completion", llama_api.completion, methods=["POST"]),
+        Route("/infill", infill.infill, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        *(webui.routes() if settings.webui else []),
     ]
     middleware = access_middleware(settings, state.metrics.error)
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
@@ -77,5 +79,6 @@ def access_middleware(settings: ServerSettings, on_error) -> list[Middleware]:
                                      allow_headers=["Authorization", "Content-Type", "X-Api-Key"], max_age=600))
     if settings.api_keys:
         middleware.append(Middleware(ApiKeyMiddleware, keys=settings.api_keys, on_error=on_error,
-                                     scopes=settings.key_scopes))
+                                     scopes=settings.key_scopes,
+                                     open_paths=OPEN_PATHS | webui.PATHS if settings.webui else OPEN_PATHS))
     return middleware

@@ -11,7 +11,8 @@ read the answers as same-origin. So, before anything runs:
   (same-origin requests, and clients that send no Origin, pass). POST bodies must be
   `application/json` (checked where the body is read): a browser cannot send that
   cross-origin without a CORS preflight, which is off by default.
-- With keys set, every path except /health needs `Authorization: Bearer KEY` or
+- With keys set, every path except /health (and the chat page's own files, which hold no
+  data: the page asks for the key) needs `Authorization: Bearer KEY` or
   `X-Api-Key: KEY` (as llama-server accepts). A key given a scope (`KEY scope=NAME` in
   --api-key-file) confines its requests to that cross-request scope, whatever they send.
 """
@@ -92,8 +93,10 @@ class ApiKeyMiddleware:
     A key listed in `scopes` confines its requests to that cross-request scope: the ASGI scope's
     KEY_SCOPE entry says which, and the endpoints apply it whatever the request sends."""
 
-    def __init__(self, app, keys: tuple[str, ...], on_error, scopes: dict[str, str] | None = None):
+    def __init__(self, app, keys: tuple[str, ...], on_error, scopes: dict[str, str] | None = None,
+                 open_paths: frozenset[str] = OPEN_PATHS):
         self.app = app
+        self.open_paths = open_paths
         self.keys = [k.encode() for k in keys]
         self.scopes = [(scopes or {}).get(k) for k in keys]
         self.on_error = on_error
@@ -107,7 +110,7 @@ class ApiKeyMiddleware:
         return found
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS and scope["method"] != "OPTIONS":
+        if scope["type"] == "http" and scope["path"] not in self.open_paths and scope["method"] != "OPTIONS":
             headers = dict(scope["headers"])
             bearer = headers.get(b"authorization", b"")
             given = bearer[7:] if bearer[:7].lower() == b"bearer " else headers.get(b"x-api-key", b"")

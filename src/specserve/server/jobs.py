@@ -27,6 +27,7 @@ from .errors import ApiError, bad_request
 from .metrics import log_request
 from .params import GenRequest, check_context
 from .scheduler import QueueFull, SlotPool
+from .trace import Tracer
 
 log = logging.getLogger("specserve.server")
 CLIENT_GONE = 499  # nginx's "client closed request": nobody reads it, the log and metrics do
@@ -52,17 +53,24 @@ def prompt_ids(model, req: GenRequest) -> list[int]:
 class Job:
     """A running generation holding a slot. Drive it with `chunks()`; end it with `finish()`."""
 
-    def __init__(self, state, req: GenRequest, slot, tokens: list[int], t_arrival: float, queue_s: float):
+    def __init__(self, state, req: GenRequest, slot, tokens: list[int], t_arrival: float, queue_s: float,
+                 make_steps=None):
+        """make_steps(slot, tokens, stats) -> steps: what runs instead of a generation (a cache warm-up)."""
         self.state, self.req, self.slot = state, req, slot
         self.stats = GenerationStats()
         self.queue_s = queue_s
         self.t_arrival = t_arrival
-        self._gen = slot.generate_steps(tokens, req.sampling, req.spec, req.verify, stats=self.stats)
+        if make_steps is not None:
+            self._gen = make_steps(slot, tokens, self.stats)
+        else:
+            self._gen = slot.generate_steps(tokens, req.sampling, req.spec, req.verify, stats=self.stats)
         self._run = None  # its handle on the batch scheduler, from the first step
         self._pending: list[Chunk] = []
         self._done = False
         self._finished = False
         self._closing = None  # the engine-thread future of finish()
+        # who produced each token, when the request asks (speculative.trace): fed every chunk by chunks()
+        self.tracer = Tracer(state.engine.target.token_bytes, keep=not req.stream) if req.spec.trace else None
 
     @property
     def finish_reason(self) -> str:
@@ -84,6 +92,8 @@ class Job:
 
     async def chunks(self) -> AsyncIterator[Chunk]:
         while (chunk := await self.step()) is not None:
+            if self.tracer is not None:
+                self.tracer.feed(chunk)
             yield chunk
 
     async def collect(self, request: Request) -> tuple[str, list[int]] | None:
@@ -201,9 +211,10 @@ def _forget_cache(slot) -> None:
         slot.draft_ctx.truncate(0)
 
 
-async def start(state, req: GenRequest, request: Request | None = None) -> Job:
+async def start(state, req: GenRequest, request: Request | None = None, make_steps=None) -> Job:
     """Validate the prompt, wait for a slot, run the prompt and first step. Raises ApiError.
-    With `request`, a client that disconnects while queued is dropped (ApiError(CLIENT_GONE))."""
+    With `request`, a client that disconnects while queued is dropped (ApiError(CLIENT_GONE)).
+    make_steps: run that in the slot instead of a generation (Job)."""
     t_arrival = time.perf_counter()
     scheduler, engine = state.scheduler, state.engine
     if scheduler.draining:
@@ -228,7 +239,7 @@ async def start(state, req: GenRequest, request: Request | None = None) -> Job:
     except BaseException:
         scheduler.leave()
         raise
-    job = Job(state, req, slot, tokens, t_arrival, time.perf_counter() - t_queued)
+    job = Job(state, req, slot, tokens, t_arrival, time.perf_counter() - t_queued, make_steps)
     try:
         if not req.cache_prompt:
             await scheduler.worker.run(_forget_cache, slot)

@@ -6,8 +6,9 @@ json_schema, response_format (server/structured.py), samplers (where
 they mean what this server does: see params._samplers), and speculation as llama-server spells it (`speculative.n_max`,
 `speculative.n_min`, `speculative.p_min`) or as our `speculative` object. The answer
 carries `content`, `tokens_predicted`, `tokens_evaluated`, `stop` and `timings`
-(with `draft_n` and `draft_n_accepted`). Streams send one `data:` object per chunk,
-the last with `"stop": true`, and no `[DONE]`, as llama-server does.
+(with `draft_n` and `draft_n_accepted`); `speculative_trace` too where `speculative.trace` asks.
+Streams send one `data:` object per chunk, the last with `"stop": true`, and no `[DONE]`, as
+llama-server does.
 """
 from __future__ import annotations
 
@@ -18,10 +19,10 @@ from starlette.responses import JSONResponse, Response
 
 from .errors import bad_request
 from .jobs import CLIENT_GONE, Job, start
-from .openai_api import speculative_usage, sse_response
+from .openai_api import speculative_usage, sse_response, traced
 from .params import KEY_SCOPE, GenRequest, check_unsupported, completion_prompt, get, read_json, \
     resolve_profile, sampling_params, spec_params
-from .structured import finish_detail
+from .structured import finish_detail, refuse_constraints
 from .tools import request_constraint
 
 _LLAMA_SPEC_KEYS = {"speculative.n_max": "draft_max", "speculative.n_min": "draft_min",
@@ -61,8 +62,20 @@ def final(job: Job, content: str, tokens: list[int]) -> dict:
 async def _request(request: Request) -> GenRequest:
     state = request.app.state.server
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
+    req = llama_request(body, state, request)
+    grammar, _ = await request_constraint(body, state.engine, chat=False)  # grammar, json_schema, response_format
+    if grammar is not None:
+        req = dataclasses.replace(req, sampling=dataclasses.replace(req.sampling, grammar=grammar))
+    return req
+
+
+def llama_request(body: dict, state, request: Request, endpoint: str = "llama",
+                  prompt: str | list[int] | None = None) -> GenRequest:
+    """A /completion body (or what /infill leaves of one) -> GenRequest; `prompt` given: the body has none."""
     profile = resolve_profile(body, state.profiles, state.settings.model_name)
     check_unsupported(body)
+    if endpoint != "llama":
+        refuse_constraints(body, endpoint)
     spec_obj = get(body, "speculative", dict)
     flat = {field: body[key] for key, field in _LLAMA_SPEC_KEYS.items() if body.get(key) is not None}
     if flat and spec_obj is not None:
@@ -71,12 +84,9 @@ async def _request(request: Request) -> GenRequest:
     spec, verify = spec_params(flat if spec_obj is None else spec_obj, profile, state.engine.draft is not None,
                                request.scope.get(KEY_SCOPE))
     sampling, limit = sampling_params(body, profile, state.engine.n_ctx, ("n_predict", "max_tokens"), random_seed=-1)
-    grammar, _ = await request_constraint(body, state.engine, chat=False)  # grammar, json_schema, response_format
-    if grammar is not None:
-        sampling = dataclasses.replace(sampling, grammar=grammar)
-    return GenRequest("llama", profile.name, sampling, spec, verify, stream=get(body, "stream", bool, False),
-                      prompt=completion_prompt(body), cache_prompt=get(body, "cache_prompt", bool, True),
-                      limit=limit)
+    return GenRequest(endpoint, profile.name, sampling, spec, verify, stream=get(body, "stream", bool, False),
+                      prompt=completion_prompt(body) if prompt is None else prompt,
+                      cache_prompt=get(body, "cache_prompt", bool, True), limit=limit)
 
 
 async def completion(request: Request) -> Response:
@@ -87,10 +97,10 @@ async def completion(request: Request) -> Response:
             tokens = []
             async for chunk in job.chunks():
                 tokens.extend(chunk.tokens)
-                yield {"content": chunk.text, "tokens": chunk.tokens, "stop": False}
+                yield traced({"content": chunk.text, "tokens": chunk.tokens, "stop": False}, job)
             yield final(job, "", tokens)
         return sse_response(request, job, events)
     out = await job.run_to_end(request)
     if out is None:
         return Response(status_code=CLIENT_GONE)
-    return JSONResponse(final(job, *out))
+    return JSONResponse(traced(final(job, *out), job, whole=True))

@@ -2,7 +2,8 @@
 
 Responses follow OpenAI's shapes; speculation shows up as extensions: a request's
 `speculative` object picks the mode and lengths, and `usage.speculative` reports
-what speculation did for it.
+what speculation did for it; with `speculative.trace`, each choice's `speculative_trace`
+says who produced each token of its text (trace.py, docs/webui.md).
 """
 from __future__ import annotations
 
@@ -19,12 +20,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from .errors import ApiError, bad_request, error_body
+from .infill_rules import openai_fim_prompt
 from .jobs import CLIENT_GONE, Job, start
 from .params import COMPLETIONS_MAX_TOKENS, KEY_SCOPE, GenRequest, check_messages, check_unsupported, \
     completion_prompt, get, read_json, resolve_profile, sampling_params, spec_params
 from .structured import finish_detail
 from .toolcalls import CallReader, answer, finish, stream
 from .tools import request_constraint
+from .trace import target_alone_tokens_per_s
 
 log = logging.getLogger("specserve.server")
 
@@ -36,7 +39,22 @@ def speculative_usage(job: Job) -> dict:
             "accepted": s.n_accepted, "acceptance": round(s.acceptance, 4),
             "mean_accepted_len": round(s.mean_accepted_len, 4), "tokens_per_s": round(s.tokens_per_s, 2),
             "drafted_by_position": list(s.drafted_by_position), "accepted_by_position": list(s.accepted_by_position),
-            "prompt_s": round(s.t_prompt, 4), "decode_s": round(s.t_decode, 4) if s.t_total else 0.0}
+            "prompt_s": round(s.t_prompt, 4), "decode_s": round(s.t_decode, 4) if s.t_total else 0.0,
+            **_traced_usage(job)}
+
+
+def _traced_usage(job: Job) -> dict:
+    """With the trace on, the speed to compare with: the target alone's, where the server has measured it."""
+    if not job.req.spec.trace:
+        return {}
+    return {"target_alone_tokens_per_s": target_alone_tokens_per_s(job.state.engine.controller, job.stats)}
+
+
+def traced(choice: dict, job: Job, whole: bool = False) -> dict:
+    """The choice with its `speculative_trace` (of the last chunk, or the whole text), if the request asked."""
+    if job.tracer is None:
+        return choice
+    return {**choice, "speculative_trace": job.tracer.entries if whole else job.tracer.last}
 
 
 def usage(job: Job) -> dict:
@@ -81,8 +99,9 @@ async def _request(request: Request, endpoint: str) -> GenRequest:
     state = request.app.state.server
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
     profile = resolve_profile(body, state.profiles, state.settings.model_name)
-    check_unsupported(body)
     chat = endpoint == "chat"
+    suffix = None if chat else body.pop("suffix", None)  # fill in the middle (infill.py)
+    check_unsupported(body)
     sampling, limit = sampling_params(body, profile, state.engine.n_ctx,
                                       ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",),
                                       default_max=None if chat else COMPLETIONS_MAX_TOKENS)
@@ -97,8 +116,11 @@ async def _request(request: Request, endpoint: str) -> GenRequest:
     grammar, tools = await request_constraint(body, state.engine, chat)
     if grammar is not None:
         sampling = dataclasses.replace(sampling, grammar=grammar)
+    prompt = None if chat else completion_prompt(body)
+    if suffix is not None and suffix != "":
+        prompt = await openai_fim_prompt(state, prompt, suffix, sampling.max_tokens)
     req = GenRequest(endpoint, profile.name, sampling, spec, verify, stream=get(body, "stream", bool, False),
-                     prompt=None if chat else completion_prompt(body), messages=messages,
+                     prompt=prompt, messages=messages,
                      include_usage=get(options, "include_usage", bool, False, "stream_options.include_usage"),
                      cache_prompt=get(body, "cache_prompt", bool, True), limit=limit, tools=tools)
     return req
@@ -135,15 +157,16 @@ async def completions(request: Request) -> Response:
         async def events(job: Job):
             async for chunk in job.chunks():
                 if chunk.text:
-                    yield {**head, "choices": [{"text": chunk.text, "index": 0, "logprobs": None,
-                                                "finish_reason": None}]}
+                    yield {**head, "choices": [traced({"text": chunk.text, "index": 0, "logprobs": None,
+                                                       "finish_reason": None}, job)]}
             last = {**head, "choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": job.finish_reason,
                                          **finish_detail(job.stats)}]}
             async for event in _stream_end(head, last, job, req):
                 yield event
         return sse_response(request, job, events)
-    return await _respond(request, job, lambda text: {**head, "choices": [{
-        "text": text, "index": 0, "logprobs": None, "finish_reason": job.finish_reason, **finish_detail(job.stats)}]})
+    return await _respond(request, job, lambda text: {**head, "choices": [traced({
+        "text": text, "index": 0, "logprobs": None, "finish_reason": job.finish_reason, **finish_detail(job.stats)},
+        job, whole=True)]})
 
 
 async def chat_completions(request: Request) -> Response:
@@ -153,9 +176,9 @@ async def chat_completions(request: Request) -> Response:
     if req.stream:
         head = _head("chat.completion.chunk", req)
 
-        def choice(delta: dict, finish: str | None = None, detail: dict | None = None) -> dict:
-            return {**head, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish,
-                                         **(detail or {})}]}
+        def choice(delta: dict, finish: str | None = None, trace: bool = False, detail: dict | None = None) -> dict:
+            c = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, **(detail or {})}
+            return {**head, "choices": [traced(c, job) if trace else c]}
 
         async def events(job: Job):
             yield choice({"role": "assistant", "content": ""})
@@ -163,12 +186,12 @@ async def chat_completions(request: Request) -> Response:
                 reader = CallReader(req.tools.form)
                 async for delta in stream(reader, job.chunks()):
                     yield choice(delta)
-                last = choice({}, finish(reader, job.finish_reason), finish_detail(job.stats, reader.cut()))
+                last = choice({}, finish(reader, job.finish_reason), detail=finish_detail(job.stats, reader.cut()))
             else:
                 async for chunk in job.chunks():
                     if chunk.text:
-                        yield choice({"content": chunk.text})
-                last = choice({}, job.finish_reason, finish_detail(job.stats))
+                        yield choice({"content": chunk.text}, trace=True)
+                last = choice({}, job.finish_reason, detail=finish_detail(job.stats))
             async for event in _stream_end(head, last, job, req):
                 yield event
         return sse_response(request, job, events)
@@ -176,9 +199,9 @@ async def chat_completions(request: Request) -> Response:
     def body(text: str) -> dict:
         message, reason, cut = answer(req.tools.form, text, job.finish_reason) if calls else \
             ({"role": "assistant", "content": text}, job.finish_reason, None)
-        return {**_head("chat.completion", req), "choices": [{
+        return {**_head("chat.completion", req), "choices": [traced({
             "index": 0, "message": message, "logprobs": None, "finish_reason": reason,
-            **finish_detail(job.stats, cut)}]}
+            **finish_detail(job.stats, cut)}, job, whole=True)]}
     return await _respond(request, job, body)
 
 

@@ -27,7 +27,7 @@ MAX_STOP_LEN = 256  # characters per stop string
 COMPLETIONS_MAX_TOKENS = 16  # /v1/completions without max_tokens: OpenAI's default
 _SPEC_FIELDS = {"mode": str, "draft_max": int, "draft_min": int, "draft_p_min": float,
                 "ngram_min": int, "ngram_max": int, "suffix_max": int, "cross_request": bool,
-                "cross_request_scope": str, "verify": str}
+                "cross_request_scope": str, "verify": str, "trace": bool}
 _SPEC_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SpecParams)}
 
 

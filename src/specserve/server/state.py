@@ -39,6 +39,7 @@ class ServerSettings:
     max_connections: int = MAX_CONNECTIONS  # connections served at once; requests on more get 503
     max_connections_per_client: int = MAX_CONNECTIONS_PER_CLIENT  # open connections from one address; 0: no limit
     request_line_timeout: float = REQUEST_LINE_TIMEOUT_S  # seconds a connection may wait before its request line
+    webui: bool = True  # the chat page at / (webui.py); --no-webui: off, / is 404
 
     def __post_init__(self) -> None:
         if self.model_name not in self.profiles:

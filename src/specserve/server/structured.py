@@ -94,6 +94,13 @@ def requested(body: dict) -> list[str]:
     return out
 
 
+def refuse_constraints(body: dict, endpoint: str) -> None:
+    """400 `unsupported_parameter` for a constraint or tools on an endpoint that takes none (/infill)."""
+    keys = requested(body) + [k for k in ("tools", "tool_choice") if body.get(k) not in (None, [], "none", "auto")]
+    if keys:
+        raise bad_request(f"{keys[0]} is not supported on /{endpoint}", keys[0], "unsupported_parameter")
+
+
 def conflict(first: str, second: str) -> ApiError:
     return bad_request(f"{first} and {second} both constrain the output: give one of them", second,
                        "conflicting_parameters")

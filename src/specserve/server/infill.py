@@ -1,0 +1,173 @@
+"""llama-server's POST /infill, as llama.vim and llama.vscode call it, and FIM for /v1/completions.
+
+The body: `input_prefix`, `input_suffix`, `input_extra` ([{"filename", "text"}]), `prompt` (the
+current line up to the cursor), `n_indent`, `t_max_predict_ms`, `t_max_prompt_ms` (accepted; not
+applied, as in llama-server), `id_slot`, `n_cmpl`, `response_fields`, and every /completion field.
+The prompt is laid out with the model's own FIM tokens (fim.py); a model without them gets 400
+`infill_not_supported` naming the missing token. `n_predict: 0` warms the slot's caches (target
+and draft model) and generates nothing.
+
+Where the editors' bodies ask for what this server does differently, it says so in docs/infill.md:
+llama.cpp's `infill` sampler (in both editors' `samplers`) is served as greedy decoding, the
+target's most likely token each step; `id_slot` takes the free slot whose cache shares the
+longest prefix with the prompt (the one the same editor used last, as long as it is free);
+`n_cmpl` > 1 of a greedy request answers once (the completions would be identical).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ..fim import Infill
+from .errors import bad_request
+from .infill_rules import LineRules, fim_prompt, select_fields, warm_steps
+from .jobs import CLIENT_GONE, DISCONNECT_CHECK_S, Job, start
+from .llama_api import final, llama_request
+from .openai_api import sse_response
+from .params import get, read_json
+
+# fields /infill reads itself; the rest is /completion's
+_OWN = ("input_prefix", "input_suffix", "input_extra", "prompt", "n_indent", "t_max_predict_ms", "t_max_prompt_ms",
+        "id_slot", "n_cmpl", "response_fields", "samplers", "n_predict")
+
+
+def _extra(body: dict) -> list[tuple[str, str]]:
+    value = body.get("input_extra")
+    if value is None:
+        return []
+    shape = 'input_extra must be an array of {"filename": string, "text": string} objects'
+    if not isinstance(value, list):
+        raise bad_request(shape, "input_extra")
+    out = []
+    for i, chunk in enumerate(value):
+        if not isinstance(chunk, dict):
+            raise bad_request(shape, f"input_extra[{i}]")
+        filename, text = chunk.get("filename", "tmp"), chunk.get("text", "")
+        if not isinstance(filename, str) or not isinstance(text, str):
+            raise bad_request(shape, f"input_extra[{i}]")
+        out.append((filename, text))
+    return out
+
+
+def _samplers(body: dict) -> dict:
+    """The body as /completion's checks should see it: llama.cpp's `infill` sampler (and a chain
+    without temperature at temperature 0) means greedy decoding here."""
+    samplers = body.get("samplers")
+    if not isinstance(samplers, list):
+        return body
+    names = [s.lower() if isinstance(s, str) else s for s in samplers]
+    temperature = body.get("temperature")
+    greedy_temp = isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature <= 0
+    if "infill" in names or ("temperature" not in names and greedy_temp):
+        body = {k: v for k, v in body.items() if k != "samplers"}
+        body["temperature"] = 0.0
+    return body
+
+
+def _nonneg(body: dict, key: str) -> int:
+    value = get(body, key, int, 0)
+    if value < 0:
+        raise bad_request(f"{key} must be >= 0, got {value}", key)
+    return value
+
+
+async def _parse(request: Request) -> tuple:
+    """(GenRequest without its prompt, Infill, the /infill options)."""
+    state = request.app.state.server
+    body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
+    infill = Infill(prefix=get(body, "input_prefix", str, ""), suffix=get(body, "input_suffix", str, ""),
+                    prompt=get(body, "prompt", str, ""), extra=_extra(body))
+    n_predict = get(body, "n_predict", int)
+    warm = n_predict == 0
+    options = {"n_indent": _nonneg(body, "n_indent"), "t_max_predict_ms": _nonneg(body, "t_max_predict_ms"),
+               "warm": warm, "n_predict": n_predict or 0}
+    _nonneg(body, "t_max_prompt_ms")
+    id_slot = get(body, "id_slot", int, -1)
+    n_slots = len(state.scheduler.pool.slots)
+    if not -1 <= id_slot < n_slots:
+        raise bad_request(f"id_slot must be -1 or a slot of this server (0 to {n_slots - 1}), got {id_slot}", "id_slot")
+    fields = get(body, "response_fields", list)
+    if fields is not None and not all(isinstance(f, str) for f in fields):
+        raise bad_request("response_fields must be an array of strings", "response_fields")
+    options["response_fields"] = fields
+    rest = {k: v for k, v in _samplers(body).items() if k not in _OWN or k == "samplers"}
+    if warm:  # nothing is sampled: the sampling fields do not matter, as in llama-server
+        rest = {k: v for k, v in rest.items() if k in ("model", "cache_prompt", "speculative", "stream")}
+        rest["n_predict"] = 1
+    elif n_predict is not None:
+        rest["n_predict"] = n_predict
+    req = llama_request(rest, state, request, endpoint="infill", prompt=[0])
+    if req.spec.trace:  # the line rules cut the text after the fact: runs would not match it
+        raise bad_request("speculative.trace is not available on /infill", "speculative.trace", "unsupported_parameter")
+    n_cmpl = get(body, "n_cmpl", int, 1)
+    if n_cmpl < 1 or n_cmpl > 1 and not req.sampling.greedy:
+        raise bad_request(f"n_cmpl={n_cmpl}: this server answers one completion a request (n_cmpl > 1 only for a "
+                          "greedy request, whose completions would all be the same)", "n_cmpl", "unsupported_parameter")
+    return req, infill, options
+
+
+async def infill(request: Request) -> Response:
+    state = request.app.state.server
+    req, fim_req, options = await _parse(request)
+    target = state.engine.target
+    tokens = await anyio.to_thread.run_sync(fim_prompt, target, fim_req, state.engine.n_ctx, options["n_predict"])
+    req = dataclasses.replace(req, prompt=tokens)
+    t_start = time.perf_counter()
+    job = await start(state, req, request, warm_steps if options["warm"] else None)
+    # the time rule counts from the end of the prompt, as llama-server's t_start_generation
+    rules = LineRules(options["n_indent"], options["t_max_predict_ms"],
+                      t_start + job.queue_s + job.stats.t_prompt)
+    fields = options["response_fields"]
+
+    def answer(content: str) -> dict:
+        out = final(job, content, [])
+        if rules.stopped:
+            out["stop_type"] = "limit"
+        return select_fields(out, fields) if fields else out
+
+    if req.stream:
+        async def events(job: Job):
+            async for chunk in job.chunks():
+                text = rules.push(chunk.text)
+                yield {"content": text, "tokens": chunk.tokens, "stop": False}
+                if rules.stopped:
+                    _stop(job)
+                    break
+            await job.finished()
+            yield answer("")
+        return sse_response(request, job, events)
+    content = await _collect(job, rules, request)
+    if content is None:
+        return Response(status_code=CLIENT_GONE)
+    return JSONResponse(answer(content))
+
+
+def _stop(job: Job) -> None:
+    """End the generation where a line rule cut it: finished by its limit, as llama-server counts it."""
+    if not job.stats.finish_reason:
+        job.stats.finish_reason = "length"
+    job.finish()
+
+
+async def _collect(job: Job, rules: LineRules, request: Request) -> str | None:
+    """The text under the line rules, or None if the client went away; the slot is back on return."""
+    parts = []
+    next_check = time.monotonic() + DISCONNECT_CHECK_S
+    try:
+        async for chunk in job.chunks():
+            parts.append(rules.push(chunk.text))
+            if rules.stopped:
+                _stop(job)
+                break
+            if time.monotonic() >= next_check:
+                if await request.is_disconnected():
+                    return None
+                next_check = time.monotonic() + DISCONNECT_CHECK_S
+    finally:
+        job.finish()
+        await job.finished()
+    return "".join(parts)

@@ -1,0 +1,132 @@
+"""What /infill adds to a generation: llama-server's line rules, its response_fields, cache warming.
+
+`LineRules` ends a completion where llama-server's /infill ends it: `n_indent` cuts the text at
+the first new line indented less than the cursor's line (keeping that line's indentation, as
+llama-server does), and `t_max_predict_ms` stops at the first new line once that many
+milliseconds of generation have passed. Both look at text as it is committed: a step that
+commits several tokens (speculation) is cut at the same place in the text as one token at a
+time would have been for n_indent; the time rule keeps the chunk's text up to its first
+newline.
+
+`fim_prompt` lays a request out with the model's FIM tokens (fim.py), for /infill and for
+/v1/completions with `suffix`. `warm_steps` is what a request with `n_predict: 0` runs (llama.vim sends one when its extra
+context changes): the prompt goes into the slot's caches, the target's and the draft model's,
+so that the next keystroke's request evaluates only what is new in both.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import anyio
+
+from .. import steps
+from ..drafters.draft_model import DraftModelDrafter
+from ..fim import FimUnsupported, Infill, model_layout
+from ..stats import GenerationStats
+from .errors import bad_request
+
+
+class LineRules:
+    """n_indent and t_max_predict_ms over the text generated so far."""
+
+    def __init__(self, n_indent: int = 0, t_max_predict_ms: int = 0, t_start: float | None = None):
+        self.n_indent = n_indent
+        self.t_max = t_max_predict_ms / 1000
+        self.t_start = time.perf_counter() if t_start is None else t_start
+        self.text = ""
+        self._line = 0  # where the line under check starts in self.text (just after a newline), 0: none yet
+        self.stopped = False
+
+    def push(self, chunk: str) -> str:
+        """The part of `chunk` to keep; sets `stopped` when generation should end here."""
+        if self.stopped:
+            return ""
+        start = len(self.text)
+        self.text += chunk
+        if self.n_indent > 0:
+            cut = self._indent_cut()
+            if cut is not None:
+                self.stopped = True
+                self.text = self.text[:cut]
+                return self.text[start:]
+        if self.t_max > 0 and "\n" in chunk and time.perf_counter() - self.t_start > self.t_max:
+            self.stopped = True
+            self.text = self.text[:start + chunk.index("\n") + 1]
+            return self.text[start:]
+        return chunk
+
+    def _indent_cut(self) -> int | None:
+        """Where the first line (after a newline) indented less than n_indent starts its text."""
+        text = self.text
+        while True:
+            if self._line == 0:
+                nl = text.find("\n")
+                if nl < 0:
+                    return None
+                self._line = nl + 1
+            pos = self._line
+            while pos < len(text) and text[pos] in " \t":
+                pos += 1
+            if pos >= len(text):
+                return None  # the line's indentation is not known yet
+            if pos - self._line < self.n_indent:  # an empty line too, as in llama-server
+                return pos
+            nl = text.find("\n", self._line)
+            if nl < 0:
+                return None
+            self._line = nl + 1
+
+
+def select_fields(answer: dict, paths: list[str]) -> dict:
+    """llama-server's `response_fields`: only these fields, each under its path as the key
+    ("timings/prompt_n": the value of answer["timings"]["prompt_n"]); paths not found are left out."""
+    out = {}
+    for path in paths:
+        node, found = answer, True
+        for part in path.split("/"):
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            else:
+                found = False
+                break
+        if found:
+            out[path] = node
+    return out
+
+
+def warm_steps(slot, tokens: list[int], stats: GenerationStats) -> steps.Steps:
+    """Put `tokens` into the slot's caches, the target's and the draft model's, without generating:
+    each then holds all but the last token, as a generation over `tokens` would leave them before
+    its first step."""
+    stats.n_prompt = len(tokens)
+    t0 = time.perf_counter()
+    try:
+        stats.n_cached = yield from steps.sync_prefix(slot.ctx, tokens[:-1])
+        stats.t_prompt = time.perf_counter() - t0
+        if slot.draft_ctx is not None:
+            t = time.perf_counter()
+            yield from DraftModelDrafter(slot.engine.draft, slot.draft_ctx).prefill_steps(tokens)
+            stats.t_prompt_draft = stats.t_draft = time.perf_counter() - t
+        stats.finish_reason = "length"
+    finally:
+        stats.t_total = time.perf_counter() - t0
+
+
+def fim_prompt(model, infill: Infill, n_ctx: int, n_predict: int) -> list[int]:
+    """The FIM token ids; 400 `infill_not_supported` for a model without FIM tokens."""
+    try:
+        return model_layout(model, infill, n_ctx, n_predict)
+    except FimUnsupported as e:
+        raise bad_request(str(e), "model", "infill_not_supported") from None
+
+
+async def openai_fim_prompt(state, prompt, suffix, max_tokens: int) -> list[int]:
+    """/v1/completions with `suffix`: the prompt is the text before the cursor, `suffix` the text
+    after; laid out as /infill lays them out (no extra context)."""
+    if not isinstance(suffix, str):
+        raise bad_request(f"suffix must be a string, got {json.dumps(suffix)[:40]}", "suffix")
+    if not isinstance(prompt, str):
+        raise bad_request("a prompt of token ids cannot take a suffix: send the text", "prompt")
+    return await anyio.to_thread.run_sync(fim_prompt, state.engine.target, Infill(prefix=prompt, suffix=suffix),
+                                          state.engine.n_ctx, max_tokens)

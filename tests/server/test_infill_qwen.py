@@ -1,0 +1,41 @@
+"""/infill on the real Qwen2.5-Coder 0.5B (its own FIM tokens): n_indent and t_max_predict_ms cut a
+real multi-line completion where llama-server cuts it; greedy, so the three answers line up."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent.parent))
+from server_fixtures import ServerProcess  # noqa: E402
+
+PREFIX = "def parse(lines):\n    out = []\n    for line in lines:\n"
+SUFFIX = "\n    return out\n"
+
+
+def test_n_indent_and_t_max_predict_ms_on_a_real_code_model(tmp_path):
+    from specserve import models
+
+    qwen = models.ensure("qwen2.5-coder-0.5b")
+    srv = ServerProcess(["-m", str(qwen), "-c", "1024", "--parallel", "1", "--spec", "none", "-t", "2"],
+                        tmp_path / "serve.log")
+    base = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "prompt": "        ", "n_predict": 12,
+            "temperature": 0}
+    try:
+        with srv.client() as c:
+            def infill(**over) -> dict:
+                r = c.post("/infill", json={**base, **over})
+                assert r.status_code == 200, r.text
+                return r.json()
+
+            full = infill()["content"]  # ' out.append(line.strip())\n    return out...'
+            nl = full.index("\n")
+            rest = full[nl + 1:]
+            indent = len(rest) - len(rest.lstrip(" "))
+            assert 0 < indent < 8 and rest.strip()  # a line less indented than the loop's body follows
+            cut = infill(n_indent=8)
+            assert cut["content"] == full[:nl + 1 + indent] and cut["stop_type"] == "limit"
+            assert cut["tokens_predicted"] < 12
+            timed = infill(t_max_predict_ms=1)
+            assert timed["content"] == full[:nl + 1] and timed["stop_type"] == "limit"
+    finally:
+        assert srv.stop() == 0
