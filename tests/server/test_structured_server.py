@@ -13,7 +13,7 @@ from server_fixtures import ServerProcess, serve_args, tiny_tools_pair  # noqa: 
 
 jsonschema = pytest.importorskip("jsonschema")
 
-CH, C, L = "/v1/chat/completions", "/v1/completions", "/completion"
+CH, C, L, I = "/v1/chat/completions", "/v1/completions", "/completion", "/infill"
 MSG = [{"role": "user", "content": "Describe a person as JSON."}]
 # x-guidance (llguidance's schema extension, passed through): JSON on one line. With flexible whitespace
 # the random tiny model fills the object with tabs and newlines until max_tokens; real models do not.
@@ -112,6 +112,8 @@ BAD = [
     (L, {"json_schema": "not a schema"}, "json_schema"),
     (L, {"json_schema": {"type": "object"}, "grammar": 'root ::= "a"'}, "json_schema"),
     (CH, {"response_format": {"type": "json_object"}, "json_schema": PERSON}, "json_schema"),
+    (I, {"grammar": 'root ::= "a"'}, "grammar"),
+    (I, {"response_format": {"type": "json_object"}}, "response_format"),
 ]
 
 
@@ -119,12 +121,15 @@ BAD = [
     "invalid-schema", "no-schema", "unsupported-keyword", "unknown-type", "unknown-field", "not-an-object",
     "bad-property-schema",
     "invalid-gbnf", "grammar-not-a-string", "json-schema-not-an-object", "grammar-and-json-schema",
-    "response-format-and-json-schema"])
+    "response-format-and-json-schema", "infill-grammar", "infill-response-format"])
 def test_bad_constraints_are_400_naming_the_field(http, path, fields, param):
-    base = {"messages": MSG} if path == CH else {"prompt": "hi"}
+    base = {"messages": MSG} if path == CH else {"input_prefix": "def f(", "input_suffix": ")"} if path == I \
+        else {"prompt": "hi"}
     r = http.post(path, json={**base, "max_tokens": 4, **fields})
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == param and err["type"] == "invalid_request_error", err
+    if path == I:  # /infill takes no constraint, as before
+        assert err["code"] == "unsupported_parameter"
     if len(set(fields) & {"grammar", "json_schema", "response_format"}) > 1:
         assert all(k in err["message"] for k in fields), err  # a conflict names both fields
