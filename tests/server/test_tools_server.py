@@ -99,10 +99,15 @@ def test_a_tool_round_trip(client, stream):
     assert final.usage.prompt_tokens > first_usage.prompt_tokens + 20  # the call and its result are in the prompt
 
 
-def test_required_calls_follow_their_schemas(client):
-    msg = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice="required",
-                                         **GREEDY).choices[0].message
-    assert msg.tool_calls and all(_valid(c) is not None for c in msg.tool_calls)
+def test_required_calls_follow_their_schemas_with_or_without_speculation(client):
+    calls = []
+    for mode in ("draft", "ngram", "none"):
+        kw = {**GREEDY, "extra_body": {"speculative": {"mode": mode}}}
+        msg = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice="required",
+                                             **kw).choices[0].message
+        assert msg.tool_calls and all(_valid(c) is not None for c in msg.tool_calls)
+        calls.append([(c.function.name, c.function.arguments) for c in msg.tool_calls])
+    assert calls[0] == calls[1] == calls[2]  # greedy: speculation under the grammar changes nothing
 
 
 def test_a_named_function_is_called_exactly_once(client):
