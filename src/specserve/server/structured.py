@@ -19,18 +19,20 @@ from .errors import ApiError, bad_request
 CONSTRAINT_FIELDS = ("response_format", "grammar", "json_schema")
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
+    """A request object as OpenAI checks it: unknown fields and wrong types are refused, not coerced."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class JsonSchemaFormat(_Strict):
+class JsonSchemaFormat(StrictModel):
     name: str | None = None
     description: str | None = None
     schema_: dict | None = Field(None, alias="schema")  # `schema` would shadow BaseModel.schema
     strict: bool | None = None  # llguidance enforces the schema either way
 
 
-class ResponseFormat(_Strict):
+class ResponseFormat(StrictModel):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 

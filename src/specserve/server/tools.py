@@ -22,11 +22,11 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from ..grammar import GrammarError, from_json_schema, from_lark
 from .errors import ApiError, bad_request
-from .structured import check_usable, conflict, constraint, parse, requested
+from .structured import StrictModel, check_usable, conflict, constraint, parse, requested
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names
 _TEMPLATE_KEY = "tokenizer.chat_template"
@@ -36,27 +36,23 @@ _LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator"
 _ATTR_CONTROL, _ATTR_USER_DEFINED = 1 << 3, 1 << 4
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class Function(_Strict):
+class Function(StrictModel):
     name: str = Field(pattern=_NAME.pattern)
     description: str | None = None
     parameters: dict | None = None
     strict: bool | None = None
 
 
-class Tool(_Strict):
+class Tool(StrictModel):
     type: Literal["function"]
     function: Function
 
 
-class NamedFunction(_Strict):
+class NamedFunction(StrictModel):
     name: str
 
 
-class NamedChoice(_Strict):
+class NamedChoice(StrictModel):
     type: Literal["function"]
     function: NamedFunction
 
