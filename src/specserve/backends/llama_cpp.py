@@ -131,9 +131,13 @@ class LlamaCppModel:
         """llguidance's tokenizer for this vocabulary (grammar-constrained generation), built on
         first use (~0.2 s for 49k tokens) and kept. Every end-of-generation token ends a grammar."""
         if self._llg_tokenizer is None:
+            import warnings
+
             from llguidance.llamacpp import lltokenizer_from_vocab
 
-            self._llg_tokenizer = lltokenizer_from_vocab(self._vocab, eos_token=sorted(self.vocab.eog) or None)
+            with warnings.catch_warnings():  # it reads attributes through a deprecated alias, once per token
+                warnings.simplefilter("ignore", DeprecationWarning)
+                self._llg_tokenizer = lltokenizer_from_vocab(self._vocab, eos_token=sorted(self.vocab.eog) or None)
         return self._llg_tokenizer
 
     def is_control(self, token: int) -> bool:

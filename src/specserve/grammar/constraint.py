@@ -28,7 +28,7 @@ class Constraint:
         self._bits = llg_np.allocate_token_bitmask(_ROWS, self.n_vocab)
         self._row0_at = -1  # the committed length whose row-0 mask _bits[0] holds; -1: none
         self.n_committed = 0
-        self.error: str | None = self.matcher.get_error() or None
+        self.error: str | None = _first_line(self.matcher.get_error()) if self.matcher.is_error() else None
         self.seconds = time.perf_counter() - t
 
     # --- the committed state -----------------------------------------------------------------
@@ -36,14 +36,16 @@ class Constraint:
     @property
     def done(self) -> bool:
         """The grammar is complete and allows nothing more (an end-of-generation token at most)."""
-        return self.matcher.is_stopped()
+        return self.matcher.is_stopped() and self.matcher.is_accepting()
 
     def stuck(self) -> bool:
         """Whether no token can follow the committed ones (sets `error` to say why)."""
         if self.error is None:
             t = time.perf_counter()
             if self.matcher.is_error():
-                self.error = f"grammar error: {self.matcher.get_error()}"
+                self.error = f"grammar error: {_first_line(self.matcher.get_error())}"
+            elif self.matcher.is_stopped() and not self.matcher.is_accepting():
+                self.error = "the grammar allows no token here and is not complete (dead end)"
             elif not self._row0().any():
                 self.error = "the grammar allows no token here (dead end)"
             self.seconds += time.perf_counter() - t
@@ -55,7 +57,7 @@ class Constraint:
             return
         t = time.perf_counter()
         if not self.matcher.consume_tokens(list(tokens)):
-            self.error = f"grammar error: {self.matcher.get_error()}"
+            self.error = f"grammar error: {_first_line(self.matcher.get_error())}"
         self.n_committed += len(tokens)
         self.seconds += time.perf_counter() - t
 
@@ -148,6 +150,11 @@ class Ahead:
         out = apply(np.atleast_2d(logits), bits)
         self.c.seconds += time.perf_counter() - t
         return out.reshape(logits.shape) if np.isfinite(out).any() else None
+
+
+def _first_line(message: str) -> str:
+    """llguidance's error without the parser state it appends."""
+    return (message or "unknown error").strip().splitlines()[0]
 
 
 def allowed(bits: np.ndarray, n: int) -> np.ndarray:

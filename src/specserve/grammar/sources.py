@@ -16,6 +16,12 @@ from llguidance.gbnf_to_lark import gbnf_to_lark
 LARK_MARK = "%llguidance"  # a Lark grammar in llguidance's dialect starts with this line
 
 
+# JSON as `json.dumps` writes it ({"a": 1, "b": [2, 3]}): no free whitespace, so a model cannot
+# wander into blank runs, and the separators and key quotes become forced tokens (drafted for free).
+# A schema's own "x-guidance" options override it (llguidance applies defaults, then the schema's).
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
 class GrammarError(ValueError):
     """A schema or grammar that cannot constrain generation; the message names what is wrong."""
 
@@ -34,7 +40,7 @@ def from_json_schema(schema: dict | str) -> str:
     if not isinstance(schema, dict):
         raise GrammarError(f"JSON schema must be an object, got {type(schema).__name__}")
     try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
     except (ValueError, TypeError) as e:
         raise GrammarError(f"invalid JSON schema: {e}") from None
     return check(grammar, "JSON schema")
