@@ -15,10 +15,7 @@ jsonschema = pytest.importorskip("jsonschema")
 
 CH, C, L, I = "/v1/chat/completions", "/v1/completions", "/completion", "/infill"
 MSG = [{"role": "user", "content": "Describe a person as JSON."}]
-# x-guidance (llguidance's schema extension, passed through): JSON on one line. With flexible whitespace
-# the random tiny model fills the object with tabs and newlines until max_tokens; real models do not.
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "ok", "tags"],
-          "x-guidance": {"whitespace_flexible": False},
           "properties": {"name": {"type": "string", "maxLength": 8},
                          "age": {"type": "integer", "minimum": 0, "maximum": 120},
                          "ok": {"type": "boolean"},

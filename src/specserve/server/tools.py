@@ -25,14 +25,12 @@ from typing import Literal
 from pydantic import Field
 
 from ..grammar import GrammarError, from_json_schema, from_lark
+from ..grammar.sources import JSON_LAYOUT
 from .errors import ApiError, bad_request
 from .structured import StrictModel, check_usable, conflict, constraint, parse, requested
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names
 _TEMPLATE_KEY = "tokenizer.chat_template"
-# llguidance's JSON layout for the arguments: the template renders them with `tojson`, which
-# separates with ", " and ": " on one line; the model was trained on that layout
-_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _ATTR_CONTROL, _ATTR_USER_DEFINED = 1 << 3, 1 << 4
 
 
@@ -185,8 +183,10 @@ def _arguments_schema(parameters: dict | None, i: int) -> dict:
         from_json_schema(schema)
     except GrammarError as e:
         raise bad_request(f"{param}: {e}", param, "invalid_grammar") from None
+    # %json takes no defaults: the layout goes into the schema. The template renders arguments with
+    # `tojson` (json.dumps's layout), which is what the model was trained on.
     layout = schema.get("x-guidance")
-    schema["x-guidance"] = {**_LAYOUT, **layout} if isinstance(layout, dict) else _LAYOUT
+    schema["x-guidance"] = {**JSON_LAYOUT, **layout} if isinstance(layout, dict) else JSON_LAYOUT
     return schema
 
 
