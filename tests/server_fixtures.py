@@ -36,6 +36,17 @@ def tiny_pair(directory: Path) -> tuple[Path, Path]:
     return target, draft
 
 
+def tiny_tools_pair(directory: Path) -> tuple[Path, Path]:
+    """tiny_pair with Qwen2.5's chat template, its <tool_call> tags as added tokens and its FIM
+    tokens: a model that serves OpenAI tools (and /infill) as Qwen2.5 does."""
+    fim = ("<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>")
+    kw = dict(seed=1, chat_template=tiny_models.QWEN_TOOLS_TEMPLATE, added_tokens=tiny_models.TOOL_TAGS,
+              control_tokens=fim)
+    target = tiny_models.write_tiny_model(directory / "tiny.gguf", **kw)
+    draft = tiny_models.write_tiny_model(directory / "tiny_draft.gguf", noise=0.05, noise_seed=7, **kw)
+    return target, draft
+
+
 class ServerProcess:
     """`python -m specserve serve ARGS --port FREE`, its stderr kept in a file."""
 

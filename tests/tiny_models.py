@@ -41,6 +41,64 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
+# Qwen2.5-Instruct's chat template (as in its GGUF), which spells tool calls in the Hermes form:
+# write a model with it and with added_tokens=TOOL_TAGS to serve tools as Qwen2.5 does.
+QWEN_TOOLS_TEMPLATE = r'''{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\n<tool_call>\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- message.content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+'''
+TOOL_TAGS = ("<tool_call>", "</tool_call>")
 
 # Words whose BPE merges are built left to right (" the" -> "Ġ t", "Ġt h", "Ġth e").
 _MERGE_WORDS = (" the", "the", " and", " cat", " sat", " on", " mat", " is", " in",
@@ -161,6 +219,7 @@ def write_tiny_model(
     drop_merge: str | None = None, swap_merges: tuple[str, str] | None = None,
     token_types: Mapping[str, int] | None = None, control_tokens: Sequence[str] = (),
     chat_template: str | None = CHATML_TEMPLATE, pre_tokenizer: str = "gpt-2",
+    added_tokens: Sequence[str] = (),
 ) -> Path:
     """Write a tiny llama-architecture GGUF to ``path`` and return it as a Path.
 
@@ -186,6 +245,8 @@ def write_tiny_model(
       chat_template: the jinja template string (None: no template key).
       pre_tokenizer: ``tokenizer.ggml.pre``; llama.cpp rejects unknown names.
           "gpt-2" (default), "default", "llama3", "qwen2", "smollm" all load.
+      added_tokens: texts appended as USER_DEFINED tokens after the extra ones, as Qwen2.5's
+          ``<tool_call>`` and ``</tool_call>`` are (vocab size grows; base rows stay identical).
     """
     path = Path(path)
     merges = list(MERGES)
@@ -201,9 +262,10 @@ def write_tiny_model(
     elif tokenizer_model != "gpt2":
         raise ValueError(f"unsupported tokenizer_model {tokenizer_model!r}")
     n_base = len(tokens)
-    tokens += [f"<extra_{i}>" for i in range(extra_tokens)] + list(control_tokens)
-    types += [TokenType.NORMAL] * extra_tokens + [TokenType.CONTROL] * len(control_tokens)
-    extra_tokens += len(control_tokens)
+    tokens += [f"<extra_{i}>" for i in range(extra_tokens)] + list(control_tokens) + list(added_tokens)
+    types += ([TokenType.NORMAL] * extra_tokens + [TokenType.CONTROL] * len(control_tokens)
+              + [TokenType.USER_DEFINED] * len(added_tokens))
+    extra_tokens += len(control_tokens) + len(added_tokens)  # rows for all come from one stream below
     if scores is not None:
         scores += [-float(n_base + i) for i in range(extra_tokens)]
     if swap_tokens is not None:

@@ -1,6 +1,7 @@
 """Chat messages -> prompt text, with the chat template stored in the GGUF metadata."""
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 
 import jinja2
@@ -13,10 +14,10 @@ CHATML = (
 )
 
 # OpenAI's roles. `developer` is OpenAI's newer name for `system` and is rendered as `system`:
-# templates (and the models trained on them) know `system`. `tool` and `function` messages answer
-# tool calls, which this server does not support yet: they are refused, as `tools` is.
-ROLES = ("system", "user", "assistant", "developer")
-TOOL_ROLES = ("tool", "function")
+# templates (and the models trained on them) know `system`. `tool` messages answer tool calls;
+# `function` ones (the deprecated form before tools) are refused.
+ROLES = ("system", "user", "assistant", "developer", "tool")
+TOOL_ROLES = ("function",)
 _RENDERED_ROLE = {"developer": "system"}
 
 
@@ -37,17 +38,49 @@ def _raise(message: str):
     raise ChatTemplateError(message)
 
 
+def _tojson(value, ensure_ascii: bool = False, indent=None, separators=None, sort_keys: bool = False) -> str:
+    """Hugging Face's `tojson`, which templates are written against: keys in their order, no HTML
+    escaping (Jinja's own sorts keys and spells `<` as `\\u003c`, so a tool call in the history would
+    not read as the model wrote it)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
 @lru_cache(maxsize=8)
 def _compile(source: str) -> jinja2.Template:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise
+    env.filters["tojson"] = _tojson
     return env.from_string(source)
 
 
 def _content_optional(m: dict) -> bool:
     """Whether a message may leave out `content`: in OpenAI's API, an assistant message that
-    carries tool calls. Tool calls are refused for now (below), so no message may yet."""
-    return False
+    carries tool calls."""
+    return m.get("role") == "assistant" and bool(m.get("tool_calls"))
+
+
+def _tool_calls(calls, i: int) -> list[dict]:
+    """An assistant's tool_calls as templates read them (Hugging Face's convention): `arguments`
+    as an object, which the template renders with `tojson`."""
+    where = f"messages[{i}].tool_calls"
+    if not isinstance(calls, list):
+        raise MessageError(f"{where} must be an array", where)
+    out = []
+    for j, c in enumerate(calls):
+        f = c.get("function") if isinstance(c, dict) else None
+        if isinstance(f, dict) and isinstance(f.get("name"), str) and isinstance(f.get("arguments"), dict):
+            out.append(c)  # validated before (render validates again): arguments parsed already
+            continue
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not isinstance(f.get("arguments"), str):
+            raise MessageError(f"{where}[{j}] must be {{\"id\", \"type\": \"function\", \"function\": "
+                               "{\"name\": string, \"arguments\": string}}", f"{where}[{j}]")
+        try:
+            arguments = json.loads(f["arguments"])
+        except ValueError:
+            raise MessageError(f"{where}[{j}].function.arguments is not valid JSON", f"{where}[{j}].function.arguments",
+                               "invalid_value") from None
+        out.append({"id": c.get("id"), "type": "function", "function": {"name": f["name"], "arguments": arguments}})
+    return out
 
 
 def validate_messages(messages) -> list[dict]:
@@ -64,16 +97,22 @@ def validate_messages(messages) -> list[dict]:
             raise MessageError(f"Missing required parameter: 'messages[{i}].role'", f"messages[{i}].role",
                                "missing_required_parameter")
         if role in TOOL_ROLES:
-            raise MessageError(f"messages[{i}]: role {role!r} answers tool calls, which this server does not "
-                               "support", f"messages[{i}].role", "unsupported_parameter")
+            raise MessageError(f"messages[{i}]: role {role!r} answers the deprecated function calls, which this "
+                               "server does not support; use tools and role 'tool'", f"messages[{i}].role",
+                               "unsupported_parameter")
         if not isinstance(role, str) or role not in ROLES:
             shown = repr(role)[:40] if isinstance(role, str) else type(role).__name__
             raise MessageError(f"Invalid value for 'messages[{i}].role': {shown}. Supported values are: "
                                + ", ".join(repr(r) for r in ROLES) + ".", f"messages[{i}].role", "invalid_value")
-        for key in ("tool_calls", "function_call"):
-            if m.get(key):  # absent, null or empty: no tool call
-                raise MessageError(f"messages[{i}].{key}: tool calls are not supported by this server",
-                                   f"messages[{i}].{key}", "unsupported_parameter")
+        if m.get("function_call"):  # absent, null or empty: no call
+            raise MessageError(f"messages[{i}].function_call: the deprecated function calls are not supported; "
+                               "use tools and tool_calls", f"messages[{i}].function_call", "unsupported_parameter")
+        if m.get("tool_calls") and role != "assistant":
+            raise MessageError(f"messages[{i}].tool_calls: only assistant messages carry tool calls",
+                               f"messages[{i}].tool_calls")
+        if role == "tool" and not isinstance(m.get("tool_call_id"), str):
+            raise MessageError(f"Missing required parameter: 'messages[{i}].tool_call_id'",
+                               f"messages[{i}].tool_call_id", "missing_required_parameter")
         if m.get("name") is not None and not isinstance(m["name"], str):
             raise MessageError(f"messages[{i}].name must be a string", f"messages[{i}].name")
         content = m.get("content")
@@ -94,27 +133,36 @@ def validate_messages(messages) -> list[dict]:
         if not isinstance(content, str):
             raise MessageError(f"messages[{i}].content must be a string or an array of content parts",
                                f"messages[{i}].content")
-        out.append({"role": _RENDERED_ROLE.get(role, role), "content": content})
+        msg = {"role": _RENDERED_ROLE.get(role, role), "content": content}
+        if m.get("tool_calls"):
+            msg["tool_calls"] = _tool_calls(m["tool_calls"], i)
+        if role == "tool":
+            msg["tool_call_id"] = m["tool_call_id"]
+            if m.get("name") is not None:
+                msg["name"] = m["name"]
+        out.append(msg)
     return out
 
 
 def render(messages, template: str | None, bos_token: str = "", eos_token: str = "",
-           add_generation_prompt: bool = True) -> str:
-    """Render messages with the model's template (ChatML when it has none)."""
+           add_generation_prompt: bool = True, tools: list | None = None) -> str:
+    """Render messages with the model's template (ChatML when it has none); `tools` (OpenAI's
+    request field) go to the template as Hugging Face passes them."""
     msgs = validate_messages(messages)
+    extra = {"tools": tools} if tools else {}
     try:
         return _compile(template or CHATML).render(
-            messages=msgs, add_generation_prompt=add_generation_prompt, bos_token=bos_token, eos_token=eos_token
-        )
+            messages=msgs, add_generation_prompt=add_generation_prompt, bos_token=bos_token, eos_token=eos_token,
+            **extra)
     except ChatTemplateError:
         raise
     except jinja2.TemplateError as e:
         raise ChatTemplateError(f"the model's chat template failed: {e}") from e
 
 
-def render_for(model, messages) -> str:
+def render_for(model, messages, tools: list | None = None) -> str:
     """Render for a loaded model, using its template and special token texts."""
     v = model.vocab
     bos = v.token_texts[v.bos] if v.bos is not None else ""
     eos = v.token_texts[v.eos] if v.eos is not None else ""
-    return render(messages, model.metadata.get("tokenizer.chat_template"), bos, eos)
+    return render(messages, model.metadata.get("tokenizer.chat_template"), bos, eos, tools=tools)

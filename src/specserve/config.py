@@ -36,6 +36,7 @@ class SamplingParams:
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    grammar: str | None = None  # an llguidance grammar (specserve.grammar builds them); None: unconstrained
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and 0 <= self.temperature <= MAX_TEMPERATURE):

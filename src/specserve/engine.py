@@ -16,18 +16,20 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
-import numpy as np
-
 from . import steps
 from .backends import Model, load_model
+from .backends.timing import token_seconds
 from .config import DEFAULT_VERIFY, ModelConfig, SamplingParams, SpecParams
 from .auto import Controller
+from .auto.profile import learning_controller
 from .drafters import EMPTY_DRAFT, Draft, Drafter, propose_steps
 from .drafters.draft_model import DraftModelDrafter, GreedyAcceptance
+from .drafters.forced import with_grammar
 from .drafters.hybrid import LOOKUPS, HybridDrafter
 from .drafters.ngram import NgramDrafter
 from .drafters.suffix import SuffixDrafter
 from .drafters.suffix_store import SuffixStore
+from .grammar import Constraint, GrammarError, check
 from .policy import OFF, Choice, FixedPolicy, Outcome, Policy, judge, tell_offers, wants_offers
 from .sampling import Sampler
 from .stats import GenerationStats
@@ -143,6 +145,15 @@ class Engine:
             return self.controller.policy(spec, self.drafter_names, temperature)
         return FixedPolicy(self.drafter_names[0], spec.draft_max)
 
+    def check_grammar(self, grammar: str) -> None:
+        """Raise GrammarError if `grammar` cannot constrain this target (its vocabulary included)."""
+        check(grammar, "grammar", self.grammar_tokenizer())
+
+    def grammar_tokenizer(self):
+        if not hasattr(self.target, "grammar_tokenizer"):
+            raise GrammarError(f"this backend cannot constrain generation ({self.target.path})")
+        return self.target.grammar_tokenizer()  # built once per model and kept there
+
     def check_pairing_at_run_time(self) -> None:
         """Warn once if a draft model's greedy acceptance is far below a same-family pair's."""
         seen = self.greedy_acceptance
@@ -165,43 +176,6 @@ class Engine:
                 m.close()
 
 
-def token_seconds(*models: Model, n: int = 3) -> list[float]:
-    """Seconds a 1-token pass of each model takes now, with its argmax: the median of n after a
-    warm-up, in a small context of its own (about n + 1 passes each; 0.2 s for a 0.5B model on 2
-    cores). The models' passes alternate, so that a slow spell of the machine falls on all of them."""
-    ctxs = [m.new_context(32) for m in models]
-    try:
-        tokens = [m.vocab.bos if m.vocab.bos is not None else 0 for m in models]
-        times: list[list[float]] = [[] for _ in models]
-        for _ in range(n + 1):
-            for ctx, token, ts in zip(ctxs, tokens, times):
-                t = time.perf_counter()
-                int(np.argmax(ctx.eval([token], logits="last")))
-                ts.append(time.perf_counter() - t)
-        return [float(np.median(ts[1:])) for ts in times]
-    finally:
-        for ctx in ctxs:
-            ctx.close()
-
-
-def learning_controller(cfg: ModelConfig, target: Model) -> Controller:
-    """The `--spec auto` controller, starting from what it learnt last time on these models here."""
-    from . import learned
-
-    if not (cfg.auto_profile and learned.enabled()):
-        return Controller()
-    try:
-        store = learned.ProfileStore.for_models(cfg.target_path, cfg.draft_path,
-                                                getattr(target, "n_threads", cfg.n_threads or 0))
-    except OSError as e:
-        log.warning("auto profile off: %s", e)
-        return Controller()
-    controller = Controller(store)
-    if controller.load():
-        log.info("auto: loaded what it learnt before from %s", store.path)
-    return controller
-
-
 class Slot:
     """One sequence at a time: reused across requests, keeping whatever prefix matches."""
 
@@ -213,16 +187,20 @@ class Slot:
             draft_ctx = engine.draft.new_context(engine.n_ctx)
         self.draft_ctx = draft_ctx
 
-    def _drafters(self, spec: SpecParams) -> dict[str, Drafter]:
-        """Fresh per-request drafters; the draft model's KV cache outlives them in the slot."""
+    def _drafters(self, spec: SpecParams, constraint: Constraint | None = None) -> dict[str, Drafter]:
+        """Fresh per-request drafters; the draft model's KV cache outlives them in the slot. Under a
+        grammar each drafts after the forced tokens, within the mask (drafters.forced)."""
         drafters: dict[str, Drafter] = {"ngram": NgramDrafter(spec.ngram_min, spec.ngram_max)}
+        model = None
         if self.draft_ctx is not None:
-            drafters["draft"] = DraftModelDrafter(self.engine.draft, self.draft_ctx, spec.draft_p_min, spec.draft_min,
-                                                  self.engine.greedy_acceptance)
+            model = drafters["draft"] = DraftModelDrafter(self.engine.draft, self.draft_ctx, spec.draft_p_min,
+                                                          spec.draft_min, self.engine.greedy_acceptance, constraint)
         store = self.engine.suffix_store if spec.cross_request else None
         drafters["suffix"] = SuffixDrafter(store, spec.cross_request_scope, cap=spec.suffix_max)  # indexes lazily
-        if "draft" in drafters:  # a lookup's match, then the draft model: only --spec auto asks for it
-            drafters["hybrid"] = HybridDrafter([drafters[n] for n in LOOKUPS], drafters["draft"])
+        if constraint is not None:
+            drafters = with_grammar(drafters, constraint)
+        if model is not None:  # a lookup's match, then the draft model: only --spec auto asks for it
+            drafters["hybrid"] = HybridDrafter([drafters[n] for n in LOOKUPS], model)
         return drafters
 
     def _forward_seconds(self) -> float:
@@ -261,9 +239,15 @@ class Slot:
             raise ValueError("empty prompt")
         if len(seq) >= engine.n_ctx:
             raise ContextOverflow(f"prompt is {len(seq)} tokens but the context holds {engine.n_ctx}")
+        constraint = None
+        if params.grammar is not None:
+            constraint = Constraint(engine.grammar_tokenizer(), params.grammar)
+            if constraint.error:
+                raise GrammarError(f"invalid grammar: {constraint.error}")
         policy = engine.policy_for(spec, params.temperature)
         req = _Request(Sampler(params, verify_method), StreamDecoder(engine.target.token_bytes, params.stop),
-                       frozenset() if params.ignore_eos else engine.target.vocab.eog, self._drafters(spec), policy)
+                       frozenset() if params.ignore_eos else engine.target.vocab.eog,
+                       self._drafters(spec, constraint), policy, constraint)
         stats.n_prompt = len(seq)
         t0 = time.perf_counter()
         # Prompt: the target's cache holds everything but the last token, which each step feeds.
@@ -273,6 +257,9 @@ class Slot:
         yield from self._prefill_drafters(req, seq, params.max_tokens, stats)
         try:
             while True:
+                if constraint is not None and constraint.stuck():  # no token can follow: say why
+                    stats.finish_reason = "stop"
+                    break
                 choice, draft = yield from self._propose(req, seq, params.max_tokens - stats.n_generated, stats)
                 verdict = yield from self._verify(req, seq, draft, stats)
                 new, text, finish = self._commit(req, seq, verdict, params.max_tokens - stats.n_generated)
@@ -290,6 +277,8 @@ class Slot:
             stats.predicted_tokens_per_s = policy.predicted_tokens_per_s
             policy.finish()
             stats.stop_word = req.decoder.stop_word
+            if constraint is not None:
+                stats.t_grammar, stats.grammar_error = constraint.seconds, constraint.error
             if not stats.finish_reason:
                 stats.finish_reason = "cancelled"
             elif engine.suffix_store is not None and spec.cross_request:  # finished: later requests may draft from it
@@ -341,6 +330,8 @@ class Slot:
         t_wait = time.perf_counter()
         logits = yield op  # [n_eval + 1, n_vocab]
         t_wait = time.perf_counter() - t_wait
+        if req.constraint is not None:  # each row under the grammar state its draft prefix reaches
+            logits = req.constraint.masked(logits, draft.tokens[:n_eval])
         verdict = verify(draft.tokens, draft.dists, logits, req.sampler, len(seq))
         self.ctx.truncate(len(seq) + verdict.n_accepted)  # the new last token stays pending
         req.t_verify = time.perf_counter() - t - t_wait + op.seconds  # in a batch: this slot's share
@@ -360,6 +351,10 @@ class Slot:
         if req.decoder.stopped:
             new, finish = new[:n_used], "stop"
         seq.extend(new)
+        if req.constraint is not None:
+            req.constraint.commit(new)
+            if finish is None and req.constraint.done:  # complete: nothing more allowed
+                finish = "stop"
         if finish is None and (len(new) == n_left or len(seq) >= self.engine.n_ctx):
             finish = "length"
         if finish:
@@ -395,6 +390,7 @@ class _Request:
     eog: frozenset[int]
     drafters: dict[str, Drafter]
     policy: Policy
+    constraint: Constraint | None = None  # the grammar's state over the committed tokens
     t_draft: float = 0.0
     t_verify: float = 0.0
     shadow: dict[str, list[int]] = field(default_factory=dict)  # what this step's matching lookups would propose

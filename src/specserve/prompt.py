@@ -64,9 +64,10 @@ class _ControlTokens:
         return sorted(found, key=lambda s: (-len(s[0]), s[1]))
 
 
-def chat_tokens(model, messages) -> list[int]:
-    """Render messages with the model's template and tokenize: the template's markup with its
-    control tokens, message content as plain text (see the module docstring).
+def chat_tokens(model, messages, tools: list | None = None) -> list[int]:
+    """Render messages (and OpenAI `tools`, for the template) with the model's template and
+    tokenize: the template's markup with its control tokens, message content as plain text
+    (see the module docstring).
 
     Templates that write the BOS text themselves would get a second BOS from the
     tokenizer; it is dropped.
@@ -75,22 +76,24 @@ def chat_tokens(model, messages) -> list[int]:
     specials = control_tokens(model)
     spelled = specials.occurring("\x00".join(m["content"] for m in msgs))  # a false find costs time, not tokens
     if not spelled:
-        tokens = model.tokenize(render_for(model, msgs), add_special=True, parse_special=True)
+        tokens = model.tokenize(render_for(model, msgs, tools), add_special=True, parse_special=True)
     else:
-        tokens = _tokens_with_plain_content(model, msgs, spelled, specials)
+        tokens = _tokens_with_plain_content(model, msgs, spelled, specials, tools)
     bos = model.vocab.bos
     if bos is not None and len(tokens) >= 2 and tokens[0] == bos and tokens[1] == bos:
         tokens = tokens[1:]
     return tokens
 
 
-def _tokens_with_plain_content(model, msgs: list[dict], spelled, specials) -> list[int]:
+def _tokens_with_plain_content(model, msgs: list[dict], spelled, specials, tools: list | None) -> list[int]:
     nonce = "".join(secrets.choice("0123456789") for _ in range(16))  # digits: no filter changes them
     literals: list[str] = []
 
     def placeholder(text: str) -> str:
         literals.append(text)
-        return f"\ue000{nonce}.{len(literals) - 1}\ue001"
+        # \x01: a character every JSON encoder escapes (tojson with ensure_ascii=False included), so
+        # a template that escapes content loses the placeholder and is refused below
+        return f"\ue000\x01{nonce}.{len(literals) - 1}\ue001"
 
     escaped = []
     for m in msgs:
@@ -99,9 +102,9 @@ def _tokens_with_plain_content(model, msgs: list[dict], spelled, specials) -> li
             pieces += [content[pos:start], placeholder(content[start:end])]
             pos = end
         escaped.append({**m, "content": "".join(pieces) + content[pos:]})
-    rendered = render_for(model, escaped)
+    rendered = render_for(model, escaped, tools)
     # The rendered text with each placeholder's own text back in place; those spans stay plain text.
-    parts = re.split(f"\ue000{nonce}\\.(\\d+)\ue001", rendered)
+    parts = re.split(f"\ue000\x01{nonce}\\.(\\d+)\ue001", rendered)
     text, zones = [], []
     pos = 0
     for k, part in enumerate(parts):

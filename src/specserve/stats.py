@@ -22,11 +22,13 @@ class GenerationStats:
     t_draft: float = 0.0  # drafting: the draft model's passes and draws, lookups, the policy's choice
     t_verify: float = 0.0  # the target's pass over each step's tokens, and verification
     t_forward: float = 0.0  # of the time after the target's prompt: forward passes (target and draft)
+    t_grammar: float = 0.0  # grammar work: masks, the matcher, forced tokens (part of draft, verify, python)
     t_total: float = 0.0
     t_first_token: float = 0.0
     predicted_tokens_per_s: float = 0.0  # the controller's own forecast, when it makes one
     finish_reason: str = ""
     stop_word: str = ""  # the stop string that ended the text, if one did
+    grammar_error: str | None = None  # why a grammar ended the text with no way forward
 
     def record_step(self, drafter: str, k: int, n_drafted: int, n_accepted: int) -> None:
         self.n_passes += 1
@@ -95,6 +97,8 @@ class GenerationStats:
             "t_verify_s": round(self.t_verify, 4),
             "t_forward_s": round(self.t_forward, 4),
             "t_python_s": round(self.t_python, 4),
+            "t_grammar_s": round(self.t_grammar, 4),
+            "grammar_ms_per_token": round(1000 * self.t_grammar / self.n_generated, 4) if self.n_generated else 0.0,
             "t_total_s": round(self.t_total, 4),
             "time_to_first_token_s": round(self.t_first_token, 4),
             "tokens_per_s": round(self.tokens_per_s, 2),
@@ -102,6 +106,7 @@ class GenerationStats:
             "predicted_tokens_per_s": round(self.predicted_tokens_per_s, 2),
             "finish_reason": self.finish_reason,
             "stop_word": self.stop_word,
+            "grammar_error": self.grammar_error,
         }
 
     def summary_line(self) -> str:
@@ -121,4 +126,5 @@ class GenerationStats:
             f"passes {self.n_passes} | drafted {self.n_drafted} accepted {self.n_accepted} "
             f"({100 * self.acceptance:.1f}%) tau {self.mean_accepted_len:.2f} | "
             f"draft {self.t_draft:.2f}s verify {self.t_verify:.2f}s python {self.t_python:.2f}s"
-        )
+        ) + (f" | grammar {self.t_grammar:.3f}s ({100 * self.t_grammar / self.t_decode:.1f}% of decode)"
+             if self.t_grammar else "") + (f"\ngrammar: {self.grammar_error}" if self.grammar_error else "")

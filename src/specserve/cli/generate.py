@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 
 from .common import CliError, add_model_args, add_sampling_args, add_spec_args, load_engine, model_config, \
     sampling_params, spec_params
@@ -19,6 +20,10 @@ def add_parser(sub) -> None:
     src.add_argument("-f", "--file", help="read the prompt from a file ('-' for stdin)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object {text, tokens, stats} instead")
+    g = p.add_argument_group("structured output (docs/structured.md)").add_mutually_exclusive_group()
+    g.add_argument("--json-schema", metavar="FILE", help="constrain the output to JSON valid against this JSON Schema")
+    g.add_argument("--grammar", metavar="FILE", help="constrain the output to this grammar: GBNF (llama.cpp's), or "
+                   "llguidance's Lark if the file starts with %%llguidance or its name ends .lark")
     p.set_defaults(run=run)
 
 
@@ -36,6 +41,23 @@ def read_prompt(args) -> str:
         raise CliError(f"prompt file {args.file} is not UTF-8 text") from None
 
 
+def read_grammar(args) -> str | None:
+    """The llguidance grammar of --json-schema or --grammar, or None."""
+    from ..grammar import GrammarError, from_grammar_text, from_json_schema
+
+    path = args.json_schema or args.grammar
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        return from_json_schema(text) if args.json_schema else from_grammar_text(text, path)
+    except OSError as e:
+        raise CliError(f"cannot read {path}: {e}", 2) from None
+    except (GrammarError, UnicodeDecodeError) as e:
+        raise CliError(f"{path}: {e}", 2) from None
+
+
 def run(args) -> int:
     from ..prompt import prompt_tokens
     from ..stats import GenerationStats
@@ -44,8 +66,14 @@ def run(args) -> int:
     if not prompt:
         raise CliError("empty prompt", 2)
     sampling, spec, cfg = sampling_params(args), spec_params(args), model_config(args)
+    sampling = replace(sampling, grammar=read_grammar(args))
     engine = load_engine(cfg, quiet=args.json)
     try:
+        try:
+            if sampling.grammar is not None:
+                engine.check_grammar(sampling.grammar)
+        except ValueError as e:  # GrammarError: what the grammar cannot do with this vocabulary
+            raise CliError(str(e), 2) from None
         if spec.mode == "draft" and engine.draft is None:
             raise CliError("--spec draft needs a draft model (-md)", 2)
         slot = engine.new_slot()

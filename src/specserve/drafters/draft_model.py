@@ -42,8 +42,9 @@ class DraftModelDrafter(BaseDrafter):
     name = "draft"
 
     def __init__(self, model: Model, ctx: Context, p_min: float = 0.0, draft_min: int = 0,
-                 greedy_acceptance: GreedyAcceptance | None = None):
+                 greedy_acceptance: GreedyAcceptance | None = None, grammar=None):
         self.model = model
+        self.grammar = grammar  # grammar.Constraint: draft under the request's mask; None: unconstrained
         self.ctx = ctx  # owned by the caller: it outlives one request and keeps its prefix
         self.p_min = p_min
         self.draft_min = draft_min
@@ -92,18 +93,34 @@ class DraftModelDrafter(BaseDrafter):
         The cache takes head in its first batch; the next proposal drops what was rejected.
         --draft-min does not apply: head already makes the draft long enough to verify.
         """
+        return steps.direct(self.continue_after_steps(seq, head, k, sampler, stop))
+
+    def continue_after_steps(self, seq: Sequence[int], head: Sequence[int], k: int, sampler: Sampler,
+                             stop: StopRule | None = None) -> steps.Steps:
+        """`continue_after` as a generator of forward passes."""
         view, n = self._see(seq), len(self._view)
         view.extend(t if t < self._n_vocab else 0 for t in head)
         try:
-            return steps.direct(self._draft(view, k, sampler, stop))
+            return (yield from self._draft(view, k, sampler, stop, head))
         finally:
             del view[n:]  # the view holds committed tokens only
 
-    def _draft(self, view: list[int], k: int, sampler: Sampler, stop: StopRule | None) -> steps.Steps:
-        """Up to k tokens after `view` (the draft's view of the sequence, drafted at its positions)."""
+    def _draft(self, view: list[int], k: int, sampler: Sampler, stop: StopRule | None,
+               head: Sequence[int] = ()) -> steps.Steps:
+        """Up to k tokens after `view` (the draft's view of the sequence, drafted at its positions;
+        its last len(head) tokens not committed), under the grammar's mask when there is one."""
         k = min(k, self.ctx.n_ctx - len(view))
         if k <= 0:
             return EMPTY_DRAFT
+        if self.grammar is None:
+            return (yield from self._draw(view, k, sampler, stop))
+        with self.grammar.ahead() as walk:  # each position under the mask its drafted tokens reach
+            if not all(walk.advance(x) for x in head):
+                return EMPTY_DRAFT
+            return (yield from self._draw(view, k, sampler, stop, walk))
+
+    def _draw(self, view: list[int], k: int, sampler: Sampler, stop: StopRule | None,
+                    walk=None) -> steps.Steps:
         pos = len(view)
         logits = yield from steps.sync_and_eval(self.ctx, view)
         tokens: list[int] = []
@@ -111,8 +128,14 @@ class DraftModelDrafter(BaseDrafter):
         confidence: list[float] = []
         eog = self.model.vocab.eog
         for i in range(k):
+            if walk is not None:
+                logits = walk.mask(logits)
+                if logits is None:
+                    break  # the grammar allows nothing the draft can produce: the target will judge
             picked, q = sampler.pick(logits, pos + i)
             x = int(picked[0])
+            if walk is not None and not walk.advance(x):
+                break
             # --draft-p-min and the policy's stop: stop where the draft is unsure. Both look at
             # the draft's distribution only, never at the token drawn from it, so a kept token
             # is still an unbiased draw from q and rejection sampling stays exact.

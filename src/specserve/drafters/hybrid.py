@@ -38,12 +38,21 @@ class HybridDrafter(BaseDrafter):
         if not m:
             return EMPTY_DRAFT
         rest = self.model.continue_after(seq, head.tokens, k - m, sampler, stop) if m < k else EMPTY_DRAFT
-        tokens = [*head.tokens, *rest.tokens]
-        dists = None
-        if not sampler.greedy:  # one one-row q per token: one-hot for the lookup's
-            dists = [Candidates(np.array([[t]], np.int64), np.ones((1, 1), np.float32)) for t in head.tokens]
-            dists += rest.dists or []
-        confidence = None
-        if rest.confidence:
-            confidence = [*(head.confidence or [1.0] * m), *rest.confidence]
-        return Draft(tokens=tokens, dists=dists, confidence=confidence)
+        return chain(head, rest, sampler)
+
+
+def chain(head: Draft, rest: Draft, sampler: Sampler) -> Draft:
+    """One draft of a deterministic head (a lookup's or forced tokens) and what followed it (a
+    draft model's, with its distributions under sampling, or another deterministic run)."""
+    m = len(head)
+    if not len(rest):
+        return Draft(tokens=list(head.tokens), confidence=head.confidence)
+    tokens = [*head.tokens, *rest.tokens]
+    dists = None
+    if not sampler.greedy and rest.dists:  # one one-row q per token: one-hot for the head's
+        dists = [Candidates(np.array([[t]], np.int64), np.ones((1, 1), np.float32)) for t in head.tokens]
+        dists += rest.dists
+    confidence = None
+    if rest.confidence:
+        confidence = [*(head.confidence or [1.0] * m), *rest.confidence]
+    return Draft(tokens=tokens, dists=dists, confidence=confidence)

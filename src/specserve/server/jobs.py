@@ -38,7 +38,7 @@ def prompt_ids(model, req: GenRequest) -> list[int]:
     """Tokenize the prompt or render and tokenize the chat. Raises ApiError(400)."""
     if req.messages is not None:
         try:
-            return chat_tokens(model, req.messages)
+            return chat_tokens(model, req.messages, req.tools.tools if req.tools is not None else None)
         except (ChatTemplateError, ValueError) as e:
             raise bad_request(str(e), "messages") from None
     if isinstance(req.prompt, str):

@@ -1,7 +1,8 @@
 """llama-server's native POST /completion, for scripts written against llama.cpp.
 
 Fields: prompt, n_predict (-1 or absent: until the context fills), temperature, top_k, top_p, min_p,
-seed (-1: random, as in llama-server), stream, stop, ignore_eos, cache_prompt, samplers (where
+seed (-1: random, as in llama-server), stream, stop, ignore_eos, cache_prompt, grammar (GBNF),
+json_schema, response_format (server/structured.py), samplers (where
 they mean what this server does: see params._samplers), and speculation as llama-server spells it (`speculative.n_max`,
 `speculative.n_min`, `speculative.p_min`) or as our `speculative` object. The answer
 carries `content`, `tokens_predicted`, `tokens_evaluated`, `stop` and `timings`
@@ -11,6 +12,8 @@ llama-server does.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -19,6 +22,8 @@ from .jobs import CLIENT_GONE, Job, start
 from .openai_api import speculative_usage, sse_response, traced
 from .params import KEY_SCOPE, GenRequest, check_unsupported, completion_prompt, get, read_json, \
     resolve_profile, sampling_params, spec_params
+from .structured import finish_detail, refuse_constraints
+from .tools import request_constraint
 
 _LLAMA_SPEC_KEYS = {"speculative.n_max": "draft_max", "speculative.n_min": "draft_min",
                     "speculative.p_min": "draft_p_min"}
@@ -50,13 +55,18 @@ def final(job: Job, content: str, tokens: list[int]) -> dict:
     return {"content": content, "tokens": [], "stop": True, "model": job.req.model,
             "tokens_predicted": job.stats.n_generated, "tokens_evaluated": job.stats.n_prompt,
             "tokens_cached": job.stats.n_cached, "truncated": False, "stop_type": stop_type,
-            "stopping_word": word, "timings": timings(job), "speculative": speculative_usage(job)}
+            "stopping_word": word, "timings": timings(job), "speculative": speculative_usage(job),
+            **finish_detail(job.stats)}
 
 
 async def _request(request: Request) -> GenRequest:
     state = request.app.state.server
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
-    return llama_request(body, state, request)
+    req = llama_request(body, state, request)
+    grammar, _ = await request_constraint(body, state.engine, chat=False)  # grammar, json_schema, response_format
+    if grammar is not None:
+        req = dataclasses.replace(req, sampling=dataclasses.replace(req.sampling, grammar=grammar))
+    return req
 
 
 def llama_request(body: dict, state, request: Request, endpoint: str = "llama",
@@ -64,6 +74,8 @@ def llama_request(body: dict, state, request: Request, endpoint: str = "llama",
     """A /completion body (or what /infill leaves of one) -> GenRequest; `prompt` given: the body has none."""
     profile = resolve_profile(body, state.profiles, state.settings.model_name)
     check_unsupported(body)
+    if endpoint != "llama":
+        refuse_constraints(body, endpoint)
     spec_obj = get(body, "speculative", dict)
     flat = {field: body[key] for key, field in _LLAMA_SPEC_KEYS.items() if body.get(key) is not None}
     if flat and spec_obj is not None:

@@ -7,6 +7,7 @@ says who produced each token of its text (trace.py, docs/webui.md).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -23,6 +24,9 @@ from .infill_rules import openai_fim_prompt
 from .jobs import CLIENT_GONE, Job, start
 from .params import COMPLETIONS_MAX_TOKENS, KEY_SCOPE, GenRequest, check_messages, check_unsupported, \
     completion_prompt, get, read_json, resolve_profile, sampling_params, spec_params
+from .structured import finish_detail
+from .toolcalls import CallReader, answer, finish, stream
+from .tools import request_constraint
 from .trace import target_alone_tokens_per_s
 
 log = logging.getLogger("specserve.server")
@@ -109,13 +113,16 @@ async def _request(request: Request, endpoint: str) -> GenRequest:
         raise bad_request("messages must be a non-empty array", "messages")
     if chat:
         check_messages(messages)
+    grammar, tools = await request_constraint(body, state.engine, chat)
+    if grammar is not None:
+        sampling = dataclasses.replace(sampling, grammar=grammar)
     prompt = None if chat else completion_prompt(body)
     if suffix is not None and suffix != "":
         prompt = await openai_fim_prompt(state, prompt, suffix, sampling.max_tokens)
     req = GenRequest(endpoint, profile.name, sampling, spec, verify, stream=get(body, "stream", bool, False),
                      prompt=prompt, messages=messages,
                      include_usage=get(options, "include_usage", bool, False, "stream_options.include_usage"),
-                     cache_prompt=get(body, "cache_prompt", bool, True), limit=limit)
+                     cache_prompt=get(body, "cache_prompt", bool, True), limit=limit, tools=tools)
     return req
 
 
@@ -152,35 +159,50 @@ async def completions(request: Request) -> Response:
                 if chunk.text:
                     yield {**head, "choices": [traced({"text": chunk.text, "index": 0, "logprobs": None,
                                                        "finish_reason": None}, job)]}
-            last = {**head, "choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": job.finish_reason}]}
+            last = {**head, "choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": job.finish_reason,
+                                         **finish_detail(job.stats)}]}
             async for event in _stream_end(head, last, job, req):
                 yield event
         return sse_response(request, job, events)
     return await _respond(request, job, lambda text: {**head, "choices": [traced({
-        "text": text, "index": 0, "logprobs": None, "finish_reason": job.finish_reason}, job, whole=True)]})
+        "text": text, "index": 0, "logprobs": None, "finish_reason": job.finish_reason, **finish_detail(job.stats)},
+        job, whole=True)]})
 
 
 async def chat_completions(request: Request) -> Response:
     req = await _request(request, "chat")
     job = await start(request.app.state.server, req, request)
+    calls = req.tools is not None and req.tools.choice != "none"  # read tool calls back from the text
     if req.stream:
         head = _head("chat.completion.chunk", req)
 
-        def choice(delta: dict, finish: str | None = None, trace: bool = False) -> dict:
-            c = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        def choice(delta: dict, finish: str | None = None, trace: bool = False, detail: dict | None = None) -> dict:
+            c = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, **(detail or {})}
             return {**head, "choices": [traced(c, job) if trace else c]}
 
         async def events(job: Job):
             yield choice({"role": "assistant", "content": ""})
-            async for chunk in job.chunks():
-                if chunk.text:
-                    yield choice({"content": chunk.text}, trace=True)
-            async for event in _stream_end(head, choice({}, job.finish_reason), job, req):
+            if calls:
+                reader = CallReader(req.tools.form)
+                async for delta in stream(reader, job.chunks()):
+                    yield choice(delta)
+                last = choice({}, finish(reader, job.finish_reason), detail=finish_detail(job.stats, reader.cut()))
+            else:
+                async for chunk in job.chunks():
+                    if chunk.text:
+                        yield choice({"content": chunk.text}, trace=True)
+                last = choice({}, job.finish_reason, detail=finish_detail(job.stats))
+            async for event in _stream_end(head, last, job, req):
                 yield event
         return sse_response(request, job, events)
-    return await _respond(request, job, lambda text: {**_head("chat.completion", req), "choices": [traced({
-        "index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-        "finish_reason": job.finish_reason}, job, whole=True)]})
+
+    def body(text: str) -> dict:
+        message, reason, cut = answer(req.tools.form, text, job.finish_reason) if calls else \
+            ({"role": "assistant", "content": text}, job.finish_reason, None)
+        return {**_head("chat.completion", req), "choices": [traced({
+            "index": 0, "message": message, "logprobs": None, "finish_reason": reason,
+            **finish_detail(job.stats, cut)}, job, whole=True)]}
+    return await _respond(request, job, body)
 
 
 async def models(request: Request) -> Response:

@@ -9,7 +9,7 @@ import asyncio
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from starlette.requests import Request
 
@@ -18,6 +18,9 @@ from ..config import GREEDY_TEMPERATURE, SamplingParams, SpecParams, draft_max_c
 from .errors import ApiError, bad_request
 from .guard import KEY_SCOPE  # noqa: F401 - re-exported for the endpoints
 from .profiles import VERIFY_METHODS, Profile
+
+if TYPE_CHECKING:
+    from .tools import ToolRequest
 
 MAX_STOP = 16  # stop strings per request
 MAX_STOP_LEN = 256  # characters per stop string
@@ -43,12 +46,10 @@ _UNSUPPORTED: dict[str, Callable[[object], bool]] = {
     "n": _one_of(1), "best_of": _one_of(1),
     "echo": _off, "logprobs": _off, "top_logprobs": _off, "suffix": _off, "logit_bias": _off,
     "presence_penalty": _off, "frequency_penalty": _off,
-    "tools": _off, "functions": _off, "tool_choice": _one_of("none", "auto"),
-    "function_call": _one_of("none", "auto"),
-    "response_format": lambda v: v == {"type": "text"},
+    "functions": _off, "function_call": _one_of("none", "auto"),  # the deprecated form of tools
     "audio": _off, "modalities": lambda v: v == ["text"], "prediction": _off,
-    # llama-server's sampling and constraint fields
-    "grammar": _off, "json_schema": _off, "n_probs": _off, "image_data": _off, "multimodal_data": _off,
+    # llama-server's sampling fields
+    "n_probs": _off, "image_data": _off, "multimodal_data": _off,
     "repeat_penalty": _one_of(1), "typical_p": _one_of(1), "mirostat": _off, "dry_multiplier": _off,
     "xtc_probability": _off, "dynatemp_range": _off, "top_n_sigma": lambda v: _one_of(-1)(v) or not v,
     "lora": _off,
@@ -75,6 +76,7 @@ class GenRequest:
     # what set sampling.max_tokens, for the context check ("max_tokens=100"); None: nothing did, and
     # generation runs until the context fills
     limit: str | None = None
+    tools: ToolRequest | None = None  # the request's tools: passed to the template, calls read back
 
 
 async def read_body(request: Request, limit: int, timeout: float) -> bytes:
@@ -161,7 +163,7 @@ def check_content_parts(messages: list) -> None:
 
 def check_messages(messages) -> None:
     """400 naming the field for what OpenAI refuses too: a role that is not one of OpenAI's,
-    missing content, non-text content parts, tool calls (not supported yet)."""
+    missing content, non-text content parts, malformed tool calls."""
     if isinstance(messages, list):
         check_content_parts(messages)
     try:

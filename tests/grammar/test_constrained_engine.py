@@ -1,0 +1,96 @@
+"""Constrained generation with speculation on: the same text as the constrained target alone,
+valid output, forced tokens accepted, and a dead end stated."""
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from specserve.config import SamplingParams, SpecParams
+from specserve.engine import Engine
+from specserve.grammar import Constraint, from_json_schema, from_lark
+
+PERSON = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 20},
+    "age": {"type": "integer", "minimum": 0, "maximum": 150},
+    "city": {"type": "string", "enum": ["Paris", "London", "Berlin"]},
+    "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3}},
+    "required": ["name", "age", "city", "tags"], "additionalProperties": False}
+PROMPTS = ["Extract as JSON: Anna is 31, lives in Berlin and likes chess and tea.\nJSON: ",
+           "Bob (44) moved to Paris last year.\nAs JSON: "]
+
+
+@pytest.fixture(scope="module")
+def smol(real_model_paths):
+    from specserve.backends import load_model
+
+    target = load_model(str(real_model_paths["smollm2-f16"]))
+    draft = load_model(str(real_model_paths["smollm2-q4_1"]))
+    engine = Engine(target, draft, n_ctx=1024)
+    yield engine
+    engine.close()
+
+
+def test_greedy_constrained_text_is_the_target_alones_in_every_mode(smol):
+    grammar = from_json_schema(PERSON)
+    slot = smol.new_slot()
+    for prompt in PROMPTS:
+        params = SamplingParams(max_tokens=80, grammar=grammar)
+        alone = slot.generate(prompt, params, SpecParams(mode="none"))
+        assert alone.stats.finish_reason == "stop"
+        jsonschema.validate(json.loads(alone.text), PERSON)
+        for mode in ("draft", "ngram", "suffix", "auto"):
+            g = slot.generate(prompt, params, SpecParams(mode=mode))
+            assert g.text == alone.text, mode
+            assert g.stats.t_grammar > 0 and g.stats.grammar_error is None
+        assert g.stats.n_drafted > 0
+    slot.close()
+
+
+@pytest.mark.parametrize("mode", ["draft", "ngram"])
+def test_gumbel_same_seed_same_text_constrained(smol, mode):
+    grammar = from_json_schema(PERSON)
+    slot = smol.new_slot()
+    for seed in range(3):
+        params = SamplingParams(max_tokens=60, temperature=0.9, seed=seed, grammar=grammar)
+        alone = slot.generate(PROMPTS[0], params, SpecParams(mode="none"), "gumbel")
+        spec = slot.generate(PROMPTS[0], params, SpecParams(mode=mode), "gumbel")
+        assert spec.text == alone.text
+    slot.close()
+
+
+def test_forced_tokens_are_drafted_and_all_accepted(smol):
+    """A grammar that is one literal: everything is forced, proposed by the forced drafter alone
+    (mode ngram has no match in this prompt) and accepted."""
+    literal = '{"status": "ok", "items": [1, 2, 3], "done": true}'
+    grammar = from_lark(f"start: {json.dumps(literal)}")
+    c = Constraint(smol.grammar_tokenizer(), grammar)
+    forced = c.forced(64)
+    assert forced and smol.target.detokenize(forced).decode() == literal[:len(smol.target.detokenize(forced))]
+    g = smol.new_slot().generate("Say something.", SamplingParams(max_tokens=64, grammar=grammar),
+                                 SpecParams(mode="ngram", draft_max=8))
+    assert g.text == literal and g.stats.finish_reason == "stop"
+    # every pass but its own token was forced tokens, all accepted
+    assert g.stats.n_accepted == g.stats.n_drafted >= len(g.tokens) - g.stats.n_passes > 0
+
+
+def test_a_dead_end_ends_with_a_reason(tiny_models):
+    """A grammar that can never end ("c" forever): llguidance gives up on it after "a"; the request
+    stops there and says why, in one line."""
+    lark, reason = 'start: "ab" x\nx: "c" x', "grammar error: "
+    engine = Engine(tiny_models["target"], tiny_models["draft_close"], n_ctx=128)
+    for mode in ("none", "draft"):
+        g = engine.new_slot().generate("hello", SamplingParams(max_tokens=20, grammar=from_lark(lark)),
+                                       SpecParams(mode=mode))
+        assert g.stats.finish_reason == "stop"
+        assert reason in g.stats.grammar_error and "\n" not in g.stats.grammar_error
+        assert "ab".startswith(g.text)
+
+
+def test_complete_grammar_stops(tiny_models):
+    engine = Engine(tiny_models["target"], tiny_models["draft_close"], n_ctx=128)
+    for mode in ("none", "draft"):
+        g = engine.new_slot().generate("hello", SamplingParams(max_tokens=30, grammar=from_lark('start: "yes" | "no"')),
+                                       SpecParams(mode=mode))
+        assert g.text in ("yes", "no") and g.stats.finish_reason == "stop"

@@ -1,0 +1,78 @@
+"""The tools grammar (server/tools.py) against llguidance with a real vocabulary: per tool_choice,
+which answers it lets through. The tiny model carries Qwen2.5's <tool_call> tokens; a second one
+without them spells the tags as text."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+llguidance = pytest.importorskip("llguidance")
+
+from specserve.backends.llama_cpp import LlamaCppModel  # noqa: E402
+from specserve.grammar import from_lark  # noqa: E402
+from specserve.server.tools import call_form, tools_lark  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent.parent))
+import tiny_models  # noqa: E402
+
+LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+WEATHER = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
+           "additionalProperties": False, "x-guidance": LAYOUT}
+TIME = {"type": "object", "properties": {}, "x-guidance": LAYOUT}
+NAMES, SCHEMAS = ("get_weather", "get_time"), [WEATHER, TIME]
+
+
+@pytest.fixture(scope="module", params=["special", "plain"])
+def model(request, tmp_path_factory):
+    added = tiny_models.TOOL_TAGS if request.param == "special" else ()
+    path = tiny_models.write_tiny_model(tmp_path_factory.mktemp("tg") / "m.gguf", seed=1, added_tokens=added,
+                                        chat_template=tiny_models.QWEN_TOOLS_TEMPLATE)
+    return LlamaCppModel(str(path))
+
+
+def call(name: str, arguments: dict) -> str:
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(arguments)}}}\n</tool_call>'
+
+
+PARIS, TIME_CALL = call("get_weather", {"city": "Paris"}), call("get_time", {})
+ANSWERS = {"text": "It is sunny.", "call": PARIS, "two": PARIS + "\n" + TIME_CALL, "time": TIME_CALL,
+           "bad-args": call("get_weather", {"city": "Lyon"}), "loose-layout": PARIS.replace('": "', '":"'),
+           "unknown-fn": call("get_date", {}), "text-then-call": "Let me check.\n" + PARIS}
+# (tool_choice, parallel) -> the answers it lets through; the rest it refuses
+ALLOWED = {
+    ("auto", True): {"text", "call", "two", "time", "text-then-call"},
+    ("auto", False): {"text", "call", "time", "text-then-call"},
+    ("none", True): {"text"},
+    ("required", True): {"call", "two", "time"},
+    ("required", False): {"call", "time"},
+    ("get_time", True): {"time"},
+}
+
+
+def _complete(model, grammar: str, text: str) -> bool:
+    """Whether the text, tokenized as the model would write it, is a whole answer of the grammar."""
+    m = llguidance.LLMatcher(model.grammar_tokenizer(), grammar)
+    assert not m.is_error(), m.get_error()
+    tokens = model.tokenize(text, add_special=False, parse_special=True)
+    return m.validate_tokens(tokens) == len(tokens) and m.consume_tokens(tokens) and m.is_accepting()
+
+
+@pytest.mark.parametrize("choice,parallel", list(ALLOWED), ids=[f"{c}-{p}" for c, p in ALLOWED])
+def test_each_choice_lets_through_what_it_should(model, choice, parallel):
+    form = call_form(model)
+    grammar = from_lark(tools_lark(form, NAMES, SCHEMAS, choice, parallel))
+    allowed = set(ALLOWED[choice, parallel])
+    if not form.special:  # tags spelled as text: a call only at the start; text may then spell a tag
+        allowed = {a for a in allowed if a != "text-then-call"} | ({"text-then-call"} if choice in ("auto", "none")
+                                                                  else set())
+    got = {name for name, text in ANSWERS.items() if _complete(model, grammar, text)}
+    assert got == allowed
+
+
+def test_the_tags_are_special_only_where_they_are_single_tokens(model):
+    form = call_form(model)
+    ids = model.tokenize("<tool_call>", add_special=False, parse_special=True)
+    assert form.special == (len(ids) == 1)
