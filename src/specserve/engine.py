@@ -244,7 +244,7 @@ class Slot:
         policy = engine.policy_for(spec, params.temperature)
         req = _Request(Sampler(params, verify_method), StreamDecoder(engine.target.token_bytes, params.stop),
                        frozenset() if params.ignore_eos else engine.target.vocab.eog,
-                       self._drafters(spec, constraint), policy, constraint)
+                       self._drafters(spec, constraint) if constraint else self._drafters(spec), policy, constraint)
         stats.n_prompt = len(seq)
         t0 = time.perf_counter()
         # Prompt: the target's cache holds everything but the last token, which each step feeds.
