@@ -131,10 +131,8 @@ class Ahead:
 
     def advance(self, token: int) -> bool:
         """Consume `token` tentatively; False (and nothing consumed) if the grammar forbids it."""
-        m = self.c.matcher
-        if not 0 <= token < self.c.n_vocab or m.validate_tokens([token]) != 1:
+        if not 0 <= token < self.c.n_vocab or self.c.matcher.try_consume_tokens([token]) != 1:
             return False
-        m.consume_token(token)
         self.n += 1
         return True
 
