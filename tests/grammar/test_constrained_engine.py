@@ -63,7 +63,7 @@ def assert_constrained_greedy_equal(engine, grammar, prompt, reference, tokens, 
 def test_greedy_constrained_text_is_the_target_alones_in_every_mode(smol):
     grammar = from_json_schema(PERSON)
     slot = smol.new_slot()
-    for text in PROMPTS:
+    for text in PROMPTS[:1]:  # seconds on a quiet machine; the bench's structured workload covers more
         prompt = smol.target.tokenize(text)
         params = SamplingParams(max_tokens=80, grammar=grammar)
         alone = slot.generate(prompt, params, SpecParams(mode="none"))
@@ -73,7 +73,8 @@ def test_greedy_constrained_text_is_the_target_alones_in_every_mode(smol):
             g = slot.generate(prompt, params, SpecParams(mode=mode))
             assert_constrained_greedy_equal(smol, grammar, prompt, alone.tokens, g.tokens, mode)
             assert g.stats.t_grammar > 0 and g.stats.grammar_error is None
-        assert g.stats.n_drafted > 0
+            if mode == "draft":
+                assert g.stats.n_accepted > 0
     slot.close()
 
 
@@ -81,7 +82,7 @@ def test_greedy_constrained_text_is_the_target_alones_in_every_mode(smol):
 def test_gumbel_same_seed_same_text_constrained(smol, mode):
     grammar = from_json_schema(PERSON)
     slot = smol.new_slot()
-    for seed in range(3):
+    for seed in range(2):
         params = SamplingParams(max_tokens=60, temperature=0.9, seed=seed, grammar=grammar)
         alone = slot.generate(PROMPTS[0], params, SpecParams(mode="none"), "gumbel")
         spec = slot.generate(PROMPTS[0], params, SpecParams(mode=mode), "gumbel")
