@@ -241,7 +241,8 @@ class Slot:
             constraint = Constraint(engine.grammar_tokenizer(), params.grammar)
             if constraint.error:
                 raise GrammarError(f"invalid grammar: {constraint.error}")
-        policy = engine.policy_for(spec, params.temperature, constraint is not None)
+        policy = (engine.policy_for(spec, params.temperature, grammar=True) if constraint
+                  else engine.policy_for(spec, params.temperature))
         req = _Request(Sampler(params, verify_method), StreamDecoder(engine.target.token_bytes, params.stop),
                        frozenset() if params.ignore_eos else engine.target.vocab.eog,
                        self._drafters(spec, constraint) if constraint else self._drafters(spec), policy, constraint)
