@@ -24,7 +24,7 @@ from .auto import Controller
 from .auto.profile import learning_controller
 from .drafters import EMPTY_DRAFT, Draft, Drafter, propose_steps
 from .drafters.draft_model import DraftModelDrafter, GreedyAcceptance
-from .drafters.forced import with_grammar
+from .drafters.forced import FORCED, with_grammar
 from .drafters.hybrid import LOOKUPS, HybridDrafter
 from .drafters.ngram import NgramDrafter
 from .drafters.suffix import SuffixDrafter
@@ -124,7 +124,7 @@ class Engine:
             self._uncalibrated = False
             self.controller.calibrate("draft", *token_seconds(self.draft, self.target))
 
-    def policy_for(self, spec: SpecParams, temperature: float = 0.0) -> Policy:
+    def policy_for(self, spec: SpecParams, temperature: float = 0.0, grammar: bool = False) -> Policy:
         if spec.mode == "none" or spec.draft_max == 0:
             return FixedPolicy(None, 0)
         if not self.can_speculate:
@@ -142,7 +142,7 @@ class Engine:
             return FixedPolicy("suffix", spec.suffix_max)
         if self.controller is not None:
             self.calibrate()
-            return self.controller.policy(spec, self.drafter_names, temperature)
+            return self.controller.policy(spec, self.drafter_names + [FORCED] * grammar, temperature)
         return FixedPolicy(self.drafter_names[0], spec.draft_max)
 
     def check_grammar(self, grammar: str) -> None:
@@ -244,10 +244,11 @@ class Slot:
             constraint = Constraint(engine.grammar_tokenizer(), params.grammar)
             if constraint.error:
                 raise GrammarError(f"invalid grammar: {constraint.error}")
-        policy = engine.policy_for(spec, params.temperature)
+        policy = (engine.policy_for(spec, params.temperature, grammar=True) if constraint
+                  else engine.policy_for(spec, params.temperature))
         req = _Request(Sampler(params, verify_method), StreamDecoder(engine.target.token_bytes, params.stop),
                        frozenset() if params.ignore_eos else engine.target.vocab.eog,
-                       self._drafters(spec, constraint), policy, constraint)
+                       self._drafters(spec, constraint) if constraint else self._drafters(spec), policy, constraint)
         stats.n_prompt = len(seq)
         t0 = time.perf_counter()
         # Prompt: the target's cache holds everything but the last token, which each step feeds.

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 
 import jsonschema
+import numpy as np
 import pytest
 
 from specserve.config import SamplingParams, SpecParams
 from specserve.engine import Engine
 from specserve.grammar import Constraint, from_json_schema, from_lark
+from test_lossless import EPS_F16
 
 PERSON = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 20},
@@ -32,19 +34,47 @@ def smol(real_model_paths):
     engine.close()
 
 
+def masked_top2_gap(engine: Engine, grammar: str, prompt: list[int], tokens: list[int]) -> float:
+    """The constrained target's top-2 logit gap before the last of `tokens`, one token at a time."""
+    c = Constraint(engine.grammar_tokenizer(), grammar)
+    c.commit(tokens[:-1])
+    ctx = engine.target.new_context(1024)
+    try:
+        with c.ahead() as walk:
+            row = walk.mask(ctx.eval([*prompt, *tokens[:-1]])[0].copy())
+        top = np.sort(row)[-2:]
+        return float(top[1] - top[0])
+    finally:
+        ctx.close()
+
+
+def assert_constrained_greedy_equal(engine, grammar, prompt, reference, tokens, label):
+    """Equal token for token, or diverging only where the constrained target's top two are a near-tie
+    (llama.cpp's batched and one-token logits differ in the last bits: test_lossless.py)."""
+    n = min(len(reference), len(tokens))
+    i = next((i for i in range(n) if reference[i] != tokens[i]), None)
+    if i is None:
+        assert len(reference) == len(tokens), label
+        return
+    gap = masked_top2_gap(engine, grammar, prompt, reference[: i + 1])
+    assert gap < EPS_F16, f"{label}: diverged at token {i} where the masked top-2 gap is {gap:.4f}"
+
+
 def test_greedy_constrained_text_is_the_target_alones_in_every_mode(smol):
     grammar = from_json_schema(PERSON)
     slot = smol.new_slot()
-    for prompt in PROMPTS:
+    for text in PROMPTS[:1]:  # seconds on a quiet machine; the bench's structured workload covers more
+        prompt = smol.target.tokenize(text)
         params = SamplingParams(max_tokens=80, grammar=grammar)
         alone = slot.generate(prompt, params, SpecParams(mode="none"))
         assert alone.stats.finish_reason == "stop"
         jsonschema.validate(json.loads(alone.text), PERSON)
         for mode in ("draft", "ngram", "suffix", "auto"):
             g = slot.generate(prompt, params, SpecParams(mode=mode))
-            assert g.text == alone.text, mode
+            assert_constrained_greedy_equal(smol, grammar, prompt, alone.tokens, g.tokens, mode)
             assert g.stats.t_grammar > 0 and g.stats.grammar_error is None
-        assert g.stats.n_drafted > 0
+            if mode == "draft":
+                assert g.stats.n_accepted > 0
     slot.close()
 
 
@@ -52,7 +82,7 @@ def test_greedy_constrained_text_is_the_target_alones_in_every_mode(smol):
 def test_gumbel_same_seed_same_text_constrained(smol, mode):
     grammar = from_json_schema(PERSON)
     slot = smol.new_slot()
-    for seed in range(3):
+    for seed in range(2):
         params = SamplingParams(max_tokens=60, temperature=0.9, seed=seed, grammar=grammar)
         alone = slot.generate(PROMPTS[0], params, SpecParams(mode="none"), "gumbel")
         spec = slot.generate(PROMPTS[0], params, SpecParams(mode=mode), "gumbel")

@@ -58,13 +58,16 @@ class EndpointClient:
         return self._model
 
     def generate(self, messages: list[dict], max_tokens: int, temperature: float, seed: int | None,
-                 ignore_eos: bool = False) -> dict:
+                 ignore_eos: bool = False, schema: dict | None = None) -> dict:
         """Stream one chat completion; return its timing in the shape of GenerationStats.as_dict(), and
-        under "text" what it answered."""
+        under "text" what it answered. schema: constrain it (OpenAI's response_format, which llama-server,
+        vLLM and specserve take)."""
         body = {"model": self.model, "messages": list(messages), "max_tokens": max_tokens,
                 "temperature": temperature, "stream": True}
         if seed is not None:
             body["seed"] = seed
+        if schema is not None:
+            body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
         if ignore_eos:
             body["ignore_eos"] = True  # llama-server, vLLM and specserve accept it; others ignore it
         if self._usage_supported:

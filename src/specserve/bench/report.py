@@ -20,6 +20,7 @@ import time
 from collections import Counter, defaultdict
 
 from .runner import IN_PROCESS, BenchConfig, Measurement
+from .structured import valid_share
 from .workloads import TURNS
 
 ALL = "all"
@@ -74,7 +75,16 @@ def summarize_config(config: BenchConfig, runs: list[Measurement], baseline: dic
         "drafter_steps": dict(steps),
         "ttft_s": round(statistics.median(ttft.values()), 4) if ttft else 0.0,
         "n_generated": sum(m.stats.get("n_generated", 0) for m in runs),
+        "valid": valid_share([m.stats for m in runs]),  # share of schema-carrying outputs that validate
+        "grammar_ms_per_token": _grammar_ms(runs),
     }
+
+
+def _grammar_ms(runs: list[Measurement]) -> float | None:
+    """Grammar work (masks, matcher) per generated token over the runs that had any (in-process only)."""
+    t = sum(m.stats.get("t_grammar_s") or 0.0 for m in runs)
+    n = sum(m.stats.get("n_generated", 0) for m in runs if m.stats.get("t_grammar_s"))
+    return round(1000 * t / n, 4) if n else None
 
 
 def summarize(configs: list[BenchConfig], results: list[Measurement], memory: dict) -> list[dict]:

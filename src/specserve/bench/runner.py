@@ -25,6 +25,7 @@ from ..auto import Controller
 from ..drafters.suffix_store import SuffixStore
 from ..engine import Engine, token_seconds
 from ..prompt import chat_tokens, prompt_tokens
+from .structured import grammar_for, validates
 from .workloads import BenchPrompt, resolve_messages
 
 WARMUP_TOKENS = 16
@@ -163,7 +164,9 @@ class BenchPlan:
     def sampling(self, temperature: float, prompt: BenchPrompt, max_tokens: int | None = None) -> SamplingParams:
         seed = (self.seed * 1_000_003 + zlib.crc32(f"{prompt.workload}/{prompt.index}".encode())) % 2**31
         n = max_tokens or self.max_tokens or prompt.max_tokens or 128
-        return SamplingParams(temperature=temperature, seed=seed, max_tokens=n, ignore_eos=self.ignore_eos)
+        grammar = grammar_for(prompt.schema) if prompt.schema is not None and prompt.constrain else None
+        return SamplingParams(temperature=temperature, seed=seed, max_tokens=n, ignore_eos=self.ignore_eos,
+                              grammar=grammar)
 
 
 class LocalModels:
@@ -288,12 +291,13 @@ def run_benchmark(plan: BenchPlan, local: LocalModels, endpoints: dict,
             bar.set_postfix_str(config.name, refresh=False)
             sampling = plan.sampling(temperature, prompt, max_tokens)
             run_key = (config.name, repeat, temperature, prompt.workload)
+            schema = prompt.schema if sampling.grammar is not None else None  # sent with the request
             messages = resolve_messages(prompt, {i: answers.get((*run_key, i), "") for i in prompt.answers_needed})
             if repeat is None and prompt.turn:
                 messages = list(WARMUP_MESSAGES)
             if config.spec == "endpoint":
                 stats = endpoints[config.endpoint].generate(messages, sampling.max_tokens, temperature, sampling.seed,
-                                                            plan.ignore_eos)
+                                                            plan.ignore_eos, schema=schema)
                 text = stats.pop("text", "")
             else:
                 dynamic = prompt.answers_needed or repeat is None and prompt.turn
@@ -301,9 +305,12 @@ def run_benchmark(plan: BenchPlan, local: LocalModels, endpoints: dict,
                          else f"{configs.index(config)}#{repeat}@{temperature:g}")
                 messages = messages if dynamic else None
                 if config.via == "server":
-                    stats, text = served.run(config, local.prompt_ids(prompt, messages), sampling, plan.verify, scope)
+                    stats, text = served.run(config, local.prompt_ids(prompt, messages), sampling, plan.verify, scope,
+                                             schema=schema)
                 else:
                     stats, text = local.run(config, prompt, sampling, plan.verify, messages, scope)
+            if prompt.schema is not None:
+                stats["valid"] = validates(text, prompt.schema)
             if repeat is not None:
                 answers[(*run_key, prompt.index)] = text
             bar.update()

@@ -102,9 +102,9 @@ class ServedModels:
         return self.servers[draft if draft in self.servers else next(iter(self.servers))].url
 
     def run(self, config, tokens: list[int], sampling: SamplingParams, verify: str,
-            scope: str | None = None) -> tuple[dict, str]:
+            scope: str | None = None, schema: dict | None = None) -> tuple[dict, str]:
         """(stats, text) of one streamed request: the configuration's `speculative` object over the
-        server's defaults, from a cold cache."""
+        server's defaults, from a cold cache; constrained to `schema` (the body's `json_schema`) if given."""
         mode = "auto" if config.spec == "auto-fresh" else config.spec
         k = config.draft_max if mode != "none" else 0
         speculative = {"mode": mode, "draft_max": k, "suffix_max": k if mode == "suffix" else SUFFIX_MAX_DEFAULT,
@@ -112,6 +112,8 @@ class ServedModels:
         body = {"prompt": tokens, "max_tokens": sampling.max_tokens, "temperature": sampling.temperature,
                 "seed": sampling.seed, "ignore_eos": sampling.ignore_eos, "stream": True,
                 "stream_options": {"include_usage": True}, "cache_prompt": False, "speculative": speculative}
+        if schema is not None:
+            body["json_schema"] = schema
         url = self.url(config.draft_model) + "/v1/completions"
         parts, usage, finish = [], None, ""
         t0 = time.perf_counter()

@@ -104,9 +104,28 @@ def path_table(paths: list[dict]) -> list[str]:
     return lines + [""]
 
 
+def structured_table(entries: list[dict]) -> list[str]:
+    """Per configuration and workload with JSON Schemas: speed, acceptance, the share of outputs that
+    validate, and the grammar's own time per token (in-process runs)."""
+    rows = [e for e in entries if e.get("valid") is not None and e["workload"] != ALL]
+    if not rows:
+        return []
+    width = _name_width(rows)
+    wl = max(len("workload"), *(len(e["workload"]) for e in rows))
+    lines = ["structured output: outputs that parse and validate against their schema",
+             f"{'configuration':<{width}} {'workload':<{wl}} {'T':>4} {'tok/s':>7} {'speedup':>8} {'accept':>7} "
+             f"{'valid':>7} {'grammar ms/tok':>14}"]
+    for e in rows:
+        accept = f"{100 * e['acceptance']:.1f}%" if e["n_drafted"] and e["acceptance"] is not None else "-"
+        gms = f"{e['grammar_ms_per_token']:.3f}" if e.get("grammar_ms_per_token") is not None else "-"
+        lines.append(f"{e['name']:<{width}} {e['workload']:<{wl}} {e['temperature']:>4g} {e['tokens_per_s']:>7.1f} "
+                     f"{e['speedup']:>7.2f}x {accept:>7} {100 * e['valid']:>6.1f}% {gms:>14}")
+    return lines + [""]
+
+
 def render(entries: list[dict], recommendation: dict, memory: dict, turns: list[dict] = (),
            paths: list[dict] = ()) -> str:
-    lines = ranked_tables(entries) + workload_matrix(entries) + turn_table(list(turns)) + path_table(list(paths)) \
-        + memory_lines(memory)
+    lines = ranked_tables(entries) + workload_matrix(entries) + structured_table(entries) + turn_table(list(turns)) \
+        + path_table(list(paths)) + memory_lines(memory)
     lines.append(f"recommendation: {recommendation['text']}")
     return "\n".join(lines)

@@ -8,24 +8,28 @@ lookup drafts well), `code-edit-long` (a rename or a small change to a whole 40-
 file in Python, Go, JavaScript, Rust or TypeScript, returned whole: 240-560-token
 prompts, answers that copy most of them, the work of an editor's assistant) and
 `multi-turn` (conversations that re-send or edit earlier answers, where cross-request
-drafting pays; see `multi_turn`). Any workload's name followed by `:twice` (`code-edit:twice`) sends each
-of its prompts, then the same request again (turns first and retry). Anything else is read as a JSONL file, one prompt a
+drafting pays; see `multi_turn`), `structured` (extraction, classification, nested objects and
+tool calls, each prompt with its JSON Schema: run constrained to it, docs/structured.md). Any workload's name followed by `:twice` (`code-edit:twice`) sends each
+of its prompts, then the same request again (turns first and retry); followed by `:unconstrained`, the same
+prompts unconstrained (still validated against their schemas: to compare constrained with free generation in one run). Anything else is read as a JSONL file, one prompt a
 line:
 
     {"prompt": "text"} or {"messages": [{"role": "user", "content": "..."}]}
-    optional: "temperature", "max_tokens", "category", "chat" (false: no chat template)
+    optional: "temperature", "max_tokens", "category", "chat" (false: no chat template),
+              "schema" (a JSON Schema the output is constrained to and validated against)
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
 SPEC_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem",
                          "humanities", "translation", "summarization", "qa", "math_reasoning", "rag")
-BUILTIN_WORKLOADS = ("code-edit", "code-edit-long", "multi-turn", "spec-bench", *SPEC_BENCH_CATEGORIES)
+BUILTIN_WORKLOADS = ("code-edit", "code-edit-long", "multi-turn", "structured", "spec-bench", *SPEC_BENCH_CATEGORIES)
 TWICE = ":twice"  # a workload name's suffix: each of its prompts, then the same request again
+UNCONSTRAINED = ":unconstrained"  # a workload name's suffix: its prompts without their schemas
 # The later turns of a multi-turn conversation, after the question and a retry of it.
 FOLLOW_UPS = (("rename", "Rename the first function you defined to `solution`, update every use of it, and "
                          "return the whole file."),
@@ -49,6 +53,8 @@ class BenchPrompt:
     max_tokens: int | None = None  # the file's own setting; -n overrides it
     chat: bool = True
     turn: str = ""  # in a multi-turn conversation: its kind, one of TURNS
+    schema: dict | None = None  # a JSON Schema the output is validated against, and constrained to if `constrain`
+    constrain: bool = True
 
     @property
     def answers_needed(self) -> list[int]:
@@ -65,12 +71,15 @@ def load_workload(name_or_path: str, n_prompts: int) -> list[BenchPrompt]:
     """Up to n_prompts prompts of a built-in workload or a JSONL file, spread evenly over it."""
     if n_prompts <= 0:
         raise ValueError(f"prompts per workload must be > 0, got {n_prompts}")
+    if name_or_path.endswith(UNCONSTRAINED):
+        return [replace(p, workload=name_or_path, constrain=False)
+                for p in load_workload(name_or_path[:-len(UNCONSTRAINED)], n_prompts)]
     if name_or_path.endswith(TWICE):
         return sent_twice(load_workload(name_or_path[:-len(TWICE)], -(-n_prompts // 2)), name_or_path)[:n_prompts]
     key = name_or_path.replace("-", "_")
     if key == "multi_turn":
         return multi_turn(n_prompts)
-    if key in ("code_edit", "code_edit_long"):
+    if key in ("code_edit", "code_edit_long", "structured"):
         rows, name = _read_jsonl(resources.files("specserve") / "data" / f"{key}.jsonl"), key.replace("_", "-")
     elif key == "spec_bench" or key in SPEC_BENCH_CATEGORIES:
         rows, name = _spec_bench(None if key == "spec_bench" else key), key.replace("spec_bench", "spec-bench")
@@ -110,8 +119,7 @@ def multi_turn(n_prompts: int) -> list[BenchPrompt]:
 def sent_twice(prompts: list[BenchPrompt], name: str) -> list[BenchPrompt]:
     """Each prompt, then the same request again (turns "first" and "retry"): what a server's memory of
     earlier requests is worth when a client repeats one (a retry, a regenerate button, an agent's loop)."""
-    return [BenchPrompt(name, 2 * i + t, p.messages, p.category, p.temperature, p.max_tokens, p.chat, turn)
-            for i, p in enumerate(prompts) for t, turn in enumerate(("first", "retry"))]
+    return [replace(p, workload=name, index=2 * i + t, turn=turn) for i, p in enumerate(prompts) for t, turn in enumerate(("first", "retry"))]
 
 
 def resolve_messages(prompt: BenchPrompt, answers: dict[int, str]) -> list[dict]:
@@ -173,6 +181,9 @@ def _prompt(workload: str, index: int, row: dict, where: str) -> BenchPrompt:
         raise ValueError(f"{where}: temperature must be a number >= 0, got {temperature!r}")
     if max_tokens is not None and not (isinstance(max_tokens, int) and max_tokens > 0):
         raise ValueError(f"{where}: max_tokens must be a positive integer, got {max_tokens!r}")
+    schema = row.get("schema")
+    if schema is not None and not isinstance(schema, dict):
+        raise ValueError(f"{where}: schema must be a JSON Schema object")
     return BenchPrompt(workload, index, tuple(dict(m) for m in messages), str(row.get("category", workload)),
                        None if temperature is None else float(temperature), max_tokens,
-                       bool(row.get("chat", True)))
+                       bool(row.get("chat", True)), schema=schema)

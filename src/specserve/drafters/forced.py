@@ -46,6 +46,7 @@ class ForcedThen(BaseDrafter):
 
     def __init__(self, constraint, inner: Drafter):
         self.constraint, self.inner, self.name = constraint, inner, inner.name
+        self._m = 0  # forced tokens at the head of the last proposal
 
     def missing(self, prompt: Sequence[int]) -> int:
         return self.inner.missing(prompt)
@@ -60,7 +61,7 @@ class ForcedThen(BaseDrafter):
         return self.inner.peek(seq)
 
     def accepted(self, n: int) -> None:
-        self.inner.accepted(n)
+        self.inner.accepted(max(0, n - self._m))  # what it kept of its own tokens
 
     def propose(self, seq: Sequence[int], k: int, sampler: Sampler, stop: StopRule | None = None) -> Draft:
         return steps.direct(self.propose_steps(seq, k, sampler, stop))
@@ -69,6 +70,7 @@ class ForcedThen(BaseDrafter):
                       stop: StopRule | None = None) -> steps.Steps:
         head = self.constraint.forced(k)
         m, inner = len(head), self.inner
+        self._m = m
         if m >= k:
             rest = EMPTY_DRAFT
         elif hasattr(inner, "continue_after_steps"):  # a draft model: drafts under the mask itself

@@ -28,6 +28,7 @@ class Constraint:
         self._bits = llg_np.allocate_token_bitmask(_ROWS, self.n_vocab)
         self._row0_at = -1  # the committed length whose row-0 mask _bits[0] holds; -1: none
         self.n_committed = 0
+        self._forced: tuple[int, list[int]] = (-1, [])  # (committed length, its fast-forward tokens)
         self.error: str | None = _first_line(self.matcher.get_error()) if self.matcher.is_error() else None
         self.seconds = time.perf_counter() - t
 
@@ -65,11 +66,11 @@ class Constraint:
         """Up to k tokens the grammar forces next (llguidance's fast-forward tokens)."""
         if k <= 0 or self.error is not None:
             return []
-        t = time.perf_counter()
-        try:
-            return self.matcher.compute_ff_tokens()[:k]
-        finally:
+        if self._forced[0] != self.n_committed:  # once per committed state: peek, shadow and propose ask
+            t = time.perf_counter()
+            self._forced = (self.n_committed, self.matcher.compute_ff_tokens())
             self.seconds += time.perf_counter() - t
+        return self._forced[1][:k]
 
     def valid_prefix(self, tokens: Sequence[int], after: Sequence[int] = ()) -> int:
         """How many of `tokens` the grammar allows in a row after the committed ones and `after`."""
@@ -131,10 +132,8 @@ class Ahead:
 
     def advance(self, token: int) -> bool:
         """Consume `token` tentatively; False (and nothing consumed) if the grammar forbids it."""
-        m = self.c.matcher
-        if not 0 <= token < self.c.n_vocab or m.validate_tokens([token]) != 1:
+        if not 0 <= token < self.c.n_vocab or self.c.matcher.try_consume_tokens([token]) != 1:
             return False
-        m.consume_token(token)
         self.n += 1
         return True
 
