@@ -64,10 +64,10 @@ def test_random_texts_and_stops_do_not_depend_on_grouping():
 def test_llama_api_reports_the_stop_word_that_cut_the_text():
     from specserve.server.llama_api import final
 
-    stats = SimpleNamespace(finish_reason="stop", stop_word="Paris", n_generated=1, n_prompt=5, n_cached=0,
-                            t_prompt=0.1, t_total=0.2, n_drafted=0, n_accepted=0, drafter_steps={}, n_passes=1,
-                            acceptance=0.0, mean_accepted_len=1.0, tokens_per_s=10.0, t_decode=0.1,
-                            drafted_by_position=[], accepted_by_position=[])
+    from specserve.stats import GenerationStats
+
+    stats = GenerationStats(finish_reason="stop", stop_word="Paris", n_generated=1, n_prompt=5, n_passes=1,
+                            t_prompt=0.1, t_total=0.2)  # the real stats, so the fake cannot fall behind them
     req = SimpleNamespace(model="m", sampling=SamplingParams(stop=("is", "Paris")), spec=SpecParams(), verify="gumbel")
     job = SimpleNamespace(stats=stats, req=req, state=None)
     out = final(job, " ", [12])
