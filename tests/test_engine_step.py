@@ -43,7 +43,7 @@ def test_a_new_drafter_plugs_in_by_name(tiny_models, monkeypatch):
     monkeypatch.setattr(Slot, "_drafters", lambda self, spec: {"repeat": repeat})
     engine = Engine(target, None, n_ctx=256)
     policy = Listening("repeat", 3)
-    monkeypatch.setattr(engine, "policy_for", lambda spec, temperature=0.0: policy)
+    monkeypatch.setattr(engine, "policy_for", lambda spec, temperature=0.0, grammar=False: policy)
     slot = engine.new_slot()
     params = SamplingParams(max_tokens=20, ignore_eos=True)
     g = slot.generate("a a a a a a", params, SpecParams(mode="auto"))
@@ -71,7 +71,7 @@ def test_drafters_that_did_not_draft_are_judged_against_what_was_committed(tiny_
     policy = Listening("repeat", 3)
     outcomes = []
     policy.observe = outcomes.append
-    monkeypatch.setattr(engine, "policy_for", lambda spec, temperature=0.0: policy)
+    monkeypatch.setattr(engine, "policy_for", lambda spec, temperature=0.0, grammar=False: policy)
     g = engine.new_slot().generate("a a a a a a", SamplingParams(max_tokens=20, ignore_eos=True), SpecParams(mode="auto"))
     done = 0
     for o in outcomes:

@@ -37,6 +37,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     grammar: str | None = None  # an llguidance grammar (specserve.grammar builds them); None: unconstrained
+    heal: bytes = b""  # the answer must begin with these bytes, which are not sent (grammar.healing)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and 0 <= self.temperature <= MAX_TEMPERATURE):

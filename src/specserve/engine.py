@@ -29,7 +29,7 @@ from .drafters.hybrid import LOOKUPS, HybridDrafter
 from .drafters.ngram import NgramDrafter
 from .drafters.suffix import SuffixDrafter
 from .drafters.suffix_store import SuffixStore
-from .grammar import Constraint, GrammarError, check
+from .grammar import Constraint, GrammarError, TokenHealing, check, for_request
 from .policy import OFF, Choice, FixedPolicy, Outcome, Policy, judge, tell_offers, wants_offers
 from .sampling import Sampler
 from .stats import GenerationStats
@@ -239,14 +239,10 @@ class Slot:
             raise ValueError("empty prompt")
         if len(seq) >= engine.n_ctx:
             raise ContextOverflow(f"prompt is {len(seq)} tokens but the context holds {engine.n_ctx}")
-        constraint = None
-        if params.grammar is not None:
-            constraint = Constraint(engine.grammar_tokenizer(), params.grammar)
-            if constraint.error:
-                raise GrammarError(f"invalid grammar: {constraint.error}")
-        policy = (engine.policy_for(spec, params.temperature, grammar=True) if constraint
-                  else engine.policy_for(spec, params.temperature))
-        req = _Request(Sampler(params, verify_method), StreamDecoder(engine.target.token_bytes, params.stop),
+        constraint = for_request(params.grammar, params.heal, engine.grammar_tokenizer, engine.target)
+        policy = engine.policy_for(spec, params.temperature, grammar=params.grammar is not None)
+        req = _Request(Sampler(params, verify_method), StreamDecoder(engine.target.token_bytes, params.stop,
+                                                                     skip=len(params.heal)),
                        frozenset() if params.ignore_eos else engine.target.vocab.eog,
                        self._drafters(spec, constraint) if constraint else self._drafters(spec), policy, constraint)
         stats.n_prompt = len(seq)
@@ -391,7 +387,7 @@ class _Request:
     eog: frozenset[int]
     drafters: dict[str, Drafter]
     policy: Policy
-    constraint: Constraint | None = None  # the grammar's state over the committed tokens
+    constraint: Constraint | TokenHealing | None = None  # the grammar's (or healing's) state over the committed tokens
     t_draft: float = 0.0
     t_verify: float = 0.0
     shadow: dict[str, list[int]] = field(default_factory=dict)  # what this step's matching lookups would propose

@@ -147,6 +147,16 @@ def layout(fim: FimTokens, tokenize: Callable[[str], list[int]], req: Infill, n_
     return out
 
 
+def healed(model, tokens: list[int], req: Infill) -> tuple[list[int], bytes]:
+    """Token healing at the cursor: `tokens` (req laid out) less the prompt's last token, and that
+    token's bytes, which the answer must begin with (grammar.healing). A cursor inside a word
+    (`    fr`) otherwise leaves the model at a token boundary it never saw in training. Without a
+    prompt, the layout ends with FIM_MID and nothing is healed."""
+    if not req.prompt or len(tokens) < 2:
+        return tokens, b""
+    return tokens[:-1], model.token_bytes(tokens[-1])
+
+
 def model_layout(model, req: Infill, n_ctx: int, n_predict: int = 0, n_batch: int = DEFAULT_BATCH) -> list[int]:
     """`layout` for a loaded model: its FIM tokens, its tokenizer, its BOS if it adds one.
     Raises FimUnsupported."""

@@ -16,8 +16,9 @@ class StreamDecoder:
     that verified several tokens ends where one token at a time would have ended.
     """
 
-    def __init__(self, token_bytes: Callable[[int], bytes], stop: Sequence[str] = ()):
+    def __init__(self, token_bytes: Callable[[int], bytes], stop: Sequence[str] = (), skip: int = 0):
         self._token_bytes = token_bytes
+        self._skip = skip  # leading bytes of the output not to emit (healed text the client already has)
         self._stop = [s for s in stop if s]
         self._hold = max((len(s) for s in self._stop), default=1) - 1
         self._pending = b""  # bytes not yet forming whole characters
@@ -31,7 +32,10 @@ class StreamDecoder:
         if self.stopped:
             return "", 0
         for n, token in enumerate(tokens, 1):
-            self._pending += self._token_bytes(token)
+            piece = self._token_bytes(token)
+            if self._skip:
+                piece, self._skip = piece[self._skip:], max(0, self._skip - len(piece))
+            self._pending += piece
             text, self._pending = _split_utf8(self._pending)
             self._text += text
             if text and self._stop and self._find_stop(len(text)):

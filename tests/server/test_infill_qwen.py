@@ -39,3 +39,28 @@ def test_n_indent_and_t_max_predict_ms_on_a_real_code_model(tmp_path):
             assert timed["content"] == full[:nl + 1] and timed["stop_type"] == "limit"
     finally:
         assert srv.stop() == 0
+
+
+def test_a_cursor_inside_a_word_is_healed(tmp_path):
+    """The prompt's last token is backed off and the answer must begin with its text: `out.app`
+    goes on as `end(` (not `ends(`), and an indented empty line does not get a ninth space."""
+    from specserve import models
+
+    qwen = models.ensure("qwen2.5-coder-0.5b")
+    srv = ServerProcess(["-m", str(qwen), "-c", "1024", "--parallel", "1", "--spec", "auto", "-t", "2"],
+                        tmp_path / "serve.log")
+    try:
+        with srv.client() as c:
+            def infill(prompt: str) -> dict:
+                r = c.post("/infill", json={"input_prefix": "import os\n\n\n" + PREFIX, "input_suffix": SUFFIX,
+                                            "prompt": prompt, "n_predict": 12, "temperature": 0})
+                assert r.status_code == 200, r.text
+                return r.json()
+
+            assert infill("        out.app")["content"].startswith("end(")
+            assert infill("        ")["content"].startswith("out.append(")
+            typed = infill("        out.append(")  # a keystroke later: only the new tokens are evaluated
+            assert typed["content"].startswith("line")
+            assert typed["tokens_evaluated"] - typed["tokens_cached"] <= 3, typed
+    finally:
+        assert srv.stop() == 0

@@ -17,6 +17,9 @@ import numpy as np
 import llguidance
 import llguidance.numpy as llg_np
 
+from .healing import TokenHealing, vocab_of
+from .sources import GrammarError
+
 _ROWS = 65  # mask rows kept ready: a draft of up to 64 tokens and the bonus row
 
 
@@ -149,6 +152,17 @@ class Ahead:
         out = apply(np.atleast_2d(logits), bits)
         self.c.seconds += time.perf_counter() - t
         return out.reshape(logits.shape) if np.isfinite(out).any() else None
+
+
+def for_request(grammar: str | None, heal: bytes, tokenizer, model) -> "Constraint | TokenHealing | None":
+    """A request's constraint: its grammar's matcher (tokenizer(): the target's llguidance
+    tokenizer), else its token healing over the model's vocabulary, else None."""
+    if grammar is not None:
+        constraint = Constraint(tokenizer(), grammar)
+        if constraint.error:
+            raise GrammarError(f"invalid grammar: {constraint.error}")
+        return constraint
+    return TokenHealing(vocab_of(model), heal) if heal else None
 
 
 def _first_line(message: str) -> str:

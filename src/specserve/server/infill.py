@@ -22,7 +22,7 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..fim import Infill
+from ..fim import Infill, healed
 from .errors import bad_request
 from .infill_rules import LineRules, fim_prompt, select_fields, warm_steps
 from .jobs import CLIENT_GONE, DISCONNECT_CHECK_S, Job, start
@@ -115,7 +115,8 @@ async def infill(request: Request) -> Response:
     req, fim_req, options = await _parse(request)
     target = state.engine.target
     tokens = await anyio.to_thread.run_sync(fim_prompt, target, fim_req, state.engine.n_ctx, options["n_predict"])
-    req = dataclasses.replace(req, prompt=tokens)
+    tokens, heal = healed(target, tokens, fim_req)
+    req = dataclasses.replace(req, prompt=tokens, sampling=dataclasses.replace(req.sampling, heal=heal))
     t_start = time.perf_counter()
     job = await start(state, req, request, warm_steps if options["warm"] else None)
     # the time rule counts from the end of the prompt, as llama-server's t_start_generation
