@@ -267,14 +267,14 @@ def test_6_completions_default_to_16_tokens(http):
 
 
 @pytest.mark.parametrize("fields,param", [
-    ({"id_slot": 0}, "id_slot"), ({"n_keep": 8}, "n_keep"), ({"t_max_predict_ms": 500}, "t_max_predict_ms"),
+    ({"n_keep": 8}, "n_keep"), ({"t_max_predict_ms": 500}, "t_max_predict_ms"),
     ({"samplers": ["top_k", "mirostat", "temperature"]}, "samplers"),
     ({"samplers": ["top_k", "top_p"]}, "samplers"),  # no temperature: llama-server samples at 1
     ({"samplers": ["temperature", "top_p", "top_p"]}, "samplers"),
     ({"samplers": ["top_k", "top_p", "min_p", "temperature"], "temperature": 0.8, "top_p": 0.9}, "samplers"),
     ({"samplers": "kpmt", "temperature": 0.8, "min_p": 0.1}, "samplers"),
     ({"samplers": 7}, "samplers"),
-], ids=["id_slot", "n_keep", "t_max_predict_ms", "unknown-sampler", "no-temperature", "twice",
+], ids=["n_keep", "t_max_predict_ms", "unknown-sampler", "no-temperature", "twice",
         "temperature-last", "letters-temperature-last", "not-a-list"])
 def test_6_llama_fields_we_cannot_honour_are_refused(http, fields, param):
     r = http.post(L, json={"prompt": "the cat", "n_predict": 2, **fields})
@@ -282,12 +282,17 @@ def test_6_llama_fields_we_cannot_honour_are_refused(http, fields, param):
     _error(r, 400, param, code)
 
 
+def test_6_id_slot_names_a_slot_of_this_server(http):
+    r = http.post(L, json={"prompt": "the cat", "n_predict": 2, "id_slot": 99})
+    _error(r, 400, "id_slot", None)
+
+
 @pytest.mark.parametrize("fields", [
-    {"id_slot": -1, "n_keep": 0, "t_max_predict_ms": 0}, {"n_keep": -1},
+    {"id_slot": -1, "n_keep": 0, "t_max_predict_ms": 0}, {"n_keep": -1}, {"id_slot": 0},
     {"samplers": ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]},
     {"samplers": "edkypmxt", "temperature": 0.8, "top_k": 40},  # top-k commutes with temperature
     {"samplers": ["temperature", "top_k", "top_p", "min_p"], "temperature": 0.8, "top_p": 0.9, "min_p": 0.05},
-], ids=["neutral", "n_keep-1", "llama-default-greedy", "letters-top-k", "our-order"])
+], ids=["neutral", "n_keep-1", "id_slot", "llama-default-greedy", "letters-top-k", "our-order"])
 def test_6_llama_fields_that_mean_what_we_do_pass(http, fields):
     r = http.post(L, json={"prompt": "the cat", "n_predict": 2, **fields})
     assert r.status_code == 200, r.text

@@ -9,8 +9,8 @@ and draft model) and generates nothing.
 
 Where the editors' bodies ask for what this server does differently, it says so in docs/infill.md:
 llama.cpp's `infill` sampler (in both editors' `samplers`) is served as greedy decoding, the
-target's most likely token each step; `id_slot` takes the free slot whose cache shares the
-longest prefix with the prompt (the one the same editor used last, as long as it is free);
+target's most likely token each step; `id_slot` runs the request on that slot (waiting for it
+while busy), as llama-server does; -1 takes the free slot whose cache shares the longest prefix;
 `n_cmpl` > 1 of a greedy request answers once (the completions would be identical).
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ from .params import get, read_json
 
 # fields /infill reads itself; the rest is /completion's
 _OWN = ("input_prefix", "input_suffix", "input_extra", "prompt", "n_indent", "t_max_predict_ms", "t_max_prompt_ms",
-        "id_slot", "n_cmpl", "response_fields", "samplers", "n_predict")
+        "n_cmpl", "response_fields", "samplers", "n_predict")
 
 
 def _extra(body: dict) -> list[tuple[str, str]]:
@@ -86,17 +86,13 @@ async def _parse(request: Request) -> tuple:
     options = {"n_indent": _nonneg(body, "n_indent"), "t_max_predict_ms": _nonneg(body, "t_max_predict_ms"),
                "warm": warm, "n_predict": n_predict or 0}
     _nonneg(body, "t_max_prompt_ms")
-    id_slot = get(body, "id_slot", int, -1)
-    n_slots = len(state.scheduler.pool.slots)
-    if not -1 <= id_slot < n_slots:
-        raise bad_request(f"id_slot must be -1 or a slot of this server (0 to {n_slots - 1}), got {id_slot}", "id_slot")
     fields = get(body, "response_fields", list)
     if fields is not None and not all(isinstance(f, str) for f in fields):
         raise bad_request("response_fields must be an array of strings", "response_fields")
     options["response_fields"] = fields
     rest = {k: v for k, v in _samplers(body).items() if k not in _OWN or k == "samplers"}
     if warm:  # nothing is sampled: the sampling fields do not matter, as in llama-server
-        rest = {k: v for k, v in rest.items() if k in ("model", "cache_prompt", "speculative", "stream")}
+        rest = {k: v for k, v in rest.items() if k in ("model", "cache_prompt", "speculative", "stream", "id_slot")}
         rest["n_predict"] = 1
     elif n_predict is not None:
         rest["n_predict"] = n_predict

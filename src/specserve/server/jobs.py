@@ -184,12 +184,12 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _acquire(pool: SlotPool, tokens: list[int], request: Request | None):
+async def _acquire(pool: SlotPool, tokens: list[int], request: Request | None, id_slot: int = -1):
     """A slot; while waiting for one, ApiError(CLIENT_GONE) as soon as the client hangs up,
     so that a client that gave up neither holds a queue place nor later runs its prompt."""
-    if request is None or pool.available:
-        return await pool.acquire(tokens)
-    acquire = asyncio.ensure_future(pool.acquire(tokens))
+    if request is None or pool.available(id_slot):
+        return await pool.acquire(tokens, id_slot)
+    acquire = asyncio.ensure_future(pool.acquire(tokens, id_slot))
     gone = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait((acquire, gone), return_when=asyncio.FIRST_COMPLETED)
@@ -232,7 +232,7 @@ async def start(state, req: GenRequest, request: Request | None = None, make_ste
                               "context_length_exceeded")
         check_context(req, len(tokens), engine.n_ctx)  # prompt + max_tokens must fit, or 400
         t_queued = time.perf_counter()
-        slot = await _acquire(scheduler.pool, tokens, request)
+        slot = await _acquire(scheduler.pool, tokens, request, req.id_slot)
     except QueueFull:
         scheduler.leave()
         raise _queue_full(scheduler.pool) from None

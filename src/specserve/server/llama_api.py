@@ -55,7 +55,8 @@ def final(job: Job, content: str, tokens: list[int]) -> dict:
     return {"content": content, "tokens": [], "stop": True, "model": job.req.model,
             "tokens_predicted": job.stats.n_generated, "tokens_evaluated": job.stats.n_prompt,
             "tokens_cached": job.stats.n_cached, "truncated": False, "stop_type": stop_type,
-            "stopping_word": word, "timings": timings(job), "speculative": speculative_usage(job),
+            "stopping_word": word, "id_slot": job.state.scheduler.pool.slots.index(job.slot),
+            "timings": timings(job), "speculative": speculative_usage(job),
             **finish_detail(job.stats)}
 
 
@@ -73,7 +74,7 @@ def llama_request(body: dict, state, request: Request, endpoint: str = "llama",
                   prompt: str | list[int] | None = None) -> GenRequest:
     """A /completion body (or what /infill leaves of one) -> GenRequest; `prompt` given: the body has none."""
     profile = resolve_profile(body, state.profiles, state.settings.model_name)
-    check_unsupported(body)
+    check_unsupported(body, handled=("id_slot",))
     if endpoint != "llama":
         refuse_constraints(body, endpoint)
     spec_obj = get(body, "speculative", dict)
@@ -86,7 +87,16 @@ def llama_request(body: dict, state, request: Request, endpoint: str = "llama",
     sampling, limit = sampling_params(body, profile, state.engine.n_ctx, ("n_predict", "max_tokens"), random_seed=-1)
     return GenRequest(endpoint, profile.name, sampling, spec, verify, stream=get(body, "stream", bool, False),
                       prompt=completion_prompt(body) if prompt is None else prompt,
-                      cache_prompt=get(body, "cache_prompt", bool, True), limit=limit)
+                      cache_prompt=get(body, "cache_prompt", bool, True), limit=limit,
+                      id_slot=slot_id(body, len(state.scheduler.pool.slots)))
+
+
+def slot_id(body: dict, n_slots: int) -> int:
+    """llama-server's `id_slot`: -1 (any) or a slot of this server, or 400."""
+    id_slot = get(body, "id_slot", int, -1)
+    if not -1 <= id_slot < n_slots:
+        raise bad_request(f"id_slot must be -1 or a slot of this server (0 to {n_slots - 1}), got {id_slot}", "id_slot")
+    return id_slot
 
 
 async def completion(request: Request) -> Response:

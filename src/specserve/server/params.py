@@ -54,6 +54,7 @@ _UNSUPPORTED: dict[str, Callable[[object], bool]] = {
     "xtc_probability": _off, "dynatemp_range": _off, "top_n_sigma": lambda v: _one_of(-1)(v) or not v,
     "lora": _off,
     # llama-server fields for its slots and context shift, which this server does not have
+    # (id_slot: /completion and /infill implement it and skip this entry)
     "id_slot": _one_of(-1), "n_keep": _one_of(0, -1), "t_max_predict_ms": _off,
 }
 _CONTENT_PARTS = ("text",)  # chat content part types understood; images, audio and files are not
@@ -77,6 +78,7 @@ class GenRequest:
     # generation runs until the context fills
     limit: str | None = None
     tools: ToolRequest | None = None  # the request's tools: passed to the template, calls read back
+    id_slot: int = -1  # llama-server's: run on this slot, waiting for it if busy; -1: the best free one
 
 
 async def read_body(request: Request, limit: int, timeout: float) -> bytes:
@@ -138,10 +140,11 @@ def get(body: dict, key: str, kind: type, default=None, param: str | None = None
     return value
 
 
-def check_unsupported(body: dict) -> None:
-    """400 `unsupported_parameter` for the first field we do not implement that is set to a non-neutral value."""
+def check_unsupported(body: dict, handled: tuple[str, ...] = ()) -> None:
+    """400 `unsupported_parameter` for the first field we do not implement that is set to a non-neutral
+    value (`handled`: fields of that list the endpoint does implement)."""
     for key, neutral in _UNSUPPORTED.items():
-        value = body.get(key)
+        value = body.get(key) if key not in handled else None
         if value is None or neutral(value):
             continue
         raise bad_request(f"{key}={json.dumps(value)[:40]} is not supported by this server", key,

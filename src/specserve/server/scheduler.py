@@ -25,14 +25,16 @@ class QueueFull(Exception):
 
 
 class SlotPool:
-    """Free slots plus a FIFO of waiters, at most `max_waiting` of them."""
+    """Free slots plus a FIFO of waiters, at most `max_waiting` of them. A waiter may want one slot
+    (llama-server's `id_slot`); a released slot goes to the longest waiter that can take it. So no
+    free slot is ever wanted by a waiter, and a request that finds a fitting free slot takes it."""
 
     def __init__(self, slots: Sequence[Slot], max_waiting: int):
         self.slots = list(slots)
         self.max_waiting = max_waiting
         self.releasing = 0  # slots whose request has ended, on their way back
         self._free = list(slots)
-        self._waiters: collections.deque[asyncio.Future] = collections.deque()
+        self._waiters: collections.deque[tuple[asyncio.Future, int]] = collections.deque()  # (future, id_slot)
 
     @property
     def busy(self) -> int:
@@ -47,35 +49,43 @@ class SlotPool:
         """No free slot and no room in the queue: a new request would be refused."""
         return not self._free and len(self._waiters) >= self.max_waiting + self.releasing
 
-    @property
-    def available(self) -> bool:
-        """A slot can be taken now, without waiting."""
-        return bool(self._free) and not self._waiters
+    def available(self, id_slot: int = -1) -> bool:
+        """A slot (slot `id_slot`, or any for -1) can be taken now, without waiting."""
+        return any(self._fits(s, id_slot) for s in self._free)
 
-    async def acquire(self, tokens: Sequence[int]) -> Slot:
-        """A free slot (the one whose cache shares the longest prefix with `tokens`), or wait."""
-        if self.available:
-            best = max(self._free, key=lambda s: common_prefix(s.ctx.tokens, tokens))
+    def _fits(self, slot: Slot, id_slot: int) -> bool:
+        return id_slot < 0 or self.slots[id_slot] is slot
+
+    async def acquire(self, tokens: Sequence[int], id_slot: int = -1) -> Slot:
+        """A free slot (slot `id_slot`; for -1 the one whose cache shares the longest prefix with
+        `tokens`), or wait for one."""
+        fitting = [s for s in self._free if self._fits(s, id_slot)]
+        if fitting:
+            best = max(fitting, key=lambda s: common_prefix(s.ctx.tokens, tokens))
             self._free.remove(best)
             return best
-        if self.full:
+        if len(self._waiters) >= self.max_waiting + self.releasing:
             raise QueueFull()
         fut = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
+        waiter = (fut, id_slot)
+        self._waiters.append(waiter)
         try:
             return await fut
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled() and fut.exception() is None:  # handed a slot as we gave up
                 self.release(fut.result())  # pass it on
-            elif fut in self._waiters:
-                self._waiters.remove(fut)
+            elif waiter in self._waiters:
+                self._waiters.remove(waiter)
             raise
 
     def release(self, slot: Slot) -> None:
-        """Give the slot to the longest waiter, or put it back. Event-loop thread only."""
-        while self._waiters:
-            fut = self._waiters.popleft()
-            if not fut.done():
+        """Give the slot to the longest waiter that can take it, or put it back. Event-loop thread only."""
+        for waiter in list(self._waiters):
+            fut, id_slot = waiter
+            if fut.done():
+                self._waiters.remove(waiter)
+            elif self._fits(slot, id_slot):
+                self._waiters.remove(waiter)
                 fut.set_result(slot)
                 return
         self._free.append(slot)
@@ -83,7 +93,7 @@ class SlotPool:
     def fail_waiters(self, make_error: Callable[[], Exception]) -> None:
         """Wake every waiter with its own `make_error()`: nobody will get a slot."""
         while self._waiters:
-            fut = self._waiters.popleft()
+            fut, _ = self._waiters.popleft()
             if not fut.done():
                 fut.set_exception(make_error())
 
