@@ -44,6 +44,17 @@ def test_raw_prompts_key_on_their_head():
         route_key("/completion", json.dumps({"prompt": long + "b"}).encode())
 
 
+def test_infill_keystrokes_key_on_the_file_above_the_cursor():
+    """/infill's `prompt` is the line being typed: keystrokes on one file share a key (and a
+    replica's caches), another file gets its own."""
+    def body(prefix: str, prompt: str) -> bytes:
+        return json.dumps({"input_prefix": prefix, "input_suffix": "\n", "prompt": prompt}).encode()
+
+    a = "import os\n\ndef f():\n"
+    assert route_key("/infill", body(a, "    re")) == route_key("/infill", body(a, "    retu"))
+    assert route_key("/infill", body(a, "    re")) != route_key("/infill", body("import re\n", "    re"))
+
+
 def test_rendezvous_moves_only_the_keys_of_a_removed_replica():
     ids = ["r0", "r1", "r2", "r3"]
     keys = [f"k{i}" for i in range(400)]

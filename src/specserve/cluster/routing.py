@@ -4,7 +4,8 @@ A replica's caches (its slots' KV caches and the suffix store of earlier request
 when the next request sharing a prefix lands on the same replica. The ingress reduces a
 request to a routing key, a hash of the part of the prompt that a conversation keeps
 re-sending (system message and first user message; for a raw prompt, its first
-`PREFIX_CHARS` characters). Replicas are ranked for that key by rendezvous hashing
+`PREFIX_CHARS` characters; for /infill, those of `input_prefix`, the file above the cursor, since
+its `prompt` is the line being typed and changes at every keystroke). Replicas are ranked for that key by rendezvous hashing
 (highest random weight): every router, in every ingress replica, ranks the same way
 without shared state, and when a replica joins or leaves only the keys it owned move.
 The first replica in the ranking is the key's home; `route` leaves home for the least
@@ -37,6 +38,8 @@ def route_key(path: str, body: bytes, prefix_chars: int = PREFIX_CHARS) -> str:
             if isinstance(m, dict) and m.get("role") == "user":
                 break
         stable = json.dumps(head, sort_keys=True, ensure_ascii=False)[:prefix_chars]
+    elif isinstance(obj.get("input_prefix"), str):  # /infill: the same file, keystroke after keystroke
+        stable = "infill\0" + obj["input_prefix"][:prefix_chars]
     elif "prompt" in obj:
         p = obj["prompt"]
         stable = p[:prefix_chars] if isinstance(p, str) else json.dumps(p)[:prefix_chars]
