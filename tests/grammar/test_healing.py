@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from specserve.config import SamplingParams, SpecParams
-from specserve.engine import Engine
 from specserve.grammar.healing import TokenHealing, _Vocab, after, vocab_of
+from test_constrained_engine import smol  # noqa: F401  (the SmolLM2 pair, a module fixture)
 
 
 def test_after_keeps_what_remains_and_refuses_what_breaks_it():
@@ -42,17 +42,6 @@ def test_masks_rows_under_the_state_each_draft_prefix_reaches():
         assert walk.mask(np.zeros(6, np.float32)) is not None
     h.commit([2])
     assert h.left == b"" and h.valid_prefix([4, 4]) == 2
-
-
-@pytest.fixture(scope="module")
-def smol(real_model_paths):
-    from specserve.backends import load_model
-
-    target = load_model(str(real_model_paths["smollm2-f16"]))
-    draft = load_model(str(real_model_paths["smollm2-q4_1"]))
-    engine = Engine(target, draft, n_ctx=1024)
-    yield engine
-    engine.close()
 
 
 def test_the_vocabulary_table_matches_the_model(smol):
