@@ -111,6 +111,18 @@ def test_openai_suffix_is_the_same_fill_in_the_middle(fim_server):
     assert oai["choices"][0]["text"] == infill["content"]
 
 
+def test_openai_suffix_heals_the_cursor_line_as_infill_does(fim_server):
+    """A prompt that ends inside a line: that line goes after FIM_MID and is healed, as /infill's
+    `prompt`; the token trace still concatenates to the text (the healed bytes are in neither)."""
+    infill = post(fim_server, "/infill", {"input_prefix": PREFIX, "input_suffix": SUFFIX, "prompt": "    a",
+                                          "n_predict": 12, "temperature": 0, "ignore_eos": True})
+    oai = post(fim_server, "/v1/completions", {"prompt": PREFIX + "    a", "suffix": SUFFIX, "max_tokens": 12,
+                                               "temperature": 0, "ignore_eos": True, "speculative": {"trace": True}})
+    choice = oai["choices"][0]
+    assert choice["text"] == infill["content"]
+    assert "".join(run["text"] for run in choice["speculative_trace"]) == choice["text"]
+
+
 @pytest.mark.parametrize("body, param", [
     ({"input_extra": [{"filename": 3, "text": "x"}]}, "input_extra[0]"),
     ({"input_extra": "x"}, "input_extra"),

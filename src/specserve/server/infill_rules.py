@@ -22,7 +22,7 @@ import anyio
 
 from .. import steps
 from ..drafters.draft_model import DraftModelDrafter
-from ..fim import FimUnsupported, Infill, model_layout
+from ..fim import FimUnsupported, Infill, healed, model_layout
 from ..stats import GenerationStats
 from .errors import bad_request
 
@@ -121,12 +121,17 @@ def fim_prompt(model, infill: Infill, n_ctx: int, n_predict: int) -> list[int]:
         raise bad_request(str(e), "model", "infill_not_supported") from None
 
 
-async def openai_fim_prompt(state, prompt, suffix, max_tokens: int) -> list[int]:
+async def openai_fim_prompt(state, prompt, suffix, max_tokens: int, heal: bool = True) -> tuple[list[int], bytes]:
     """/v1/completions with `suffix`: the prompt is the text before the cursor, `suffix` the text
-    after; laid out as /infill lays them out (no extra context)."""
+    after; laid out as /infill lays them out (no extra context), the cursor's line after FIM_MID and
+    healed (fim.healed) unless `heal` is False (a grammar constrains the answer instead).
+    Returns (token ids, the healed bytes the answer must begin with)."""
     if not isinstance(suffix, str):
         raise bad_request(f"suffix must be a string, got {json.dumps(suffix)[:40]}", "suffix")
     if not isinstance(prompt, str):
         raise bad_request("a prompt of token ids cannot take a suffix: send the text", "prompt")
-    return await anyio.to_thread.run_sync(fim_prompt, state.engine.target, Infill(prefix=prompt, suffix=suffix),
-                                          state.engine.n_ctx, max_tokens)
+    head, newline, line = prompt.rpartition("\n")
+    infill = Infill(prefix=head + newline, suffix=suffix, prompt=line) if heal else Infill(prefix=prompt, suffix=suffix)
+    target = state.engine.target
+    tokens = await anyio.to_thread.run_sync(fim_prompt, target, infill, state.engine.n_ctx, max_tokens)
+    return healed(target, tokens, infill)

@@ -70,7 +70,8 @@ class Job:
         self._finished = False
         self._closing = None  # the engine-thread future of finish()
         # who produced each token, when the request asks (speculative.trace): fed every chunk by chunks()
-        self.tracer = Tracer(state.engine.target.token_bytes, keep=not req.stream) if req.spec.trace else None
+        self.tracer = (Tracer(state.engine.target.token_bytes, keep=not req.stream, skip=len(req.sampling.heal))
+                       if req.spec.trace else None)
 
     @property
     def finish_reason(self) -> str:

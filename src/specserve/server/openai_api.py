@@ -118,7 +118,8 @@ async def _request(request: Request, endpoint: str) -> GenRequest:
         sampling = dataclasses.replace(sampling, grammar=grammar)
     prompt = None if chat else completion_prompt(body)
     if suffix is not None and suffix != "":
-        prompt = await openai_fim_prompt(state, prompt, suffix, sampling.max_tokens)
+        prompt, heal = await openai_fim_prompt(state, prompt, suffix, sampling.max_tokens, heal=grammar is None)
+        sampling = dataclasses.replace(sampling, heal=heal)
     req = GenRequest(endpoint, profile.name, sampling, spec, verify, stream=get(body, "stream", bool, False),
                      prompt=prompt, messages=messages,
                      include_usage=get(options, "include_usage", bool, False, "stream_options.include_usage"),

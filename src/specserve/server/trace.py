@@ -36,8 +36,9 @@ class Tracer:
     (invalid bytes, the U+FFFD of an unfinished character at the end) only the attribution
     of those characters can be off, never the text."""
 
-    def __init__(self, token_bytes: Callable[[int], bytes], keep: bool = False):
+    def __init__(self, token_bytes: Callable[[int], bytes], keep: bool = False, skip: int = 0):
         self._token_bytes = token_bytes
+        self._skip = skip  # leading bytes the text leaves out (token healing's), as text.StreamDecoder does
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self._queue: deque[list] = deque()  # [characters not yet emitted, source], per token
         self._last = TARGET  # the source of the last token: the end's flushed characters go to it
@@ -47,7 +48,10 @@ class Tracer:
     def feed(self, chunk: Chunk) -> list[dict]:
         """The runs of `chunk.text`. Call for every chunk, in order, those without text too."""
         for token, source in zip(chunk.tokens, sources(chunk)):
-            text = self._decoder.decode(self._token_bytes(token))
+            piece = self._token_bytes(token)
+            if self._skip:
+                piece, self._skip = piece[self._skip:], max(0, self._skip - len(piece))
+            text = self._decoder.decode(piece)
             if text:
                 self._queue.append([len(text), source])
             self._last = source
