@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 
+import anyio
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
@@ -45,6 +46,7 @@ def create_app(engine: Engine, settings: ServerSettings) -> Starlette:
         log.info("serving %s (profiles: %s) with %d slots (%s of KV cache and compute buffers each), queue %d",
                  settings.model_name, ", ".join(settings.profiles), settings.parallel,
                  fmt_bytes(state.scheduler.slot_bytes()), settings.queue)
+        await anyio.to_thread.run_sync(infill.prepare, engine.target)
         try:
             yield
         finally:
