@@ -299,7 +299,7 @@ class Slot:
     def _propose(self, req: "_Request", seq: list[int], n_left: int, stats: GenerationStats) -> steps.Steps:
         """The policy's choice and the chosen drafter's draft, at most what the context and max_tokens
         leave room for. Returns (Choice, Draft)."""
-        req.shadow = {}
+        req.shadow, req.forced = {}, 0
         if wants_offers(req.policy):  # what the drafters that can tell would draft now: lookups
             offers = {name: o for name, d in req.drafters.items() if (o := d.peek(seq)) is not None}
             tell_offers(req.policy, offers)
@@ -313,6 +313,8 @@ class Slot:
         if k > 0:
             proposal = propose_steps(req.drafters[choice.drafter], seq, k, req.sampler, choice.stop)
             draft = yield from steps.metered(proposal, meter)
+            if req.constraint is not None and choice.drafter != FORCED:  # the forced run it led with
+                req.forced = len(req.constraint.forced(k))
         req.t_draft = meter.cost(time.perf_counter() - t)  # in a batch: this slot's share of the passes
         stats.t_draft += req.t_draft
         return (Choice(choice.drafter, k) if k > 0 else OFF), draft
@@ -367,7 +369,7 @@ class Slot:
         committed = verdict.tokens[:n_kept]
         shadow = {name: judge(tokens, committed) for name, tokens in req.shadow.items() if name != choice.drafter}
         req.policy.observe(Outcome(choice, len(draft), verdict.n_accepted, req.t_draft, req.t_verify,
-                                   draft.confidence, shadow or None, verdict.target_top))
+                                   draft.confidence, shadow or None, verdict.target_top, req.forced))
         stats.record_step(choice.drafter or "none", choice.k, min(len(draft), n_kept), min(verdict.n_accepted, n_kept))
         stats.n_generated += n_kept
         self.engine.check_pairing_at_run_time()
@@ -391,3 +393,4 @@ class _Request:
     t_draft: float = 0.0
     t_verify: float = 0.0
     shadow: dict[str, list[int]] = field(default_factory=dict)  # what this step's matching lookups would propose
+    forced: int = 0  # this step's draft's leading forced tokens (drafters.forced), for the policy

@@ -42,6 +42,9 @@ class Outcome:
     # the target's top probability where each draft token was judged and at the step's own token
     # (Verdict.target_top: rows 0..n_accepted); empty when greedy
     target_top: Sequence[float] = ()
+    # leading draft tokens the grammar forced (drafters.forced.ForcedThen), drafted for free ahead of
+    # the chosen drafter's own; counted in n_drafted and n_accepted
+    forced: int = 0
 
 
 def judge(proposal: Sequence[int], committed: Sequence[int]) -> tuple[int, int]:

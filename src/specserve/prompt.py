@@ -1,24 +1,29 @@
 """Prompt text -> target token ids, for plain and chat prompts.
 
 In a chat, only the template's own markup may produce control tokens (`<|im_start|>`,
-`<|im_end|>`, ...). Message content is the user's text: spelling a control token in it must
-not close the turn and open a system one. So where content spells one, the template is
+`<|im_end|>`, ...) and the added tokens it spells (Qwen2.5's `<tool_call>`, which llama.cpp
+splits out of any text, parse_special or not). What the client sent is text: message content, a tool's
+definition, a past call's arguments. Spelling such a token in it must not close the turn and
+open a system one, or open a tool call. So where any of it spells one, the template is
 rendered with a placeholder in its place, and the rendered text is tokenized the way
-llama.cpp does it (control tokens split out first, the text between tokenized plainly), the
-placeholder's text counting as plain text. Chats whose content spells no control token are
-tokenized as before, in one call.
+llama.cpp does it (special tokens split out first, the text between tokenized plainly), the
+placeholder's text counting as plain text (an added token spelled there is cut before its
+last character, so that llama.cpp cannot find it). Chats that spell none are tokenized as
+before, in one call. (llama-server and vLLM tokenize the whole rendering with special tokens
+parsed: there a tool description saying `<|im_end|>` ends the system turn.)
 """
 from __future__ import annotations
 
 import bisect
+import json
 import re
 import secrets
 import weakref
 
 from .chat import ChatTemplateError, render_for, validate_messages
 
-# llama_token_attr bits: parse_special=False skips CONTROL and UNKNOWN tokens' texts
-_ATTR_UNKNOWN, _ATTR_CONTROL = 1 << 0, 1 << 3
+# llama_token_attr bits: parse_special=False skips CONTROL and UNKNOWN tokens' texts (not USER_DEFINED ones)
+_ATTR_UNKNOWN, _ATTR_CONTROL, _ATTR_USER_DEFINED = 1 << 0, 1 << 3, 1 << 4
 _ATTR_LSTRIP, _ATTR_RSTRIP = 1 << 7, 1 << 8
 _ASCII_SPACE = " \t\n\v\f\r"  # C isspace, which llama.cpp's LSTRIP/RSTRIP strip
 _specials_cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -32,12 +37,14 @@ def prompt_tokens(model, prompt: str, chat: bool = False) -> list[int]:
 
 
 def control_tokens(model) -> "_ControlTokens":
-    """The tokens only parse_special=True produces (CONTROL and UNKNOWN ones), cached per model."""
+    """The tokens a text may produce only where the template wrote them, cached per model: those only
+    parse_special=True produces (CONTROL and UNKNOWN ones), and the added ones (USER_DEFINED) that the
+    chat template spells as markup (Qwen2.5's `<tool_call>`; not Gemma's `<b>`, which is text)."""
     try:
         return _specials_cache[model]
     except (KeyError, TypeError):
         pass
-    found = _ControlTokens(model.vocab)
+    found = _ControlTokens(model.vocab, model.metadata.get("tokenizer.chat_template") or "")
     try:
         _specials_cache[model] = found
     except TypeError:
@@ -51,10 +58,10 @@ class _ControlTokens:
 
     PREFIX = 4
 
-    def __init__(self, vocab) -> None:
+    def __init__(self, vocab, template: str = "") -> None:
         self.groups: dict[str, list[tuple[str, int, int]]] = {}
         for i, (text, attr) in enumerate(zip(vocab.token_texts, vocab.token_attrs)):
-            if text and attr & (_ATTR_CONTROL | _ATTR_UNKNOWN):
+            if text and (attr & (_ATTR_CONTROL | _ATTR_UNKNOWN) or attr & _ATTR_USER_DEFINED and text in template):
                 self.groups.setdefault(text[:self.PREFIX], []).append((text, i, attr))
 
     def occurring(self, text: str) -> list[tuple[str, int, int]]:
@@ -66,15 +73,15 @@ class _ControlTokens:
 
 def chat_tokens(model, messages, tools: list | None = None) -> list[int]:
     """Render messages (and OpenAI `tools`, for the template) with the model's template and
-    tokenize: the template's markup with its control tokens, message content as plain text
-    (see the module docstring).
+    tokenize: the template's markup with its control tokens, what the client sent (content, tool
+    definitions, call arguments) as plain text (see the module docstring).
 
     Templates that write the BOS text themselves would get a second BOS from the
     tokenizer; it is dropped.
     """
     msgs = validate_messages(messages)
     specials = control_tokens(model)
-    spelled = specials.occurring("\x00".join(m["content"] for m in msgs))  # a false find costs time, not tokens
+    spelled = specials.occurring("\x00".join(_texts([msgs, tools])))  # a false find costs time, not tokens
     if not spelled:
         tokens = model.tokenize(render_for(model, msgs, tools), add_special=True, parse_special=True)
     else:
@@ -89,22 +96,30 @@ def _tokens_with_plain_content(model, msgs: list[dict], spelled, specials, tools
     nonce = "".join(secrets.choice("0123456789") for _ in range(16))  # digits: no filter changes them
     literals: list[str] = []
 
-    def placeholder(text: str) -> str:
-        literals.append(text)
-        # \x01: a character every JSON encoder escapes (tojson with ensure_ascii=False included), so
-        # a template that escapes content loses the placeholder and is refused below
-        return f"\ue000\x01{nonce}.{len(literals) - 1}\ue001"
-
-    escaped = []
-    for m in msgs:
-        content, pieces, pos = m["content"], [], 0
-        for start, end, _ in _split_out(content, spelled, ()):
-            pieces += [content[pos:start], placeholder(content[start:end])]
+    def escape(value, encoded: bool):
+        """value with each spelled token in its strings (dict keys too) replaced by a placeholder."""
+        if isinstance(value, dict):
+            return {escape(k, encoded): escape(v, encoded) for k, v in value.items()}
+        if isinstance(value, list):
+            return [escape(v, encoded) for v in value]
+        if not isinstance(value, str):
+            return value
+        pieces, pos = [], 0
+        for start, end, _ in _split_out(value, spelled, ()):
+            literals.append(value[start:end])
+            # \x01: a character every JSON encoder escapes (tojson with ensure_ascii=False included), so a
+            # template that escapes content loses the placeholder and is refused below. Tool definitions
+            # and call arguments are rendered with tojson: their placeholder leaves it out, for a token's
+            # text that JSON leaves as it is.
+            mark = "" if encoded and json.dumps(literals[-1], ensure_ascii=False)[1:-1] == literals[-1] else "\x01"
+            pieces += [value[pos:start], f"\ue000{mark}{nonce}.{len(literals) - 1}\ue001"]
             pos = end
-        escaped.append({**m, "content": "".join(pieces) + content[pos:]})
-    rendered = render_for(model, escaped, tools)
+        return "".join(pieces) + value[pos:]
+
+    escaped = [{k: escape(v, k != "content") for k, v in m.items()} for m in msgs]
+    rendered = render_for(model, escaped, escape(tools, True))
     # The rendered text with each placeholder's own text back in place; those spans stay plain text.
-    parts = re.split(f"\ue000\x01{nonce}\\.(\\d+)\ue001", rendered)
+    parts = re.split(f"\ue000\x01?{nonce}\\.(\\d+)\ue001", rendered)
     text, zones = [], []
     pos = 0
     for k, part in enumerate(parts):
@@ -118,6 +133,19 @@ def _tokens_with_plain_content(model, msgs: list[dict], spelled, specials, tools
         pos += len(part)
     text = "".join(text)
     return _tokenize_outside(model, text, zones, specials.occurring(text))
+
+
+def _texts(value):
+    """Every string in messages and tools (dict keys too)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _texts(k)
+            yield from _texts(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _texts(v)
 
 
 def _split_out(text: str, specials, zones) -> list[tuple[int, int, tuple]]:
@@ -151,18 +179,30 @@ def _split_out(text: str, specials, zones) -> list[tuple[int, int, tuple]]:
 def _tokenize_outside(model, text: str, zones, specials: list) -> list[int]:
     """Tokenize as llama.cpp does with parse_special=True, except that no control token is
     taken from inside `zones`: control tokens split out, every stretch between them tokenized
-    plainly (as llama.cpp tokenizes each on its own, with its SPM space prefix), BOS/EOS added."""
+    plainly (as llama.cpp tokenizes each on its own, with its SPM space prefix), BOS/EOS added.
+    An added token's text inside a zone is cut before its last character (each side tokenized on
+    its own), since llama.cpp splits added tokens out of plain text too."""
     v = model.vocab
     tokens = [v.bos] if v.add_bos and v.bos is not None else []
     pos = 0
     found = _split_out(text, specials, zones)
+    added = [t for t, _, attr in specials if attr & _ATTR_USER_DEFINED]
+    cuts = sorted({a + p + len(t) - 1 for a, b in zones for t in added for p in _finds(text[a:b], t)})
+
+    def plain(a: int, b: int) -> list[int]:
+        out = []
+        for c in [*cuts[bisect.bisect_right(cuts, a):bisect.bisect_left(cuts, b)], b]:
+            out += model.tokenize(text[a:c], add_special=False, parse_special=False)
+            a = c
+        return out
+
     for k, (start, end, (_, token, attr)) in enumerate(found):
         stop = start
         if attr & _ATTR_LSTRIP:
             while stop > pos and text[stop - 1] in _ASCII_SPACE:
                 stop -= 1
         if stop > pos:
-            tokens += model.tokenize(text[pos:stop], add_special=False, parse_special=False)
+            tokens += plain(pos, stop)
         tokens.append(token)
         pos = end
         if attr & _ATTR_RSTRIP:
@@ -170,7 +210,16 @@ def _tokenize_outside(model, text: str, zones, specials: list) -> list[int]:
             while pos < limit and text[pos] in _ASCII_SPACE:
                 pos += 1
     if pos < len(text):
-        tokens += model.tokenize(text[pos:], add_special=False, parse_special=False)
+        tokens += plain(pos, len(text))
     if v.add_eos and v.eos is not None:
         tokens.append(v.eos)
     return tokens
+
+
+def _finds(text: str, t: str) -> list[int]:
+    """Where t occurs in text, overlapping occurrences included."""
+    found, p = [], text.find(t)
+    while p != -1:
+        found.append(p)
+        p = text.find(t, p + 1)
+    return found

@@ -539,3 +539,27 @@ def test_a_shadow_longer_than_the_lookups_cap_is_judged_up_to_the_cap():
     policy.observe(Outcome(Choice("draft", 8), 8, 8, 0.048, CPU_F16(9), shadow={"ngram": (9, 9), "suffix": (9, 7)}))
     assert policy.acc["ngram"].h == pytest.approx(8) and policy.acc["ngram"].t == pytest.approx(8)
     assert policy.acc["suffix"].h == pytest.approx(7) and policy.acc["suffix"].t == pytest.approx(8)
+
+
+def test_the_forced_run_is_always_taken_and_not_credited_to_the_drafter():
+    """Under a grammar, auto drafts the forced run whatever it plans (a fresh controller's plain
+    first step included), the chosen drafter's k on top of it; and what it learns of the drafter
+    is its own tokens after the run: 4 forced and kept, then 4 of the draft model's all rejected
+    is a draft model that kept 0 of 1, not 4 of 5."""
+    from specserve.policy import Choice
+
+    fresh = Controller().policy(SpecParams(draft_max=8), [*NAMES, "grammar"])
+    fresh.see("grammar", (3, 3))
+    c = fresh.choose()
+    assert (c.drafter, c.k) == ("grammar", 3)  # not plain decoding
+    ctl = measured(GPU, 0.001)
+    policy = ctl.policy(SpecParams(draft_max=8), [*NAMES, "grammar"])
+    no_probes(policy)
+    teach(policy, "draft", 30, 8, 8)
+    policy.see("grammar", (4, 4))
+    c = policy.choose()
+    assert c.drafter == "draft" and c.k > 4
+    before = policy.acc["draft"].h, policy.acc["draft"].t
+    policy.observe(Outcome(Choice("draft", 8), 8, 4, 0.004, GPU(9), forced=4))
+    g = 0.95  # acceptance._G_POOL: a request's pooled counts decay each step
+    assert (policy.acc["draft"].h, policy.acc["draft"].t) == pytest.approx((g * before[0], g * before[1] + 1))

@@ -54,3 +54,24 @@ def test_bench_reports_validity_constrained_and_not(tiny_paths, tmp_path):
     free = [e for (name, w), e in by.items() if w.endswith(":unconstrained")]
     assert free and all(e["valid"] is not None and e["grammar_ms_per_token"] is None for e in free)
     assert "structured output: outputs that parse and validate" in out.getvalue()
+
+
+def test_the_served_bench_reports_grammar_time(tiny_paths, tmp_path):
+    """Through the bench's own server: the server's grammar time (usage.speculative.grammar_s) per token
+    and as a share of its decode time, in the structured table as in-process runs have it."""
+    workload = tmp_path / "short.jsonl"
+    workload.write_text(json.dumps({"prompt": "the cat sat on the mat", "schema": SHORT}) + "\n")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main([str(a) for a in ("bench", "-m", tiny_paths["target"], "-md", tiny_paths["draft_close"], "-c", 512,
+                                      "-t", 1, "--workload", workload, "--prompts-per-workload", 1, "-n", 40,
+                                      "--spec", "none,draft", "--draft-max", 3, "--temp", 0, "--via", "server", "-np", 1,
+                                      "--no-progress", "--json", tmp_path / "out.json")])
+    assert code == 0
+    report = json.loads((tmp_path / "out.json").read_text())
+    served = [e for e in report["configs"] if e["workload"] == "short"]
+    assert len(served) == 2 and all(e["via"] == "server" for e in served)
+    for e in served:
+        assert e["grammar_ms_per_token"] > 0 and 0 < e["grammar_share"] < 1, e
+    rows = [line for line in out.getvalue().splitlines() if " short " in line and line.endswith("%")]
+    assert len(rows) == 2 and all(line.split()[-2] != "-" for line in rows), out.getvalue()

@@ -124,3 +124,27 @@ def test_complete_grammar_stops(tiny_models):
         g = engine.new_slot().generate("hello", SamplingParams(max_tokens=30, grammar=from_lark('start: "yes" | "no"')),
                                        SpecParams(mode=mode))
         assert g.text in ("yes", "no") and g.stats.finish_reason == "stop"
+
+
+def test_auto_always_takes_the_forced_run(smol):
+    """Under --spec auto, every step where the grammar forces tokens drafts at least them (a plan
+    "off" included: the forced run alone), from a fresh controller's first step on; and the text
+    is the constrained target alone's."""
+    grammar = from_json_schema(PERSON)
+    engine = Engine(smol.target, smol.draft, n_ctx=1024)  # a fresh controller; the models stay smol's
+    slot = engine.new_slot()
+    prompt = smol.target.tokenize(PROMPTS[1])
+    params = SamplingParams(max_tokens=80, grammar=grammar)
+    alone = slot.generate(prompt, params, SpecParams(mode="none"))
+    c, tokens, steps_forced = Constraint(engine.grammar_tokenizer(), grammar), [], 0
+    for chunk in slot.stream(prompt, params, SpecParams(mode="auto")):
+        forced = c.forced(min(64, params.max_tokens - len(tokens) - 1))
+        if forced and chunk.tokens[:len(forced)] == forced:  # it ran on (a finish can cut a step short)
+            steps_forced += 1
+            assert chunk.n_drafted >= len(forced), f"step at token {len(tokens)}: forced {len(forced)}, " \
+                                                   f"drafted and kept {chunk.n_drafted} ({chunk.drafter})"
+        c.commit(chunk.tokens)
+        tokens += chunk.tokens
+    assert steps_forced >= 3
+    assert_constrained_greedy_equal(smol, grammar, prompt, alone.tokens, tokens, "auto")
+    slot.close()

@@ -86,6 +86,19 @@ def test_llama_completion_with_json_schema_and_grammar(http):
     assert content[:-3] in ("yes", "no") and content[-3] == " " and content[-2].isdigit() and content[-1] == "!"
 
 
+def test_the_grammar_time_is_reported_under_a_constraint_only(http):
+    """usage.speculative.grammar_s (OpenAI endpoints) and timings.grammar_ms (/completion): the request's
+    time in the grammar, part of its decode time; absent without a constraint."""
+    spec = _chat(http, response_format=FORMAT, speculative=DRAFT)["usage"]["speculative"]
+    assert 0 < spec["grammar_s"] < spec["decode_s"]
+    free = _chat(http, speculative=DRAFT, max_tokens=8)["usage"]["speculative"]
+    assert "grammar_s" not in free
+    answer = http.post(L, json={"prompt": "Person:", "n_predict": 60, "temperature": 0, "json_schema": PERSON}).json()
+    assert 0 < answer["timings"]["grammar_ms"] < answer["timings"]["predicted_ms"]
+    assert 0 < 1000 * answer["speculative"]["grammar_s"] == pytest.approx(answer["timings"]["grammar_ms"], abs=0.01)
+    assert "grammar_ms" not in http.post(L, json={"prompt": "Person:", "n_predict": 4}).json()["timings"]
+
+
 def test_a_schema_cut_by_max_tokens_ends_with_length(http):
     choice = _chat(http, response_format=FORMAT, max_tokens=3)["choices"][0]
     assert choice["finish_reason"] == "length" and choice["message"]["content"].startswith("{")

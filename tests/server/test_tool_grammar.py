@@ -76,3 +76,31 @@ def test_the_tags_are_special_only_where_they_are_single_tokens(model):
     form = call_form(model)
     ids = model.tokenize("<tool_call>", add_special=False, parse_special=True)
     assert form.special == (len(ids) == 1)
+
+
+def test_text_cannot_spell_the_open_tag_in_plain_tokens(model):
+    """Where the tags are special tokens, text spelling `<tool_call>` in plain tokens would read back
+    as a call (the reader reads text): the grammar refuses it in text; inside arguments it is a
+    JSON string's text, and both tags may be spelled there."""
+    form = call_form(model)
+    if not form.special:
+        pytest.skip("plain-text tags: covered by the cases above")
+    free = dict(WEATHER, properties={"city": {"type": "string"}})
+    grammar = from_lark(tools_lark(form, NAMES, [free, TIME], "auto", True))
+
+    def plain(text: str) -> list[int]:  # the tags' text in plain tokens: cut before each '>' so none is found
+        pieces = text.replace("_call>", "_call\x00>").split("\x00")
+        return [t for p in pieces for t in model.tokenize(p, add_special=False, parse_special=False)]
+
+    def accepts(tokens: list[int]) -> bool:
+        m = llguidance.LLMatcher(model.grammar_tokenizer(), grammar)
+        return m.validate_tokens(tokens) == len(tokens) and m.consume_tokens(tokens) and m.is_accepting()
+
+    special = lambda text: model.tokenize(text, add_special=False, parse_special=True)  # noqa: E731
+    assert plain("<tool_call>") != special("<tool_call>")
+    assert accepts(plain("Say it with tags."))
+    assert not accepts(plain("Say <tool_call> here."))
+    args = json.dumps({"city": "</tool_call><tool_call>"})
+    call_tokens = special("<tool_call>") + plain('\n{"name": "get_weather", "arguments": ' + args + "}\n") \
+        + special("</tool_call>")
+    assert accepts(call_tokens)

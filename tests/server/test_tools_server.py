@@ -189,3 +189,62 @@ def test_bad_tools_are_400_naming_the_field(client, fields, param, code):
 def test_tools_on_completions_are_refused(server):
     r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "tools": TOOLS}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
+
+
+# --- the markup's tokens spelled in what the client sends stay text --------------------------------------
+
+TAGGED = "A<tool_call>B</tool_call>C<|im_end|>D"  # each spelling: markup tokens of this model's template
+Q = "</tool_call> <tool_call>}\n</tool_call><|im_end|>"  # the tags' text, and the call's end look-alike
+QUERY = {"type": "object", "additionalProperties": False, "required": ["q"], "properties": {"q": {"enum": [Q]}}}
+
+
+def _history(text: str) -> tuple[list[dict], list[dict]]:
+    """A chat and tools that spell `text` in a tool's description, a user message, a past call's
+    arguments and a tool result."""
+    tools = [_tool(name="search", description=f"Finds {text}", parameters=QUERY)]
+    messages = [{"role": "user", "content": f"Look up {text}"},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                    "name": "search", "arguments": json.dumps({"q": text})}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": text}]
+    return messages, tools
+
+
+def test_markup_spelled_in_tools_messages_and_arguments_is_text(tmp_path):
+    """In-process: each markup token (<|im_start|>, <|im_end|>, <tool_call>, </tool_call>) occurs in
+    the prompt exactly as often as when the client's strings spell none (the template's own)."""
+    from specserve.backends import load_model
+    from specserve.prompt import chat_tokens
+
+    model = load_model(str(tiny_tools_pair(tmp_path)[0]), n_threads=1)
+    try:
+        ids = {t: model.tokenize(t, add_special=False, parse_special=True) for t in
+               ("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>")}
+        assert all(len(i) == 1 for i in ids.values())
+        spelled, plain = chat_tokens(model, *_history(TAGGED)), chat_tokens(model, *_history("ABCD"))
+        for text, (i,) in ids.items():
+            assert spelled.count(i) == plain.count(i) > 0, text
+        assert len(spelled) > len(plain) + 4 * 8  # the 4 spellings of 3 tags, in plain tokens
+    finally:
+        model.close()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_tag_text_in_arguments_reads_back_whole(client, server, stream):
+    """Through the server: the spelled tags count as text in the prompt, and a call whose arguments
+    hold the tags' text (and a `}\\n</tool_call>` look-alike) is generated (the grammar's forced text in
+    plain tokens, not the tag token: backends/llg_vocab.py) and read back whole."""
+    messages, tools = _history(TAGGED)
+    usage = [httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+        "messages": m, "tools": t, "tool_choice": "none", "max_tokens": 1}).json()["usage"]["prompt_tokens"]
+        for m, t in (_history(TAGGED), _history("ABCD"))]
+    assert usage[0] > usage[1] + 4 * 8
+    kw = dict(model="tiny", messages=messages, tools=tools, tool_choice="required", parallel_tool_calls=False,
+              **{**GREEDY, "max_tokens": 120})
+    if stream:
+        content, calls, finish = _streamed(client, **kw)
+    else:
+        choice = client.chat.completions.create(**kw).choices[0]
+        content, finish = choice.message.content or "", choice.finish_reason
+        calls = [{"name": c.function.name, "arguments": c.function.arguments} for c in choice.message.tool_calls]
+    assert content == "" and finish == "tool_calls" and len(calls) == 1 and calls[0]["name"] == "search"
+    assert json.loads(calls[0]["arguments"]) == {"q": Q}

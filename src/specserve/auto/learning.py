@@ -100,16 +100,21 @@ class Learning:
             self._observe_hybrid(o)
             return
         opening = used and used not in FREE and self._step_opening
+        # a grammar's forced run led the draft (drafters.forced): the drafter is judged on its own
+        # tokens after it (none where a forced token was rejected), as the hybrid's model is
+        f = o.forced
+        if f:
+            k, n, acc = k - f, n - f if acc >= f else 0, max(acc - f, 0)
         if used:
             p, g = ctl.prior(used, OPENING if opening else 0, self.regime), _G_ENGINE
             p[0], p[1] = p[0] * g + acc, p[1] * g + min(n, acc + 1)
             p[2], p[3] = p[2] * g + n, p[3] * g + min(k, n + 1)
-            self._learn_draft_cost(used, n, 0, o.t_draft)
+            self._learn_draft_cost(used, n, f, o.t_draft)
             if n or not (self.probing and not self.probing[1]):
                 ctl.last_used[used], self.since[used] = ctl.clock, self.clock
         for other in self.names:
             if other != used:
-                self.lag[other] += acc + 1
+                self.lag[other] += o.n_accepted + 1
         if not used:
             return
         self.dlv[used].add(min(k, n + 1), n)
@@ -123,10 +128,10 @@ class Learning:
             if order:
                 self._learn_lookup(used, self._bucket(order, self._step_opening), min(n, acc + 1), acc)
             if used == MODEL and o.confidence:
-                ctl.confidence_map(MODEL, self.regime).add(o.confidence, acc)
+                ctl.confidence_map(MODEL, self.regime).add(o.confidence[f:], acc)
             if used == MODEL and o.target_top and not opening:  # (an opening is judged apart, OPENING)
-                ctl.target_map(MODEL, self.regime).add(o.target_top[:n], acc)
-        self.lag[used] = 2 if n and acc == n else 1  # it holds all but the bonus (and last draft)
+                ctl.target_map(MODEL, self.regime).add(o.target_top[f:f + n], acc)
+        self.lag[used] = 2 if o.n_drafted and o.n_accepted == o.n_drafted else 1  # it holds all but the bonus (and last draft)
         self._probe_cost.pop(used, None)
         self._forget_plans(used)
         self.fresh.discard(used)
@@ -149,7 +154,9 @@ class Learning:
 
     def _observe_hybrid(self, o: Outcome) -> None:
         """A hybrid step teaches the lookup about its m tokens and the draft model about the rest."""
-        ctl, k, n, acc = self.ctl, o.choice.k, o.n_drafted, o.n_accepted
+        ctl, k, n, acc, f = self.ctl, o.choice.k, o.n_drafted, o.n_accepted, o.forced
+        if f:  # after a grammar's forced run, as in _observe
+            k, n, acc = k - f, n - f if acc >= f else 0, max(acc - f, 0)
         lookup, bucket, m = self._step_head
         m = min(m, n)
         j, nm, acc_m = k - m, n - m, max(acc - m, 0)  # the draft model's: asked, drafted, accepted
@@ -159,7 +166,7 @@ class Learning:
         self._forget_plans(lookup)
         for other in self.names:
             if other != MODEL or j <= 0:
-                self.lag[other] += acc + 1
+                self.lag[other] += o.n_accepted + 1
         if j <= 0:  # the engine cut k to the lookup's tokens (max_tokens, the context): no model ran
             return
         self.dlv[MODEL].add(min(j, nm + 1), nm)
@@ -168,10 +175,10 @@ class Learning:
             p, g = ctl.prior(MODEL, 0, self.regime), _G_ENGINE
             p[0], p[1] = p[0] * g + acc_m, p[1] * g + min(nm, acc_m + 1)
             if o.confidence:
-                ctl.confidence_map(MODEL, self.regime).add(o.confidence[m:], acc_m)
+                ctl.confidence_map(MODEL, self.regime).add(o.confidence[f + m:], acc_m)
             if o.target_top:
-                ctl.target_map(MODEL, self.regime).add(o.target_top[m:n], acc_m)
-        self._learn_draft_cost(MODEL, nm, m, o.t_draft)
+                ctl.target_map(MODEL, self.regime).add(o.target_top[f + m:f + n], acc_m)
+        self._learn_draft_cost(MODEL, nm, f + m, o.t_draft)
         ctl.last_used[MODEL], self.since[MODEL] = ctl.clock, self.clock
         self.lag[MODEL] = 2 if nm and acc == n else 1  # as after its own draft
         self.fresh.discard(MODEL)

@@ -26,7 +26,7 @@ from ..policy import OFF, Choice, Outcome
 from . import planner
 from .acceptance import OPENING, ConfidenceMap, Rates, match_bucket
 from .learning import Learning
-from .names import FREE, HYBRID, HYBRID_LOOKUPS, MODEL
+from .names import FORCED, FREE, HYBRID, HYBRID_LOOKUPS, MODEL
 from .prefill import Prefill
 from .probing import Probing
 
@@ -262,9 +262,11 @@ class AutoPolicy(Learning, Probing, Prefill):
         self._step_offers = dict(self.offers)
         self._step_opening = self.generated == 0  # the request's first step: its lookups match the prompt's end
         self._step_head = self._hybrid_head() if self.hybrid else None
+        # the grammar's forced run is drafted first whatever the plan: free to draft, kept by construction
+        forced = self.offers.get(FORCED, (0, 0))[1]
         V = self.ctl.verify.table(self.cap + 1)  # [cap + 2] seconds per pass over n tokens
-        if V is None:
-            return OFF  # the first step of a fresh engine measures a plain pass
+        if V is None:  # the first step of a fresh engine measures a plain pass (or the forced run's)
+            return Choice(FORCED, forced) if forced else OFF
         name, plan, rate = self._best(V)
         pending, self.pending = self.pending, None
         for other in self.names:
@@ -278,9 +280,10 @@ class AutoPolicy(Learning, Probing, Prefill):
         self.pred_tokens += plan.tokens
         self.pred_time += plan.seconds
         self._step_plan = (name, plan)
-        if not plan.k:
-            return OFF
-        return Choice(name, plan.k, self._stop_rule(name, plan, V))
+        if not plan.k or name == FORCED:
+            return Choice(FORCED, forced) if forced else OFF
+        # the drafter's own k after the forced run (drafters.forced.ForcedThen); learning.py parts them
+        return Choice(name, plan.k + forced, self._stop_rule(name, plan, V))
 
     def _trace(self, o: Outcome) -> None:
         """The step as planned and as it went, for SPECSERVE_LOG=debug."""

@@ -129,15 +129,12 @@ class LlamaCppModel:
 
     def grammar_tokenizer(self):
         """llguidance's tokenizer for this vocabulary (grammar-constrained generation), built on
-        first use (~0.2 s for 49k tokens) and kept. Every end-of-generation token ends a grammar."""
+        first use (~0.2 s for 49k tokens) and kept. Every end-of-generation token ends a grammar;
+        added tokens spelled like tags are text where a grammar forces their text (llg_vocab.py)."""
         if self._llg_tokenizer is None:
-            import warnings
+            from .llg_vocab import grammar_tokenizer
 
-            from llguidance.llamacpp import lltokenizer_from_vocab
-
-            with warnings.catch_warnings():  # it reads attributes through a deprecated alias, once per token
-                warnings.simplefilter("ignore", DeprecationWarning)
-                self._llg_tokenizer = lltokenizer_from_vocab(self._vocab, eos_token=sorted(self.vocab.eog) or None)
+            self._llg_tokenizer = grammar_tokenizer(self, self._vocab)
         return self._llg_tokenizer
 
     def is_control(self, token: int) -> bool:

@@ -77,14 +77,30 @@ def summarize_config(config: BenchConfig, runs: list[Measurement], baseline: dic
         "n_generated": sum(m.stats.get("n_generated", 0) for m in runs),
         "valid": valid_share([m.stats for m in runs]),  # share of schema-carrying outputs that validate
         "grammar_ms_per_token": _grammar_ms(runs),
+        "grammar_share": _grammar_share(runs),
     }
 
 
 def _grammar_ms(runs: list[Measurement]) -> float | None:
-    """Grammar work (masks, matcher) per generated token over the runs that had any (in-process only)."""
+    """Grammar work (masks, matcher) per generated token over the runs that had any (in-process, or
+    served by specserve: usage.speculative.grammar_s)."""
     t = sum(m.stats.get("t_grammar_s") or 0.0 for m in runs)
     n = sum(m.stats.get("n_generated", 0) for m in runs if m.stats.get("t_grammar_s"))
     return round(1000 * t / n, 4) if n else None
+
+
+def _decode_s(stats: dict) -> float:
+    """The engine's decode seconds of a run: the server's own where served, else total less prompt."""
+    if "t_decode_server_s" in stats:
+        return stats["t_decode_server_s"]
+    return stats.get("t_total_s", 0.0) - stats.get("t_prompt_s", 0.0)
+
+
+def _grammar_share(runs: list[Measurement]) -> float | None:
+    """The grammar's share of the decode time of the runs that had any."""
+    timed = [m.stats for m in runs if m.stats.get("t_grammar_s")]
+    decode = sum(_decode_s(s) for s in timed)
+    return round(sum(s["t_grammar_s"] for s in timed) / decode, 4) if decode > 0 else None
 
 
 def summarize(configs: list[BenchConfig], results: list[Measurement], memory: dict) -> list[dict]:

@@ -5,10 +5,10 @@ bench's models, context and threads, and runs each configuration as one streamed
 /v1/completions request: the prompt as the very token ids the in-process run evaluates, the
 configuration as the request's `speculative` object, `cache_prompt: false` for the same cold
 cache, the same seed. A run's statistics are the server's own (usage.speculative: passes,
-drafts, the drafters' steps, its decode time), and its speed is what the client saw: tokens
-over the time from sending the request to its last chunk, less the server's prompt processing,
-so that it compares with an in-process run's decode speed and counts everything the server
-path adds to each step (the engine thread, the event loop, the HTTP stream).
+drafts, the drafters' steps, its decode time and, under a schema, its grammar time), and its
+speed is what the client saw: tokens over the time from sending the request to its last chunk,
+less the server's prompt processing, so that it compares with an in-process run's decode speed
+and counts everything the server path adds to each step (the engine thread, the event loop, the HTTP stream).
 """
 from __future__ import annotations
 
@@ -155,6 +155,10 @@ def served_stats(usage: dict, t_first: float, t_last: float, finish: str) -> dic
     n = int(usage.get("completion_tokens", 0))
     t_prompt = float(spec.get("prompt_s", 0.0))
     decode = t_last - t_prompt  # the client's view: sent -> last chunk, less the server's prompt
+    grammar = {}
+    if "grammar_s" in spec:  # a constrained request: the server's time in the grammar (masks, matcher)
+        t = float(spec["grammar_s"])
+        grammar = {"t_grammar_s": t, "grammar_ms_per_token": round(1000 * t / n, 4) if n else 0.0}
     return {"n_prompt": int(usage.get("prompt_tokens", 0)), "n_generated": n,
             "n_passes": int(spec.get("passes", 0)), "n_drafted": int(spec.get("drafted", 0)),
             "n_accepted": int(spec.get("accepted", 0)), "acceptance": float(spec.get("acceptance", 0.0)),
@@ -165,4 +169,4 @@ def served_stats(usage: dict, t_first: float, t_last: float, finish: str) -> dic
             "t_prompt_s": round(t_prompt, 4), "t_decode_server_s": round(float(spec.get("decode_s", 0.0)), 4),
             "t_decode_client_s": round(decode, 4), "time_to_first_token_s": round(t_first, 4),
             "tokens_per_s": round(n / decode, 2) if n and decode > 0 else 0.0,
-            "server_tokens_per_s": float(spec.get("tokens_per_s", 0.0)), "finish_reason": finish}
+            "server_tokens_per_s": float(spec.get("tokens_per_s", 0.0)), "finish_reason": finish, **grammar}

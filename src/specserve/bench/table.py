@@ -106,7 +106,8 @@ def path_table(paths: list[dict]) -> list[str]:
 
 def structured_table(entries: list[dict]) -> list[str]:
     """Per configuration and workload with JSON Schemas: speed, acceptance, the share of outputs that
-    validate, and the grammar's own time per token (in-process runs)."""
+    validate, and the grammar's own time per token and share of decode time (specserve's runs, in-process
+    or served)."""
     rows = [e for e in entries if e.get("valid") is not None and e["workload"] != ALL]
     if not rows:
         return []
@@ -114,12 +115,13 @@ def structured_table(entries: list[dict]) -> list[str]:
     wl = max(len("workload"), *(len(e["workload"]) for e in rows))
     lines = ["structured output: outputs that parse and validate against their schema",
              f"{'configuration':<{width}} {'workload':<{wl}} {'T':>4} {'tok/s':>7} {'speedup':>8} {'accept':>7} "
-             f"{'valid':>7} {'grammar ms/tok':>14}"]
+             f"{'valid':>7} {'grammar ms/tok':>14} {'of decode':>9}"]
     for e in rows:
         accept = f"{100 * e['acceptance']:.1f}%" if e["n_drafted"] and e["acceptance"] is not None else "-"
         gms = f"{e['grammar_ms_per_token']:.3f}" if e.get("grammar_ms_per_token") is not None else "-"
+        share = f"{100 * e['grammar_share']:.1f}%" if e.get("grammar_share") is not None else "-"
         lines.append(f"{e['name']:<{width}} {e['workload']:<{wl}} {e['temperature']:>4g} {e['tokens_per_s']:>7.1f} "
-                     f"{e['speedup']:>7.2f}x {accept:>7} {100 * e['valid']:>6.1f}% {gms:>14}")
+                     f"{e['speedup']:>7.2f}x {accept:>7} {100 * e['valid']:>6.1f}% {gms:>14} {share:>9}")
     return lines + [""]
 
 

@@ -46,6 +46,8 @@ def timings(job: Job) -> dict:
         else 0.0,
         "draft_n": s.n_drafted,
         "draft_n_accepted": s.n_accepted,
+        # under a grammar, json_schema or tools (a specserve extension): the grammar's share of predicted_ms
+        **({"grammar_ms": round(1000 * s.t_grammar, 3)} if job.req.sampling.grammar is not None else {}),
     }
 
 

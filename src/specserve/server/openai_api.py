@@ -40,7 +40,12 @@ def speculative_usage(job: Job) -> dict:
             "mean_accepted_len": round(s.mean_accepted_len, 4), "tokens_per_s": round(s.tokens_per_s, 2),
             "drafted_by_position": list(s.drafted_by_position), "accepted_by_position": list(s.accepted_by_position),
             "prompt_s": round(s.t_prompt, 4), "decode_s": round(s.t_decode, 4) if s.t_total else 0.0,
-            **_traced_usage(job)}
+            **_grammar_usage(job), **_traced_usage(job)}
+
+
+def _grammar_usage(job: Job) -> dict:
+    """Under an output constraint, the seconds of its decode spent in the grammar (stats.t_grammar)."""
+    return {"grammar_s": round(job.stats.t_grammar, 5)} if job.req.sampling.grammar is not None else {}
 
 
 def _traced_usage(job: Job) -> dict:

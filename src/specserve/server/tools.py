@@ -205,8 +205,9 @@ def tools_lark(form: CallForm, names: tuple[str, ...], schemas: list[dict], choi
         lines.append(f"args_{i}: %json {json.dumps(schema, ensure_ascii=False)}")
     lines.append("call: " + " | ".join(f"call_{i}" for i in range(len(names))))
     lines.append('calls: call ("\\n" call)*' if parallel else "calls: call")
-    if form.special:  # text is bytes; a special token is not, so TEXT cannot spell a tag
-        lines.append("TEXT: /(.|\\n)+/")
+    if form.special:  # text is bytes, a special token is not; nor may TEXT spell the open tag in plain
+        # tokens, which the reader (toolcalls.py), reading text, would take for a call
+        lines.append(f"TEXT: /(.|\\n)+/ & ~/(.|\\n)*{re.escape(form.open)}(.|\\n)*/")
     else:  # the tags are plain text: a TEXT may not start with the open tag
         lines.append(f"TEXT: /(.|\\n)+/ & ~/{re.escape(form.open)}(.|\\n)*/")
     if choice == "none":
