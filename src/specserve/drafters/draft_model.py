@@ -42,8 +42,9 @@ class DraftModelDrafter(BaseDrafter):
     name = "draft"
 
     def __init__(self, model: Model, ctx: Context, p_min: float = 0.0, draft_min: int = 0,
-                 greedy_acceptance: GreedyAcceptance | None = None, grammar=None):
+                 greedy_acceptance: GreedyAcceptance | None = None, grammar=None, cache_reuse: int = 0):
         self.model = model
+        self.cache_reuse = cache_reuse  # --cache-reuse: keep moved runs of this many cached tokens (0: prefix only)
         self.grammar = grammar  # grammar.Constraint: draft under the request's mask; None: unconstrained
         self.ctx = ctx  # owned by the caller: it outlives one request and keeps its prefix
         self.p_min = p_min
@@ -69,7 +70,7 @@ class DraftModelDrafter(BaseDrafter):
         steps.direct(self.prefill_steps(prompt))
 
     def prefill_steps(self, prompt: Sequence[int]) -> steps.Steps:
-        yield from steps.sync_prefix(self.ctx, self._see(prompt)[:-1])
+        yield from steps.sync_prefix(self.ctx, self._see(prompt)[:-1], self.cache_reuse)
 
     def propose(self, seq: Sequence[int], k: int, sampler: Sampler, stop: StopRule | None = None) -> Draft:
         return steps.direct(self.propose_steps(seq, k, sampler, stop))
@@ -122,7 +123,7 @@ class DraftModelDrafter(BaseDrafter):
     def _draw(self, view: list[int], k: int, sampler: Sampler, stop: StopRule | None,
                     walk=None) -> steps.Steps:
         pos = len(view)
-        logits = yield from steps.sync_and_eval(self.ctx, view)
+        logits = yield from steps.sync_and_eval(self.ctx, view, self.cache_reuse)
         tokens: list[int] = []
         dists = []
         confidence: list[float] = []

@@ -15,7 +15,7 @@ import asyncio
 import collections
 from typing import Callable, Sequence
 
-from ..drafters.draft_model import common_prefix
+from ..backends.cache_reuse import plan_reuse
 from ..engine import Engine, Slot
 from .batcher import SLOWDOWN, Batcher, Stepper
 
@@ -53,9 +53,10 @@ class SlotPool:
         return bool(self._free) and not self._waiters
 
     async def acquire(self, tokens: Sequence[int]) -> Slot:
-        """A free slot (the one whose cache shares the longest prefix with `tokens`), or wait."""
+        """A free slot (the one whose cache `tokens` can use most of: its prefix, and runs that moved
+        under --cache-reuse), or wait."""
         if self.available:
-            best = max(self._free, key=lambda s: common_prefix(s.ctx.tokens, tokens))
+            best = max(self._free, key=lambda s: plan_reuse(s.ctx.tokens, tokens, s.engine.cache_reuse)[0])
             self._free.remove(best)
             return best
         if self.full:
