@@ -21,6 +21,7 @@ import numpy as np
 
 from .. import steps
 from ..backends.base import Context, Model, common_prefix, sync_prefix
+from ..backends.cache_reuse import plan_reuse
 from ..sampling import Sampler
 from .base import EMPTY_DRAFT, BaseDrafter, Draft, StopRule
 
@@ -64,6 +65,8 @@ class DraftModelDrafter(BaseDrafter):
 
     def missing(self, prompt: Sequence[int]) -> int:
         view = self._see(prompt)
+        if self.cache_reuse > 0:  # what the sync will keep: the prefix and the moved runs
+            return len(view) - 1 - plan_reuse(self.ctx.tokens, view[:-1], self.cache_reuse)[0]
         return len(view) - 1 - common_prefix(self.ctx.tokens, view[:-1])
 
     def prefill(self, prompt: Sequence[int]) -> None:
