@@ -119,6 +119,7 @@ class ModelConfig:
     n_threads: int | None = None
     auto_profile: bool = True  # keep what --spec auto learns across processes (learned.py)
     cross_request_bytes: int = 0  # the engine's store of earlier requests for the suffix drafter; 0: none
+    cache_reuse: int = 0  # --cache-reuse: least run of moved cached tokens a slot keeps (backends/cache_reuse.py); 0: off
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -128,3 +129,5 @@ class ModelConfig:
             raise ValueError(f"threads must be > 0, got {self.n_threads}")
         if self.cross_request_bytes < 0:
             raise ValueError(f"the cross-request store size must be >= 0, got {self.cross_request_bytes}")
+        if self.cache_reuse < 0:
+            raise ValueError(f"--cache-reuse must be >= 0, got {self.cache_reuse}")

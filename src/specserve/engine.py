@@ -76,6 +76,7 @@ class Engine:
         self.target = target
         self.draft = draft
         self.n_ctx = n_ctx
+        self.cache_reuse = 0  # --cache-reuse N: slots keep moved runs of >= N cached tokens (backends/cache_reuse.py)
         self.suffix_store = suffix_store  # earlier requests' text for the suffix drafter, shared by slots; None: off
         self.controller = controller if controller is not None else Controller()  # --spec auto, shared by slots
         weights = (getattr(target, "weights_bytes", 0), getattr(draft, "weights_bytes", 0))
@@ -96,7 +97,9 @@ class Engine:
         target = load_model(cfg.target_path, cfg.n_gpu_layers, cfg.n_threads)
         draft = load_model(cfg.draft_path, cfg.n_gpu_layers_draft, cfg.n_threads) if cfg.draft_path else None
         store = SuffixStore(cfg.cross_request_bytes) if cfg.cross_request_bytes else None
-        return cls(target, draft, cfg.n_ctx, controller=learning_controller(cfg, target), suffix_store=store)
+        engine = cls(target, draft, cfg.n_ctx, controller=learning_controller(cfg, target), suffix_store=store)
+        engine.cache_reuse = cfg.cache_reuse
+        return engine
 
     @property
     def drafter_names(self) -> list[str]:
@@ -194,7 +197,8 @@ class Slot:
         model = None
         if self.draft_ctx is not None:
             model = drafters["draft"] = DraftModelDrafter(self.engine.draft, self.draft_ctx, spec.draft_p_min,
-                                                          spec.draft_min, self.engine.greedy_acceptance, constraint)
+                                                          spec.draft_min, self.engine.greedy_acceptance, constraint,
+                                                          self.engine.cache_reuse)
         store = self.engine.suffix_store if spec.cross_request else None
         drafters["suffix"] = SuffixDrafter(store, spec.cross_request_scope, cap=spec.suffix_max)  # indexes lazily
         if constraint is not None:
@@ -248,7 +252,7 @@ class Slot:
         stats.n_prompt = len(seq)
         t0 = time.perf_counter()
         # Prompt: the target's cache holds everything but the last token, which each step feeds.
-        stats.n_cached = yield from steps.sync_prefix(self.ctx, seq[:-1])
+        stats.n_cached = yield from steps.sync_prefix(self.ctx, seq[:-1], engine.cache_reuse)
         stats.t_prompt = time.perf_counter() - t0
         forward0 = self._forward_seconds()
         yield from self._prefill_drafters(req, seq, params.max_tokens, stats)

@@ -105,17 +105,30 @@ def fill(ctx: Context, tokens: Sequence[int], logits: str | None = "last") -> St
         tokens = tokens[out:]
 
 
-def sync_prefix(ctx: Context, tokens: Sequence[int]) -> Steps:
-    """backends.sync_prefix as steps: make ctx hold exactly `tokens`; return how many were cached."""
+def _keep(ctx: Context, tokens: Sequence[int], reuse: int) -> int:
+    """Make ctx hold a prefix of `tokens` (also shifted runs of >= `reuse` cached tokens when reuse > 0:
+    Context.reuse) and return its length."""
+    if reuse > 0:
+        return ctx.reuse(tokens, reuse)
     keep = common_prefix(ctx.tokens, tokens)
     ctx.truncate(keep)
+    return keep
+
+
+def sync_prefix(ctx: Context, tokens: Sequence[int], reuse: int = 0) -> Steps:
+    """backends.sync_prefix as steps: make ctx hold exactly `tokens`; return how many were cached.
+    reuse > 0: llama-server's --cache-reuse, the least run of moved cached tokens worth keeping."""
+    keep = _keep(ctx, tokens, reuse)
     if len(tokens) > keep:
         yield from fill(ctx, tokens[keep:])
     return keep
 
 
-def sync_and_eval(ctx: Context, tokens: Sequence[int]) -> Steps:
+def sync_and_eval(ctx: Context, tokens: Sequence[int], reuse: int = 0) -> Steps:
     """backends.sync_and_eval as steps: ctx holds exactly `tokens`; return the logits after the last."""
-    keep = min(common_prefix(ctx.tokens, tokens), len(tokens) - 1)
-    ctx.truncate(keep)
+    if reuse > 0:
+        keep = ctx.reuse(tokens[:-1], reuse)
+    else:
+        keep = min(common_prefix(ctx.tokens, tokens), len(tokens) - 1)
+        ctx.truncate(keep)
     return (yield from fill(ctx, tokens[keep:]))[0]

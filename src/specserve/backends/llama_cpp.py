@@ -28,7 +28,8 @@ import numpy as np
 
 import llama_cpp as C
 
-from .base import MemoryUse, VocabInfo
+from .base import MemoryUse, VocabInfo, common_prefix
+from .cache_reuse import reuse_chunks
 from .llama_cpp_batch import SharedContext
 from .llama_native import DecodeThreads, LoadLog, NativeContext, init_backend, mib_sum, use_extra_buffers
 
@@ -223,6 +224,18 @@ class LlamaCppContext(NativeContext):
         self._tokens = []
         if keep:
             self.eval(keep, logits="last")
+
+    def reuse(self, tokens: Sequence[int], n_min: int) -> int:
+        """Keep what of the cache `tokens` can use: its common prefix and, with n_min > 0, runs of >= n_min
+        cached tokens that moved to earlier positions in `tokens` (cache_reuse). The cache then holds
+        tokens[:n]; return n."""
+        n = reuse_chunks(self._mem, 0, self._tokens, tokens, n_min) if n_min > 0 and self.model.can_rollback else None
+        if n is None:
+            n = common_prefix(self._tokens, tokens)
+            self.truncate(n)
+        else:
+            self._tokens = list(tokens[:n])
+        return n
 
     def memory(self) -> MemoryUse:
         return MemoryUse(weights=self.model.weights_bytes, kv_cache=self.kv_bytes, compute=self.compute_bytes)

@@ -21,7 +21,8 @@ import numpy as np
 
 import llama_cpp as C
 
-from .base import MemoryUse
+from .base import MemoryUse, common_prefix
+from .cache_reuse import reuse_chunks
 from .llama_native import DecodeThreads, NativeContext
 
 if TYPE_CHECKING:
@@ -135,6 +136,18 @@ class SeqContext:
         self.tokens = []
         if keep:
             self.eval(keep, logits="last")
+
+    def reuse(self, tokens: Sequence[int], n_min: int) -> int:
+        """As LlamaCppContext.reuse: the cache keeps its prefix and moved runs of >= n_min tokens of
+        `tokens`, then holds tokens[:n]; return n."""
+        s = self.shared
+        n = reuse_chunks(s._mem, self.seq_id, self.tokens, tokens, n_min) if n_min > 0 and s.can_rollback else None
+        if n is None:
+            n = common_prefix(self.tokens, tokens)
+            self.truncate(n)
+        else:
+            self.tokens = list(tokens[:n])
+        return n
 
     def memory(self) -> MemoryUse:
         """This sequence's share of the context's buffers."""

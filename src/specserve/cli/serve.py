@@ -65,6 +65,12 @@ def add_parser(sub) -> None:
                         "tokens a pass as keep each pass within F x what the streams' tokens alone cost, so they "
                         "slow by about F at most (default %(default)s; 0: whole --ubatch-size chunks, the fastest "
                         "prompt processing)")
+    g.add_argument("--cache-reuse", type=int, default=0, metavar="N",
+                   help="as llama-server's: after the common prefix, keep runs of >= N cached tokens that moved to "
+                        "earlier positions in the new prompt (an editor's window shifted by an edit above the cursor), "
+                        "shifting their positions instead of evaluating them again; target and draft model. The kept "
+                        "keys and values were computed after other text, so output can differ from a cold prompt's "
+                        "(default 0: off, only the common prefix is reused; docs/infill.md)")
     g.add_argument("--queue", type=int, default=16, metavar="N",
                    help="requests waiting for a slot before new ones get 503 (default 16)")
     g.add_argument("--max-body-mib", type=float, default=4.0, metavar="MIB",
@@ -212,6 +218,9 @@ def configs(args) -> tuple[ModelConfig, ServerSettings]:
     """What one engine loads and how it serves, from the flags; raises CliError before any model loads."""
     cfg = model_config(args)
     settings = settings_from(args, cfg.target_path)
+    if args.cache_reuse < 0:
+        raise CliError(f"--cache-reuse must be >= 0, got {args.cache_reuse}", 2)
+    cfg = dataclasses.replace(cfg, cache_reuse=args.cache_reuse)
     if not args.no_cross_request:
         cfg = dataclasses.replace(cfg, cross_request_bytes=int(args.cross_request_mib * (1 << 20)))
     return cfg, settings

@@ -21,6 +21,7 @@ import numpy as np
 
 from .. import steps
 from ..backends.base import Context, Model, common_prefix, sync_prefix
+from ..backends.cache_reuse import plan_reuse
 from ..sampling import Sampler
 from .base import EMPTY_DRAFT, BaseDrafter, Draft, StopRule
 
@@ -42,8 +43,9 @@ class DraftModelDrafter(BaseDrafter):
     name = "draft"
 
     def __init__(self, model: Model, ctx: Context, p_min: float = 0.0, draft_min: int = 0,
-                 greedy_acceptance: GreedyAcceptance | None = None, grammar=None):
+                 greedy_acceptance: GreedyAcceptance | None = None, grammar=None, cache_reuse: int = 0):
         self.model = model
+        self.cache_reuse = cache_reuse  # --cache-reuse: keep moved runs of this many cached tokens (0: prefix only)
         self.grammar = grammar  # grammar.Constraint: draft under the request's mask; None: unconstrained
         self.ctx = ctx  # owned by the caller: it outlives one request and keeps its prefix
         self.p_min = p_min
@@ -63,13 +65,15 @@ class DraftModelDrafter(BaseDrafter):
 
     def missing(self, prompt: Sequence[int]) -> int:
         view = self._see(prompt)
+        if self.cache_reuse > 0:  # what the sync will keep: the prefix and the moved runs
+            return len(view) - 1 - plan_reuse(self.ctx.tokens, view[:-1], self.cache_reuse)[0]
         return len(view) - 1 - common_prefix(self.ctx.tokens, view[:-1])
 
     def prefill(self, prompt: Sequence[int]) -> None:
         steps.direct(self.prefill_steps(prompt))
 
     def prefill_steps(self, prompt: Sequence[int]) -> steps.Steps:
-        yield from steps.sync_prefix(self.ctx, self._see(prompt)[:-1])
+        yield from steps.sync_prefix(self.ctx, self._see(prompt)[:-1], self.cache_reuse)
 
     def propose(self, seq: Sequence[int], k: int, sampler: Sampler, stop: StopRule | None = None) -> Draft:
         return steps.direct(self.propose_steps(seq, k, sampler, stop))
@@ -122,7 +126,7 @@ class DraftModelDrafter(BaseDrafter):
     def _draw(self, view: list[int], k: int, sampler: Sampler, stop: StopRule | None,
                     walk=None) -> steps.Steps:
         pos = len(view)
-        logits = yield from steps.sync_and_eval(self.ctx, view)
+        logits = yield from steps.sync_and_eval(self.ctx, view, self.cache_reuse)
         tokens: list[int] = []
         dists = []
         confidence: list[float] = []

@@ -102,11 +102,12 @@ def warm_steps(slot, tokens: list[int], stats: GenerationStats) -> steps.Steps:
     stats.n_prompt = len(tokens)
     t0 = time.perf_counter()
     try:
-        stats.n_cached = yield from steps.sync_prefix(slot.ctx, tokens[:-1])
+        stats.n_cached = yield from steps.sync_prefix(slot.ctx, tokens[:-1], slot.engine.cache_reuse)
         stats.t_prompt = time.perf_counter() - t0
         if slot.draft_ctx is not None:
             t = time.perf_counter()
-            yield from DraftModelDrafter(slot.engine.draft, slot.draft_ctx).prefill_steps(tokens)
+            drafter = DraftModelDrafter(slot.engine.draft, slot.draft_ctx, cache_reuse=slot.engine.cache_reuse)
+            yield from drafter.prefill_steps(tokens)
             stats.t_prompt_draft = stats.t_draft = time.perf_counter() - t
         stats.finish_reason = "length"
     finally:

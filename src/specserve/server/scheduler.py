@@ -15,7 +15,7 @@ import asyncio
 import collections
 from typing import Callable, Sequence
 
-from ..drafters.draft_model import common_prefix
+from ..backends.cache_reuse import plan_reuse
 from ..engine import Engine, Slot
 from .batcher import SLOWDOWN, Batcher, Stepper
 
@@ -57,11 +57,11 @@ class SlotPool:
         return id_slot < 0 or self.slots[id_slot] is slot
 
     async def acquire(self, tokens: Sequence[int], id_slot: int = -1) -> Slot:
-        """A free slot (slot `id_slot`; for -1 the one whose cache shares the longest prefix with
-        `tokens`), or wait for one."""
+        """A free slot (slot `id_slot`; for -1 the one whose cache `tokens` can use most of: its
+        prefix, and runs that moved under --cache-reuse), or wait for one."""
         fitting = [s for s in self._free if self._fits(s, id_slot)]
         if fitting:
-            best = max(fitting, key=lambda s: common_prefix(s.ctx.tokens, tokens))
+            best = max(fitting, key=lambda s: plan_reuse(s.ctx.tokens, tokens, s.engine.cache_reuse)[0])
             self._free.remove(best)
             return best
         if len(self._waiters) >= self.max_waiting + self.releasing:

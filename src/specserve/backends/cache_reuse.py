@@ -1,0 +1,67 @@
+"""Reusing cached KV chunks that moved (llama-server's `--cache-reuse N`).
+
+When an editor's window over a file shifts (the cursor moves, a line is edited above
+it), the new prompt shares only a short prefix with the cache, but long runs of it are
+still there, a few positions later in the cache than in the prompt. llama-server keeps
+such runs: it drops the cells between them and shifts the run's positions down
+(`llama_memory_seq_rm`, `llama_memory_seq_add`; llama.cpp re-rotates the keys at the
+next decode), so only the really new tokens are evaluated.
+
+The kept keys and values were computed after a different preceding context, so what
+follows can differ from a cold evaluation of the same prompt (as in llama-server).
+Memories that cannot drop a range or shift positions keep their prefix only: the contexts
+ask only where the model `can_rollback` (a recurrent state can shift positions, llama.cpp
+says, but cannot drop the cells between runs).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import llama_cpp as C
+
+from .base import common_prefix
+
+
+def plan_reuse(cached: Sequence[int], tokens: Sequence[int], n_min: int) -> tuple[int, list[tuple[int, int, int]]]:
+    """What of `cached` llama-server's --cache-reuse keeps for the prompt `tokens`: (n_keep, moves).
+
+    As llama-server (server-context.cpp, `n_cache_reuse`): keep the common prefix; then walk the
+    cache (head_c) and the prompt (head_p) from its end: where cached[head_c:] and tokens[head_p:]
+    agree on a run of n >= n_min tokens, that run is kept, moved from positions head_c.. to head_p..,
+    and both heads pass it; otherwise head_c skips one cached token. A move (c, p, n) says
+    cached[c:c+n] == tokens[p:p+n], p <= c. Runs only ever move to earlier positions (tokens the
+    prompt adds before a run cannot be evaluated in front of it), so the cache afterwards holds
+    tokens[:n_keep] and the caller evaluates the rest. n_min <= 0: the prefix alone.
+    """
+    head_c = head_p = common_prefix(cached, tokens)
+    moves: list[tuple[int, int, int]] = []
+    if n_min <= 0:
+        return head_p, moves
+    n_c, n_p = len(cached), len(tokens)
+    while head_c < n_c and head_p < n_p:
+        n = 0
+        while head_c + n < n_c and head_p + n < n_p and cached[head_c + n] == tokens[head_p + n]:
+            n += 1
+        if n >= n_min:
+            moves.append((head_c, head_p, n))
+            head_c += n
+            head_p += n
+        else:
+            head_c += 1
+    return head_p, moves
+
+
+def reuse_chunks(mem, seq_id: int, cached: Sequence[int], tokens: Sequence[int], n_min: int) -> int | None:
+    """Apply `plan_reuse` to sequence `seq_id` of llama.cpp memory `mem`, which holds `cached` at
+    positions 0..: afterwards it holds exactly tokens[:n] at positions [0, n); return n.
+
+    None (the memory untouched) where the memory cannot shift positions: keep the prefix instead.
+    """
+    if not C.llama_memory_can_shift(mem):
+        return None
+    n_keep, moves = plan_reuse(cached, tokens, n_min)
+    for c, p, n in moves:  # in order: earlier moves already sit below p
+        C.llama_memory_seq_rm(mem, seq_id, p, c)  # the cells between the kept part and this run
+        C.llama_memory_seq_add(mem, seq_id, c, c + n, p - c)
+    C.llama_memory_seq_rm(mem, seq_id, n_keep, -1)
+    return n_keep
