@@ -69,7 +69,7 @@ def test_llama_api_reports_the_stop_word_that_cut_the_text():
     stats = GenerationStats(finish_reason="stop", stop_word="Paris", n_generated=1, n_prompt=5, n_passes=1,
                             t_prompt=0.1, t_total=0.2)  # the real stats, so the fake cannot fall behind them
     req = SimpleNamespace(model="m", sampling=SamplingParams(stop=("is", "Paris")), spec=SpecParams(), verify="gumbel")
-    job = SimpleNamespace(stats=stats, req=req, state=None)
+    job = SimpleNamespace(stats=stats, req=req, state=None, id_slot=0)
     out = final(job, " ", [12])
     assert (out["stop_type"], out["stopping_word"]) == ("word", "Paris")
 

@@ -57,6 +57,7 @@ class Job:
                  make_steps=None):
         """make_steps(slot, tokens, stats) -> steps: what runs instead of a generation (a cache warm-up)."""
         self.state, self.req, self.slot = state, req, slot
+        self.id_slot = state.scheduler.pool.slots.index(slot)  # which slot runs it (llama-server's id_slot)
         self.stats = GenerationStats()
         self.queue_s = queue_s
         self.t_arrival = t_arrival

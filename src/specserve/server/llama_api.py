@@ -57,7 +57,7 @@ def final(job: Job, content: str, tokens: list[int]) -> dict:
     return {"content": content, "tokens": [], "stop": True, "model": job.req.model,
             "tokens_predicted": job.stats.n_generated, "tokens_evaluated": job.stats.n_prompt,
             "tokens_cached": job.stats.n_cached, "truncated": False, "stop_type": stop_type,
-            "stopping_word": word, "id_slot": job.state.scheduler.pool.slots.index(job.slot),
+            "stopping_word": word, "id_slot": job.id_slot,
             "timings": timings(job), "speculative": speculative_usage(job),
             **finish_detail(job.stats)}
 
