@@ -118,7 +118,10 @@ class TokenHealing:
 
     def masked(self, logits: np.ndarray, tokens: Sequence[int]) -> np.ndarray:
         """Rows of `logits` ([R, V], row i after the committed tokens and tokens[:i]), constrained,
-        as a copy; rows stop after the first token that breaks the healed text."""
+        as a copy; rows stop after the first token that breaks the healed text. Once healed, the
+        logits themselves: the rest of the answer pays nothing."""
+        if not self.left:
+            return logits
         rows = min(len(logits), len(tokens) + 1)
         out = np.array(logits[:rows], dtype=np.float32)
         left = self.left
