@@ -9,6 +9,13 @@ of it; if a loaded profile measured it, its budget counts from the process's sta
 accepted probe is followed up at once, a few times (learning.py sets the next interval); one
 whose catch-up cost is still unknown, while its lag is short; one that could not pay even at
 100% acceptance, at 1/8 of the budget. The hybrid is never probed: its parts are.
+
+While the engine has judged few of a draft model's tokens at the request's temperature, a request
+may also spend up to EXPLORE_PASSES plain passes' worth on probing it (`_explore`): from an empty
+profile, two failed drafts at an answer's start pulled the draft model below what pays, and its
+catch-up, growing by a token a token, soon outpriced the 1% budget for the rest of the request, so
+a pair that keeps 95% of code ran without it. The allowance shrinks as the engine's evidence there
+grows and is gone at EXPLORE_N judged tokens; a loaded profile's evidence counts.
 """
 from __future__ import annotations
 
@@ -18,6 +25,9 @@ from . import planner
 _EPS = 0.01  # share of decode time that probes may lose
 PROBE_MIN, PROBE_MAX = 4, 32  # steps between probes of an unused drafter
 FOLLOW_UPS = 6  # successful probes in a row that may bypass the budget
+EXPLORE_PASSES = 3.0  # plain passes' worth a request may lose probing a draft model the engine knows little of
+EXPLORE_OWN = 8.0  # judged tokens of the request's own beyond which it has seen enough to go by
+EXPLORE_N = 48.0  # (decayed) judged tokens of the engine's at a temperature beyond which that allowance is gone
 
 
 class Probing:
@@ -32,7 +42,8 @@ class Probing:
             return None  # judged at every step where it matches, unasked: nothing a probe would add
         if self.step - self.used_step[name] < ctl.interval.get(name, PROBE_MIN):
             return None
-        budget = _EPS * (self.clock - self.since[name])
+        earned = _EPS * (self.clock - self.since[name])
+        budget = earned + self._explore(name, V)
         k, fit = self.kmin[name], ctl.draft.get(name)
         # what catching up costs is unknown until lags vary: look while the lag is short and cheap
         # (never while its cache lacks this request's prompt: that catch-up is what makes a probe costly)
@@ -49,8 +60,20 @@ class Probing:
             self._probe_cost[name] = cost
             if budget < cost:
                 return None
+            if cost > earned:  # spent from the allowance
+                self.explore_left[name] -= (cost - earned) / V[1]
         return self._plan(name, V, kmin=k, kmax=k)
 
     def _could_pay(self, name: str, V) -> bool:
         """Whether the drafter would pay if every token it drafted were accepted."""
         return self._plan(name, V, kmin=self.kmin[name], found=True, ceiling=True).rate > 1.0 / V[1]
+
+    def _explore(self, name: str, V) -> float:
+        """Seconds this request may still lose probing a draft model beyond the 1% budget, while the
+        engine has judged few of its tokens at this temperature (none for a lookup: it is judged unasked)."""
+        left = self.explore_left.get(name, 0.0)
+        if name in FREE or left <= 0.0:
+            return 0.0
+        judged = self.ctl.prior(name, 0, self.regime)[1]  # with the prior's own pseudo-trials
+        own = self.acc[name].t  # this request's own judged tokens (decayed): what it has already seen
+        return left * max(0.0, 1.0 - judged / EXPLORE_N) * max(0.0, 1.0 - own / EXPLORE_OWN) * V[1]

@@ -28,7 +28,7 @@ from .acceptance import OPENING, ConfidenceMap, Rates, match_bucket
 from .learning import Learning
 from .names import FORCED, FREE, HYBRID, HYBRID_LOOKUPS, MODEL
 from .prefill import Prefill
-from .probing import Probing
+from .probing import EXPLORE_PASSES, Probing
 
 if TYPE_CHECKING:
     from .controller import Controller
@@ -88,6 +88,8 @@ class AutoPolicy(Learning, Probing, Prefill):
         self.follow_up: tuple | None = None  # (drafter, successes): its last probe succeeded, probe again
         self.pred_tokens = self.pred_time = 0.0
         self._probe_cost: dict[str, float] = {}  # seconds a probe of the drafter was last expected to lose
+        # plain passes' worth this request may still lose probing a draft model the engine knows little of
+        self.explore_left = {n: EXPLORE_PASSES for n in self.names if n not in FREE}
         self._plans_V: list[float] | None = None  # the cost table the cached plans were made with
         self._plans: dict[str, dict[tuple, planner.Plan]] = {n: {} for n in [*self.names, HYBRID]}
         self._costs: dict[tuple[int, int], tuple[float, ...]] = {}  # (head length, k) -> seconds per draft token
