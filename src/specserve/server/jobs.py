@@ -32,6 +32,7 @@ from .trace import Tracer
 log = logging.getLogger("specserve.server")
 CLIENT_GONE = 499  # nginx's "client closed request": nobody reads it, the log and metrics do
 DISCONNECT_CHECK_S = 0.25  # how often a non-streamed generation asks whether its client is still there
+ADMIT_GRACE_S = 0.1  # how long a request that finds slots and queue full waits for a place before 503
 
 
 def prompt_ids(model, req: GenRequest) -> list[int]:
@@ -165,6 +166,15 @@ class Job:
             await asyncio.wrap_future(self._closing)  # resumes after `release` (registered first)
 
 
+async def _room_soon(pool, grace: float = ADMIT_GRACE_S) -> bool:
+    """Whether a full pool makes room within `grace` seconds: a client that drops a stream and sends the
+    next request at once can arrive before the server has seen the drop (its next write) and freed the slot."""
+    deadline = time.perf_counter() + grace
+    while pool.full and time.perf_counter() < deadline:
+        await asyncio.sleep(0.005)
+    return not pool.full
+
+
 def _queue_full(pool) -> ApiError:
     return ApiError(503, f"all {len(pool.slots)} slots are busy and the queue is full ({pool.max_waiting}); "
                          "retry later", code="queue_full", headers={"Retry-After": "1"})
@@ -221,7 +231,7 @@ async def start(state, req: GenRequest, request: Request | None = None, make_ste
     scheduler, engine = state.scheduler, state.engine
     if scheduler.draining:
         raise draining()
-    if scheduler.pool.full:  # refuse now rather than after tokenizing
+    if scheduler.pool.full and not await _room_soon(scheduler.pool):  # refuse now rather than after tokenizing
         raise _queue_full(scheduler.pool)
     scheduler.enter()  # from here the request counts as in flight: a drain waits for it
     try:
