@@ -70,9 +70,10 @@ class Probing:
 
     def _explore(self, name: str, V) -> float:
         """Seconds this request may still lose probing a draft model beyond the 1% budget, while the
-        engine has judged few of its tokens at this temperature (none for a lookup: it is judged unasked)."""
+        engine has judged few of its tokens at this temperature (none for a lookup, judged unasked: it has
+        no entry in explore_left)."""
         left = self.explore_left.get(name, 0.0)
-        if name in FREE or left <= 0.0:
+        if left <= 0.0:
             return 0.0
         judged = self.ctl.prior(name, 0, self.regime)[1]  # with the prior's own pseudo-trials
         own = self.acc[name].t  # this request's own judged tokens (decayed): what it has already seen
