@@ -131,7 +131,8 @@ def test_2_after_a_500_the_connection_still_serves(tiny_models_dir, monkeypatch)
 
     from specserve.config import ModelConfig
     from specserve.engine import Engine
-    from specserve.server import ServerSettings, create_app, jobs
+    from specserve.server import ServerSettings, create_app
+    from specserve.server.core import jobs
 
     def planted_bug(model, req):
         raise RuntimeError("a planted bug")

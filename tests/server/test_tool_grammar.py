@@ -13,7 +13,7 @@ llguidance = pytest.importorskip("llguidance")
 
 from specserve.backends.llama_cpp import LlamaCppModel  # noqa: E402
 from specserve.grammar import from_lark  # noqa: E402
-from specserve.server.tools import call_form, tools_lark  # noqa: E402
+from specserve.server.core.constraints.tools import call_form, tools_lark  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 import tiny_models  # noqa: E402

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from specserve.server.toolcalls import CallReader, answer, delta
-from specserve.server.tools import CallForm
+from specserve.server.core.constraints.toolcalls import CallReader, answer, delta
+from specserve.server.core.constraints.tools import CallForm
 
 SPECIAL, PLAIN = CallForm(special=True), CallForm(special=False)
 
@@ -66,7 +66,7 @@ def test_a_call_cut_by_max_tokens_says_so():
 
 
 def test_finish_detail_states_why_an_answer_ended():
-    from specserve.server.structured import finish_detail
+    from specserve.server.core.constraints.structured import finish_detail
     from specserve.stats import GenerationStats
 
     assert finish_detail(GenerationStats(finish_reason="stop")) == {}

@@ -8,7 +8,7 @@ import random
 
 from specserve.auto import Controller
 from specserve.engine import Chunk
-from specserve.server.trace import Tracer, sources, target_alone_tokens_per_s
+from specserve.server.core.trace import Tracer, sources, target_alone_tokens_per_s
 from specserve.stats import GenerationStats
 from specserve.text import StreamDecoder
 

@@ -60,7 +60,7 @@ def add_parser(sub) -> None:
     g.add_argument("-ub", "--ubatch-size", type=int, default=512, metavar="N",
                    help="most tokens in one forward pass: every slot's verification, then chunks of prompts "
                         "being processed, so that a long prompt does not stall the other streams (default 512)")
-    g.add_argument("--prefill-slowdown", type=float, default=2.0, metavar="F",  # server.batcher.SLOWDOWN
+    g.add_argument("--prefill-slowdown", type=float, default=2.0, metavar="F",  # server.core.batcher.SLOWDOWN
                    help="while streams are generating, a prompt being processed beside them takes only as many "
                         "tokens a pass as keep each pass within F x what the streams' tokens alone cost, so they "
                         "slow by about F at most (default %(default)s; 0: whole --ubatch-size chunks, the fastest "
@@ -186,7 +186,7 @@ def allowed_hosts(bind: str, extra: list[str]) -> frozenset[str]:
 def settings_from(args, target_path: str):
     """ServerSettings from the flags; raises CliError(2) on bad values, before any model loads."""
     from ..server import ServerSettings
-    from ..server.profiles import Profile, build_profiles
+    from ..server.core.profiles import Profile, build_profiles
 
     if args.parallel < 1:
         raise CliError(f"--parallel must be >= 1, got {args.parallel}", 2)
@@ -251,7 +251,7 @@ def run(args) -> int:
             args.threads = max(1, (os.cpu_count() or 1) // max(1, args.replicas or 1))
         return replicas.run(args, *configs(args))
     from ..server import create_app, logsafe
-    from ..server.listener import serve
+    from ..server.http.listener import serve
 
     logsafe.install()  # clients' strings reach log lines: escape them
     cfg, settings = configs(args)

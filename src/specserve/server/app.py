@@ -19,9 +19,10 @@ from starlette.routing import Route
 
 from ..engine import Engine
 from ..memory import fmt_bytes
-from . import infill, llama_api, openai_api, webui
-from .errors import CatchAll, install_handlers
-from .guard import OPEN_PATHS, ApiKeyMiddleware, HostOriginGuard
+from . import webui
+from .apis import infill, llama_api, openai_api
+from .http.errors import CatchAll, install_handlers
+from .http.guard import OPEN_PATHS, ApiKeyMiddleware, HostOriginGuard
 from .state import ServerSettings, ServerState
 
 log = logging.getLogger("specserve.server")

@@ -5,10 +5,10 @@ import os
 from dataclasses import dataclass, field
 
 from ..engine import Engine
-from .metrics import ServerMetrics
-from .profiles import Profile
-from .batcher import SLOWDOWN
-from .scheduler import Scheduler
+from .core.metrics import ServerMetrics
+from .core.profiles import Profile
+from .core.batcher import SLOWDOWN
+from .core.scheduler import Scheduler
 
 MAX_BODY_BYTES = 4 << 20
 READ_TIMEOUT_S = 30.0

@@ -22,14 +22,14 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..fim import FimUnsupported, Infill, fim_tokens, healed
-from ..grammar.healing import vocab_of
-from .errors import bad_request
+from ...fim import FimUnsupported, Infill, fim_tokens, healed
+from ...grammar.healing import vocab_of
+from ..http.errors import bad_request
 from .infill_rules import LineRules, fim_prompt, select_fields, warm_steps
-from .jobs import CLIENT_GONE, DISCONNECT_CHECK_S, Job, start
+from ..core.jobs import CLIENT_GONE, DISCONNECT_CHECK_S, Job, start
 from .llama_api import final, llama_request
 from .openai_api import sse_response
-from .params import get, read_json
+from ..core.params import get, read_json
 
 # fields /infill reads itself; the rest is /completion's
 _OWN = ("input_prefix", "input_suffix", "input_extra", "prompt", "n_indent", "t_max_predict_ms", "t_max_prompt_ms",

@@ -17,13 +17,13 @@ import dataclasses
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from .errors import bad_request
-from .jobs import CLIENT_GONE, Job, start
+from ..http.errors import bad_request
+from ..core.jobs import CLIENT_GONE, Job, start
 from .openai_api import speculative_usage, sse_response, traced
-from .params import KEY_SCOPE, GenRequest, check_unsupported, completion_prompt, get, read_json, \
+from ..core.params import KEY_SCOPE, GenRequest, check_unsupported, completion_prompt, get, read_json, \
     resolve_profile, sampling_params, spec_params
-from .structured import finish_detail, refuse_constraints
-from .tools import request_constraint
+from ..core.constraints.structured import finish_detail, refuse_constraints
+from ..core.constraints.tools import request_constraint
 
 _LLAMA_SPEC_KEYS = {"speculative.n_max": "draft_max", "speculative.n_min": "draft_min",
                     "speculative.p_min": "draft_p_min"}

@@ -10,7 +10,7 @@ import logging
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from ..stats import GenerationStats
+from ...stats import GenerationStats
 
 log = logging.getLogger("specserve.server")
 

@@ -19,11 +19,11 @@ from typing import AsyncIterator
 import anyio
 from starlette.requests import Request
 
-from ..chat import ChatTemplateError
-from ..engine import Chunk
-from ..prompt import chat_tokens
-from ..stats import GenerationStats
-from .errors import ApiError, bad_request
+from ...chat import ChatTemplateError
+from ...engine import Chunk
+from ...prompt import chat_tokens
+from ...stats import GenerationStats
+from ..http.errors import ApiError, bad_request
 from .metrics import log_request
 from .params import GenRequest, check_context
 from .scheduler import QueueFull, SlotPool

@@ -19,15 +19,15 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from .errors import ApiError, bad_request, error_body
+from ..http.errors import ApiError, bad_request, error_body
 from .infill_rules import openai_fim_prompt
-from .jobs import CLIENT_GONE, Job, start
-from .params import COMPLETIONS_MAX_TOKENS, KEY_SCOPE, GenRequest, check_messages, check_unsupported, \
+from ..core.jobs import CLIENT_GONE, Job, start
+from ..core.params import COMPLETIONS_MAX_TOKENS, KEY_SCOPE, GenRequest, check_messages, check_unsupported, \
     completion_prompt, get, read_json, resolve_profile, sampling_params, spec_params
-from .structured import finish_detail
-from .toolcalls import CallReader, answer, finish, stream
-from .tools import request_constraint
-from .trace import target_alone_tokens_per_s
+from ..core.constraints.structured import finish_detail
+from ..core.constraints.toolcalls import CallReader, answer, finish, stream
+from ..core.constraints.tools import request_constraint
+from ..core.trace import target_alone_tokens_per_s
 
 log = logging.getLogger("specserve.server")
 

@@ -36,8 +36,8 @@ import time
 from concurrent.futures import Future
 from typing import Callable
 
-from ..batchcost import BatchCost
-from ..steps import Eval, Steps
+from ...batchcost import BatchCost
+from ...steps import Eval, Steps
 
 log = logging.getLogger("specserve.server")
 

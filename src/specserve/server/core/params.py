@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Callable
 
 from starlette.requests import Request
 
-from ..chat import MessageError, validate_messages
-from ..config import GREEDY_TEMPERATURE, SamplingParams, SpecParams, draft_max_caps_suffix
-from .errors import ApiError, bad_request
-from .guard import KEY_SCOPE  # noqa: F401 - re-exported for the endpoints
+from ...chat import MessageError, validate_messages
+from ...config import GREEDY_TEMPERATURE, SamplingParams, SpecParams, draft_max_caps_suffix
+from ..http.errors import ApiError, bad_request
+from ..http.guard import KEY_SCOPE  # noqa: F401 - re-exported for the endpoints
 from .profiles import VERIFY_METHODS, Profile
 
 if TYPE_CHECKING:
-    from .tools import ToolRequest
+    from .constraints.tools import ToolRequest
 
 MAX_STOP = 16  # stop strings per request
 MAX_STOP_LEN = 256  # characters per stop string

@@ -28,7 +28,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .errors import ApiError, error_body, error_response
 from .guard import OPEN_PATHS
-from .jobs import stopping
+from ..core.jobs import stopping
 
 log = logging.getLogger("specserve.server")
 REFUSED_LINGER_S = 1.0  # a refused connection is closed this long after its 503, once the client has read it

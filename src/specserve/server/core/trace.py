@@ -15,9 +15,9 @@ import codecs
 from collections import deque
 from typing import Callable
 
-from ..auto import Controller
-from ..engine import Chunk
-from ..stats import GenerationStats
+from ...auto import Controller
+from ...engine import Chunk
+from ...stats import GenerationStats
 
 TARGET = "target"  # the source of a token the target wrote itself
 

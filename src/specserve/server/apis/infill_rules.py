@@ -20,11 +20,11 @@ import time
 
 import anyio
 
-from .. import steps
-from ..drafters.draft_model import DraftModelDrafter
-from ..fim import FimUnsupported, Infill, healed, model_layout
-from ..stats import GenerationStats
-from .errors import bad_request
+from ... import steps
+from ...drafters.draft_model import DraftModelDrafter
+from ...fim import FimUnsupported, Infill, healed, model_layout
+from ...stats import GenerationStats
+from ..http.errors import bad_request
 
 
 class LineRules:

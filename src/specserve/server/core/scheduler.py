@@ -15,8 +15,8 @@ import asyncio
 import collections
 from typing import Callable, Sequence
 
-from ..backends.cache_reuse import plan_reuse
-from ..engine import Engine, Slot
+from ...backends.cache_reuse import plan_reuse
+from ...engine import Engine, Slot
 from .batcher import SLOWDOWN, Batcher, Stepper
 
 

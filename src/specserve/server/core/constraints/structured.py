@@ -13,8 +13,8 @@ from typing import Literal
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..grammar import GrammarError, from_gbnf, from_json_schema, json_object
-from .errors import ApiError, bad_request
+from ....grammar import GrammarError, from_gbnf, from_json_schema, json_object
+from ...http.errors import ApiError, bad_request
 
 CONSTRAINT_FIELDS = ("response_format", "grammar", "json_schema")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ..config import DEFAULT_VERIFY, VERIFY_METHODS, SamplingParams, SpecParams, draft_max_caps_suffix
+from ...config import DEFAULT_VERIFY, VERIFY_METHODS, SamplingParams, SpecParams, draft_max_caps_suffix
 
 # option name -> (field, group, type); groups: "spec" -> SpecParams, "sampling" -> SamplingParams
 _OPTIONS: dict[str, tuple[str, str, type]] = {

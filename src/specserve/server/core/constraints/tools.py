@@ -24,9 +24,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from ..grammar import GrammarError, from_json_schema, from_lark
-from ..grammar.sources import JSON_LAYOUT
-from .errors import ApiError, bad_request
+from ....grammar import GrammarError, from_json_schema, from_lark
+from ....grammar.sources import JSON_LAYOUT
+from ...http.errors import ApiError, bad_request
 from .structured import StrictModel, check_usable, conflict, constraint, parse, requested
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names
