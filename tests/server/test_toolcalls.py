@@ -1,11 +1,12 @@
-"""Reading tool calls back from generated text (server/toolcalls.py), whole and streamed."""
+"""Reading tool calls back from generated text (server/core/constraints/toolcalls.py), whole and streamed."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from specserve.server.core.constraints.toolcalls import CallReader, answer, delta
+from specserve.server.apis.openai_chat import delta
+from specserve.server.core.constraints.toolcalls import CallReader, answer
 from specserve.server.core.constraints.tools import CallForm
 
 SPECIAL, PLAIN = CallForm(special=True), CallForm(special=False)
@@ -66,7 +67,7 @@ def test_a_call_cut_by_max_tokens_says_so():
 
 
 def test_finish_detail_states_why_an_answer_ended():
-    from specserve.server.core.constraints.structured import finish_detail
+    from specserve.server.core.answer import finish_detail
     from specserve.stats import GenerationStats
 
     assert finish_detail(GenerationStats(finish_reason="stop")) == {}

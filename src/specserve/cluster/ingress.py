@@ -27,8 +27,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..server.app import access_middleware
+from ..server.http.body import read_body
 from ..server.http.errors import ApiError, error_body, install_handlers
-from ..server.core.params import read_body
 from ..server.state import ServerSettings
 from . import metrics_merge
 from .routing import route_key

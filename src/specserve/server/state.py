@@ -5,9 +5,9 @@ import os
 from dataclasses import dataclass, field
 
 from ..engine import Engine
+from .core.batcher import SLOWDOWN
 from .core.metrics import ServerMetrics
 from .core.profiles import Profile
-from .core.batcher import SLOWDOWN
 from .core.scheduler import Scheduler
 
 MAX_BODY_BYTES = 4 << 20

@@ -19,21 +19,78 @@ import dataclasses
 import time
 
 import anyio
+from pydantic import field_validator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ...fim import FimUnsupported, Infill, fim_tokens, healed
 from ...grammar.healing import vocab_of
-from ..http.errors import bad_request
-from .infill_rules import LineRules, fim_prompt, select_fields, warm_steps
+from ..core.answer import events
+from ..core.events import Text
 from ..core.jobs import CLIENT_GONE, DISCONNECT_CHECK_S, Job, start
-from .llama_api import final, llama_request
-from .openai_api import sse_response
-from ..core.params import get, read_json
+from ..core.request import GenRequest
+from ..http.body import read_json
+from ..http.endpoint import Endpoint
+from ..http.errors import bad_request
+from .infill_rules import LineRules, fim_prompt, select_fields
+from .llama import final, llama_request
+from .openai_common import key_scope, stream
+from .validation import Fields, parse
 
 # fields /infill reads itself; the rest is /completion's
 _OWN = ("input_prefix", "input_suffix", "input_extra", "prompt", "n_indent", "t_max_predict_ms", "t_max_prompt_ms",
         "n_cmpl", "response_fields", "samplers", "n_predict")
+_EXTRA_SHAPE = 'input_extra must be an array of {"filename": string, "text": string} objects'
+
+
+class InfillRequest(Fields):
+    """/infill's own fields; the rest of the body is checked as /completion's."""
+
+    input_prefix: str | None = None
+    input_suffix: str | None = None
+    input_extra: list[tuple[str, str]] = []  # (filename, text)
+    prompt: str | None = None  # the cursor's line up to the cursor
+    n_indent: int | None = None
+    t_max_predict_ms: int | None = None
+    t_max_prompt_ms: int | None = None  # accepted; not applied, as in llama-server
+    n_cmpl: int | None = None
+    response_fields: list[str] | None = None
+    n_predict: int | None = None
+
+    @field_validator("input_extra", mode="before")
+    @classmethod
+    def _extra(cls, value) -> list[tuple[str, str]]:
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise bad_request(_EXTRA_SHAPE, "input_extra")
+        out = []
+        for i, chunk in enumerate(value):
+            if not isinstance(chunk, dict):
+                raise bad_request(_EXTRA_SHAPE, f"input_extra[{i}]")
+            filename, text = chunk.get("filename", "tmp"), chunk.get("text", "")
+            if not isinstance(filename, str) or not isinstance(text, str):
+                raise bad_request(_EXTRA_SHAPE, f"input_extra[{i}]")
+            out.append((filename, text))
+        return out
+
+    @field_validator("n_indent", "t_max_predict_ms", "t_max_prompt_ms")
+    @classmethod
+    def _nonneg(cls, value, info):
+        if value is not None and value < 0:
+            raise bad_request(f"{info.field_name} must be >= 0, got {value}", info.field_name)
+        return value
+
+    @field_validator("response_fields", mode="before")
+    @classmethod
+    def _fields(cls, value):
+        if value is not None and not (isinstance(value, list) and all(isinstance(f, str) for f in value)):
+            raise bad_request("response_fields must be an array of strings", "response_fields")
+        return value
+
+
+def routes() -> list[Endpoint]:
+    return [Endpoint("/infill", infill)]
 
 
 def prepare(target) -> None:
@@ -44,24 +101,6 @@ def prepare(target) -> None:
     except FimUnsupported:
         return
     vocab_of(target)
-
-
-def _extra(body: dict) -> list[tuple[str, str]]:
-    value = body.get("input_extra")
-    if value is None:
-        return []
-    shape = 'input_extra must be an array of {"filename": string, "text": string} objects'
-    if not isinstance(value, list):
-        raise bad_request(shape, "input_extra")
-    out = []
-    for i, chunk in enumerate(value):
-        if not isinstance(chunk, dict):
-            raise bad_request(shape, f"input_extra[{i}]")
-        filename, text = chunk.get("filename", "tmp"), chunk.get("text", "")
-        if not isinstance(filename, str) or not isinstance(text, str):
-            raise bad_request(shape, f"input_extra[{i}]")
-        out.append((filename, text))
-    return out
 
 
 def _samplers(body: dict) -> dict:
@@ -79,57 +118,42 @@ def _samplers(body: dict) -> dict:
     return body
 
 
-def _nonneg(body: dict, key: str) -> int:
-    value = get(body, key, int, 0)
-    if value < 0:
-        raise bad_request(f"{key} must be >= 0, got {value}", key)
-    return value
-
-
-async def _parse(request: Request) -> tuple:
-    """(GenRequest without its prompt, Infill, the /infill options)."""
+async def _parse(request: Request) -> tuple[GenRequest, Infill, InfillRequest]:
+    """(GenRequest without its prompt, the Infill to lay out, /infill's own fields)."""
     state = request.app.state.server
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
-    infill = Infill(prefix=get(body, "input_prefix", str, ""), suffix=get(body, "input_suffix", str, ""),
-                    prompt=get(body, "prompt", str, ""), extra=_extra(body))
-    n_predict = get(body, "n_predict", int)
-    warm = n_predict == 0
-    options = {"n_indent": _nonneg(body, "n_indent"), "t_max_predict_ms": _nonneg(body, "t_max_predict_ms"),
-               "warm": warm, "n_predict": n_predict or 0}
-    _nonneg(body, "t_max_prompt_ms")
-    fields = get(body, "response_fields", list)
-    if fields is not None and not all(isinstance(f, str) for f in fields):
-        raise bad_request("response_fields must be an array of strings", "response_fields")
-    options["response_fields"] = fields
+    own = parse(InfillRequest, body)
+    infill = Infill(prefix=own.input_prefix or "", suffix=own.input_suffix or "", prompt=own.prompt or "",
+                    extra=own.input_extra)
     rest = {k: v for k, v in _samplers(body).items() if k not in _OWN or k == "samplers"}
-    if warm:  # nothing is sampled: the sampling fields do not matter, as in llama-server
+    if own.n_predict == 0:  # nothing is sampled: the sampling fields do not matter, as in llama-server
         rest = {k: v for k, v in rest.items() if k in ("model", "cache_prompt", "speculative", "stream", "id_slot")}
         rest["n_predict"] = 1
-    elif n_predict is not None:
-        rest["n_predict"] = n_predict
-    req = llama_request(rest, state, request, endpoint="infill", prompt=[0])
+    elif own.n_predict is not None:
+        rest["n_predict"] = own.n_predict
+    req, _ = llama_request(rest, state, key_scope(request), endpoint="infill", prompt=[0])
+    req = dataclasses.replace(req, warm=own.n_predict == 0)
     if req.spec.trace:  # the line rules cut the text after the fact: runs would not match it
         raise bad_request("speculative.trace is not available on /infill", "speculative.trace", "unsupported_parameter")
-    n_cmpl = get(body, "n_cmpl", int, 1)
+    n_cmpl = 1 if own.n_cmpl is None else own.n_cmpl
     if n_cmpl < 1 or n_cmpl > 1 and not req.sampling.greedy:
         raise bad_request(f"n_cmpl={n_cmpl}: this server answers one completion a request (n_cmpl > 1 only for a "
                           "greedy request, whose completions would all be the same)", "n_cmpl", "unsupported_parameter")
-    return req, infill, options
+    return req, infill, own
 
 
 async def infill(request: Request) -> Response:
     state = request.app.state.server
-    req, fim_req, options = await _parse(request)
+    req, fim_req, own = await _parse(request)
     target = state.engine.target
-    tokens = await anyio.to_thread.run_sync(fim_prompt, target, fim_req, state.engine.n_ctx, options["n_predict"])
+    tokens = await anyio.to_thread.run_sync(fim_prompt, target, fim_req, state.engine.n_ctx, own.n_predict or 0)
     tokens, heal = healed(target, tokens, fim_req)
     req = dataclasses.replace(req, prompt=tokens, sampling=dataclasses.replace(req.sampling, heal=heal))
     t_start = time.perf_counter()
-    job = await start(state, req, request, warm_steps if options["warm"] else None)
+    job = await start(state, req, request)
     # the time rule counts from the end of the prompt, as llama-server's t_start_generation
-    rules = LineRules(options["n_indent"], options["t_max_predict_ms"],
-                      t_start + job.queue_s + job.stats.t_prompt)
-    fields = options["response_fields"]
+    rules = LineRules(own.n_indent or 0, own.t_max_predict_ms or 0, t_start + job.queue_s + job.stats.t_prompt)
+    fields = own.response_fields
 
     def answer(content: str) -> dict:
         out = final(job, content, [])
@@ -138,16 +162,18 @@ async def infill(request: Request) -> Response:
         return select_fields(out, fields) if fields else out
 
     if req.stream:
-        async def events(job: Job):
-            async for chunk in job.chunks():
-                text = rules.push(chunk.text)
-                yield {"content": text, "tokens": chunk.tokens, "stop": False}
+        async def chunks():
+            async for event in events(job):
+                if event.__class__ is not Text:
+                    continue
+                text = rules.push(event.text)
+                yield {"content": text, "tokens": event.tokens, "stop": False}
                 if rules.stopped:
                     _stop(job)
                     break
             await job.finished()
             yield answer("")
-        return sse_response(request, job, events)
+        return stream(request, job, chunks())
     content = await _collect(job, rules, request)
     if content is None:
         return Response(status_code=CLIENT_GONE)

@@ -1,4 +1,4 @@
-"""What /infill adds to a generation: llama-server's line rules, its response_fields, cache warming.
+"""What /infill adds to a generation: llama-server's line rules, its response_fields, FIM prompts.
 
 `LineRules` ends a completion where llama-server's /infill ends it: `n_indent` cuts the text at
 the first new line indented less than the cursor's line (keeping that line's indentation, as
@@ -9,21 +9,16 @@ time would have been for n_indent; the time rule keeps the chunk's text up to it
 newline.
 
 `fim_prompt` lays a request out with the model's FIM tokens (fim.py), for /infill and for
-/v1/completions with `suffix`. `warm_steps` is what a request with `n_predict: 0` runs (llama.vim sends one when its extra
-context changes): the prompt goes into the slot's caches, the target's and the draft model's,
-so that the next keystroke's request evaluates only what is new in both.
+/v1/completions with `suffix`. A request with `n_predict: 0` only warms the slot's caches
+(core/warm.py).
 """
 from __future__ import annotations
 
-import json
 import time
 
 import anyio
 
-from ... import steps
-from ...drafters.draft_model import DraftModelDrafter
 from ...fim import FimUnsupported, Infill, healed, model_layout
-from ...stats import GenerationStats
 from ..http.errors import bad_request
 
 
@@ -95,25 +90,6 @@ def select_fields(answer: dict, paths: list[str]) -> dict:
     return out
 
 
-def warm_steps(slot, tokens: list[int], stats: GenerationStats) -> steps.Steps:
-    """Put `tokens` into the slot's caches, the target's and the draft model's, without generating:
-    each then holds all but the last token, as a generation over `tokens` would leave them before
-    its first step."""
-    stats.n_prompt = len(tokens)
-    t0 = time.perf_counter()
-    try:
-        stats.n_cached = yield from steps.sync_prefix(slot.ctx, tokens[:-1], slot.engine.cache_reuse)
-        stats.t_prompt = time.perf_counter() - t0
-        if slot.draft_ctx is not None:
-            t = time.perf_counter()
-            drafter = DraftModelDrafter(slot.engine.draft, slot.draft_ctx, cache_reuse=slot.engine.cache_reuse)
-            yield from drafter.prefill_steps(tokens)
-            stats.t_prompt_draft = stats.t_draft = time.perf_counter() - t
-        stats.finish_reason = "length"
-    finally:
-        stats.t_total = time.perf_counter() - t0
-
-
 def fim_prompt(model, infill: Infill, n_ctx: int, n_predict: int) -> list[int]:
     """The FIM token ids; 400 `infill_not_supported` for a model without FIM tokens."""
     try:
@@ -127,8 +103,6 @@ async def openai_fim_prompt(state, prompt, suffix, max_tokens: int, heal: bool =
     after; laid out as /infill lays them out (no extra context), the cursor's line after FIM_MID and
     healed (fim.healed) unless `heal` is False (a grammar constrains the answer instead).
     Returns (token ids, the healed bytes the answer must begin with)."""
-    if not isinstance(suffix, str):
-        raise bad_request(f"suffix must be a string, got {json.dumps(suffix)[:40]}", "suffix")
     if not isinstance(prompt, str):
         raise bad_request("a prompt of token ids cannot take a suffix: send the text", "prompt")
     head, newline, line = prompt.rpartition("\n")

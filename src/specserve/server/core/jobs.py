@@ -25,9 +25,10 @@ from ...prompt import chat_tokens
 from ...stats import GenerationStats
 from ..http.errors import ApiError, bad_request
 from .metrics import log_request
-from .params import GenRequest, check_context
-from .scheduler import QueueFull, SlotPool
+from .request import GenRequest, check_context
+from .scheduler import QueueFull, SlotPool, draining, queue_full, stopping
 from .trace import Tracer
+from .warm import warm_steps
 
 log = logging.getLogger("specserve.server")
 CLIENT_GONE = 499  # nginx's "client closed request": nobody reads it, the log and metrics do
@@ -54,16 +55,14 @@ def prompt_ids(model, req: GenRequest) -> list[int]:
 class Job:
     """A running generation holding a slot. Drive it with `chunks()`; end it with `finish()`."""
 
-    def __init__(self, state, req: GenRequest, slot, tokens: list[int], t_arrival: float, queue_s: float,
-                 make_steps=None):
-        """make_steps(slot, tokens, stats) -> steps: what runs instead of a generation (a cache warm-up)."""
+    def __init__(self, state, req: GenRequest, slot, tokens: list[int], t_arrival: float, queue_s: float):
         self.state, self.req, self.slot = state, req, slot
         self.id_slot = state.scheduler.pool.slots.index(slot)  # which slot runs it (llama-server's id_slot)
         self.stats = GenerationStats()
         self.queue_s = queue_s
         self.t_arrival = t_arrival
-        if make_steps is not None:
-            self._gen = make_steps(slot, tokens, self.stats)
+        if req.warm:
+            self._gen = warm_steps(slot, tokens, self.stats)
         else:
             self._gen = slot.generate_steps(tokens, req.sampling, req.spec, req.verify, stats=self.stats)
         self._run = None  # its handle on the batch scheduler, from the first step
@@ -175,21 +174,6 @@ async def _room_soon(pool, grace: float = ADMIT_GRACE_S) -> bool:
     return not pool.full
 
 
-def _queue_full(pool) -> ApiError:
-    return ApiError(503, f"all {len(pool.slots)} slots are busy and the queue is full ({pool.max_waiting}); "
-                         "retry later", code="queue_full", headers={"Retry-After": "1"})
-
-
-def draining() -> ApiError:
-    return ApiError(503, "the server is shutting down", code="draining", headers={"Retry-After": "5"})
-
-
-def stopping() -> ApiError:
-    """What a request still running or queued when the drain's deadline passes gets."""
-    return ApiError(503, "the server is shutting down and stopped this request at its drain deadline",
-                    code="draining", headers={"Retry-After": "5"})
-
-
 async def _disconnected(request: Request) -> None:
     """Return once the client has gone. Only after the body is read: later messages are disconnects."""
     while (await request.receive())["type"] != "http.disconnect":
@@ -223,16 +207,15 @@ def _forget_cache(slot) -> None:
         slot.draft_ctx.truncate(0)
 
 
-async def start(state, req: GenRequest, request: Request | None = None, make_steps=None) -> Job:
+async def start(state, req: GenRequest, request: Request | None = None) -> Job:
     """Validate the prompt, wait for a slot, run the prompt and first step. Raises ApiError.
-    With `request`, a client that disconnects while queued is dropped (ApiError(CLIENT_GONE)).
-    make_steps: run that in the slot instead of a generation (Job)."""
+    With `request`, a client that disconnects while queued is dropped (ApiError(CLIENT_GONE))."""
     t_arrival = time.perf_counter()
     scheduler, engine = state.scheduler, state.engine
     if scheduler.draining:
         raise draining()
     if scheduler.pool.full and not await _room_soon(scheduler.pool):  # refuse now rather than after tokenizing
-        raise _queue_full(scheduler.pool)
+        raise queue_full(scheduler.pool)
     scheduler.enter()  # from here the request counts as in flight: a drain waits for it
     try:
         tokens = await anyio.to_thread.run_sync(prompt_ids, engine.target, req)
@@ -247,11 +230,11 @@ async def start(state, req: GenRequest, request: Request | None = None, make_ste
         slot = await _acquire(scheduler.pool, tokens, request, req.id_slot)
     except QueueFull:
         scheduler.leave()
-        raise _queue_full(scheduler.pool) from None
+        raise queue_full(scheduler.pool) from None
     except BaseException:
         scheduler.leave()
         raise
-    job = Job(state, req, slot, tokens, t_arrival, time.perf_counter() - t_queued, make_steps)
+    job = Job(state, req, slot, tokens, t_arrival, time.perf_counter() - t_queued)
     try:
         if not req.cache_prompt:
             await scheduler.worker.run(_forget_cache, slot)

@@ -17,11 +17,27 @@ from typing import Callable, Sequence
 
 from ...backends.cache_reuse import plan_reuse
 from ...engine import Engine, Slot
+from ..http.errors import ApiError
 from .batcher import SLOWDOWN, Batcher, Stepper
 
 
 class QueueFull(Exception):
     """Every slot is busy and the queue is at its bound."""
+
+
+def queue_full(pool: SlotPool) -> ApiError:
+    return ApiError(503, f"all {len(pool.slots)} slots are busy and the queue is full ({pool.max_waiting}); "
+                         "retry later", code="queue_full", headers={"Retry-After": "1"})
+
+
+def draining() -> ApiError:
+    return ApiError(503, "the server is shutting down", code="draining", headers={"Retry-After": "5"})
+
+
+def stopping() -> ApiError:
+    """What a request still running or queued when the drain's deadline passes gets."""
+    return ApiError(503, "the server is shutting down and stopped this request at its drain deadline",
+                    code="draining", headers={"Retry-After": "5"})
 
 
 class SlotPool:
@@ -135,9 +151,9 @@ class Scheduler:
     def leave(self) -> None:
         self.active -= 1
 
-    def stop_requests(self, make_error: Callable[[], Exception]) -> None:
-        """End the drain: queued requests fail with `make_error()` now, running ones at their next step.
-        Event-loop thread only."""
+    def stop_requests(self, make_error: Callable[[], Exception] = stopping) -> None:
+        """End the drain: queued requests fail with `make_error()` now, running ones at their next step
+        (Job.step raises `stopping()`). Event-loop thread only."""
         self.draining = self.stopping = True
         self.pool.fail_waiters(make_error)
 

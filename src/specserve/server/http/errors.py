@@ -1,12 +1,17 @@
-"""Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
+"""Errors: one exception for every refusal, answered in OpenAI's shape unless the API says otherwise.
 
-Every failure the server answers, from a bad field to an unexpected bug, goes out
-in this one shape so that OpenAI clients raise their usual exception types. A bug
-is answered by `CatchAll`, which leaves the keep-alive connection usable.
+`ApiError` carries what any API's error body needs (HTTP status, message, the field it names,
+a machine-readable code). How it is written out is the API's: OpenAI's
+`{"error": {"message", "type", "param", "code"}}` by default, so that OpenAI clients raise their
+usual exception types; an adapter whose clients expect another shape (Anthropic's
+`{"type": "error", "error": {"type", "message"}}`) gives its `Render` with its routes
+(`Endpoint.render_error`), and `ErrorShapes` picks it by path. A bug is answered by `CatchAll`,
+which leaves the keep-alive connection usable.
 """
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -20,7 +25,8 @@ _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 403: "inva
 
 
 class ApiError(Exception):
-    """A request the server refuses, with the HTTP status and OpenAI's error fields."""
+    """A request the server refuses: the HTTP status, a message, the field it names (`param`, a path
+    such as `tools[0].function.name`) and a code (`context_length_exceeded`)."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
                  headers: dict[str, str] | None = None):
@@ -32,7 +38,29 @@ class ApiError(Exception):
         self.headers = headers or {}
 
     def body(self) -> dict:
+        """OpenAI's shape."""
         return error_body(self.status, self.message, self.param, self.code)
+
+
+Render = Callable[[ApiError], dict]  # an error -> the JSON body its API answers it with
+
+
+def openai_body(err: ApiError) -> dict:
+    return err.body()
+
+
+class ErrorShapes:
+    """The body shape of an error answered on a path: OpenAI's unless an adapter registered its own."""
+
+    def __init__(self, by_path: dict[str, Render] | None = None, default: Render = openai_body):
+        self.by_path = dict(by_path or {})
+        self.default = default
+
+    def __call__(self, path: str) -> Render:
+        return self.by_path.get(path, self.default)
+
+
+OPENAI_SHAPES = ErrorShapes()
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
@@ -44,22 +72,22 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return ApiError(400, message, param, code)
 
 
-def error_response(err: ApiError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+def error_response(err: ApiError, render: Render = openai_body) -> JSONResponse:
+    return JSONResponse(render(err), status_code=err.status, headers=err.headers)
 
 
-def install_handlers(app, on_error) -> None:
-    """Route refusals to OpenAI-shaped responses; `on_error(status)` counts them. Bugs go to CatchAll."""
+def install_handlers(app, on_error, shapes: ErrorShapes = OPENAI_SHAPES) -> None:
+    """Answer refusals in the shape of the path's API; `on_error(status)` counts them. Bugs go to CatchAll."""
 
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
         on_error(exc.status)
         log.info("%d %s %s: %s", exc.status, request.method, request.url.path, exc.message)
-        return error_response(exc)
+        return error_response(exc, shapes(request.url.path))
 
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         on_error(exc.status_code)
-        return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+        err = ApiError(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
+        return error_response(err, shapes(request.url.path))
 
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(HTTPException, http_error)
@@ -75,9 +103,10 @@ class CatchAll:
     stream), nothing clean can be sent: the exception goes on and the connection closes.
     """
 
-    def __init__(self, app, on_error):
+    def __init__(self, app, on_error, shapes: ErrorShapes = OPENAI_SHAPES):
         self.app = app
         self.on_error = on_error
+        self.shapes = shapes
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -96,5 +125,5 @@ class CatchAll:
                 raise
             self.on_error(500)
             log.error("internal error on %s %s", scope["method"], scope["path"], exc_info=exc)
-            body = error_body(500, f"internal server error: {type(exc).__name__}", code="internal_error")
-            await JSONResponse(body, status_code=500)(scope, receive, send)
+            err = ApiError(500, f"internal server error: {type(exc).__name__}", code="internal_error")
+            await error_response(err, self.shapes(scope["path"]))(scope, receive, send)

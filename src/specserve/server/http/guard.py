@@ -22,7 +22,7 @@ import hmac
 import ipaddress
 from urllib.parse import urlsplit
 
-from .errors import ApiError, error_response
+from .errors import OPENAI_SHAPES, ApiError, ErrorShapes, error_response
 
 OPEN_PATHS = frozenset({"/health"})  # answered without an API key (load balancers probe it)
 KEY_SCOPE = "specserve.key_scope"  # ASGI scope entry: the cross-request scope the request's API key confines it to
@@ -63,8 +63,10 @@ def origin_allowed(origin: str, host_header: str, cors_origins: frozenset[str]) 
 class HostOriginGuard:
     """400 for a Host that is not this server's, 403 for a foreign Origin; see the module docstring."""
 
-    def __init__(self, app, allowed_hosts: frozenset[str], cors_origins: frozenset[str], on_error):
+    def __init__(self, app, allowed_hosts: frozenset[str], cors_origins: frozenset[str], on_error,
+                 shapes: ErrorShapes = OPENAI_SHAPES):
         self.app = app
+        self.shapes = shapes
         self.allowed_hosts = allowed_hosts
         self.cors_origins = cors_origins
         self.on_error = on_error
@@ -83,7 +85,7 @@ class HostOriginGuard:
                                     "server with --cors-origin ORIGIN", code="origin_not_allowed")
             if err is not None:
                 self.on_error(err.status)
-                await error_response(err)(scope, receive, send)
+                await error_response(err, self.shapes(scope["path"]))(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -94,8 +96,9 @@ class ApiKeyMiddleware:
     KEY_SCOPE entry says which, and the endpoints apply it whatever the request sends."""
 
     def __init__(self, app, keys: tuple[str, ...], on_error, scopes: dict[str, str] | None = None,
-                 open_paths: frozenset[str] = OPEN_PATHS):
+                 open_paths: frozenset[str] = OPEN_PATHS, shapes: ErrorShapes = OPENAI_SHAPES):
         self.app = app
+        self.shapes = shapes
         self.open_paths = open_paths
         self.keys = [k.encode() for k in keys]
         self.scopes = [(scopes or {}).get(k) for k in keys]
@@ -120,7 +123,7 @@ class ApiKeyMiddleware:
                 message = "invalid API key" if given else "missing API key"
                 err = ApiError(401, f"{message}: send 'Authorization: Bearer <key>' or 'X-Api-Key: <key>'",
                                code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-                await error_response(err)(scope, receive, send)
+                await error_response(err, self.shapes(scope["path"]))(scope, receive, send)
                 return
             if self.scopes[i] is not None:
                 scope = {**scope, KEY_SCOPE: self.scopes[i]}

@@ -28,7 +28,6 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .errors import ApiError, error_body, error_response
 from .guard import OPEN_PATHS
-from ..core.jobs import stopping
 
 log = logging.getLogger("specserve.server")
 REFUSED_LINGER_S = 1.0  # a refused connection is closed this long after its 503, once the client has read it
@@ -167,7 +166,7 @@ class DrainingServer(uvicorn.Server):
             if not s.stopping and time.monotonic() >= self.drain_deadline:
                 if not s.idle:
                     log.warning("drain deadline: ending %d request(s) still in flight", s.active)
-                s.stop_requests(stopping)
+                s.stop_requests()
             if s.idle:
                 self.should_exit = True
         return await super().on_tick(counter)

@@ -1,1 +1,3 @@
-"""."""
+"""Output constraints and tools, below the adapters: one grammar per request (structured.py), tools
+as the template's call form and its grammar (tools.py), and tool calls read back from the text
+(toolcalls.py)."""

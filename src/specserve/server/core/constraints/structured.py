@@ -1,138 +1,43 @@
-"""Constraint fields of a request -> one llguidance grammar, or a 400 naming what is wrong.
+"""Output constraints as the core takes them: one llguidance grammar, whatever field gave it.
 
-Where clients send a constraint: OpenAI's `response_format` (text, json_object, json_schema),
-llama-server's `grammar` (GBNF) and `json_schema` (a schema object), and OpenAI's `tools`
-(server/tools.py builds their grammar). A request may carry one of them; two that would each
-constrain the output are refused with both names, rather than one silently winning.
+An adapter reads its API's constraint fields (OpenAI's `response_format`, llama-server's `grammar`
+and `json_schema`, the tools of any API) and compiles them here; each failure is a 400 naming the
+field it came from (`param`, the adapter's path). A request may carry one constraint: two that would
+each constrain the output are refused with both names (`conflict`), rather than one silently winning.
 """
 from __future__ import annotations
 
-import json
-from typing import Literal
-
 import anyio
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ....grammar import GrammarError, from_gbnf, from_json_schema, json_object
 from ...http.errors import ApiError, bad_request
 
-CONSTRAINT_FIELDS = ("response_format", "grammar", "json_schema")
+__all__ = ["check_usable", "conflict", "gbnf_grammar", "grammar_error", "json_object", "schema_grammar"]
 
 
-class StrictModel(BaseModel):
-    """A request object as OpenAI checks it: unknown fields and wrong types are refused, not coerced."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class JsonSchemaFormat(StrictModel):
-    name: str | None = None
-    description: str | None = None
-    schema_: dict | None = Field(None, alias="schema")  # `schema` would shadow BaseModel.schema
-    strict: bool | None = None  # llguidance enforces the schema either way
-
-
-class ResponseFormat(StrictModel):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-
-
-def field_error(e: ValidationError, param: str) -> ApiError:
-    """A pydantic error as OpenAI's 400: the first problem, its place spelled `a.b[0].c`."""
-    err = e.errors()[0]
-    where = param
-    for part in err["loc"]:
-        where += f"[{part}]" if isinstance(part, int) else f".{part}"
-    where = where.replace(".schema_", ".schema")
-    kind = err["type"]
-    if kind == "missing":
-        return bad_request(f"Missing required parameter: '{where}'", where, "missing_required_parameter")
-    if kind == "extra_forbidden":
-        return bad_request(f"Unknown parameter: '{where}'", where, "unknown_parameter")
-    shown = json.dumps(err.get("input"), ensure_ascii=False)[:60] if "input" in err else ""
-    return bad_request(f"Invalid value for '{where}': {err['msg']}" + (f" (got {shown})" if shown else ""), where,
-                       "invalid_value")
-
-
-def parse(model: type[BaseModel], value, param: str):
-    try:
-        return model.model_validate(value)
-    except ValidationError as e:
-        raise field_error(e, param) from None
-
-
-def _grammar_error(e: GrammarError, param: str) -> ApiError:
+def grammar_error(e: GrammarError, param: str) -> ApiError:
     return bad_request(f"{param}: {e}", param, "invalid_grammar")
 
 
-def _response_format(value) -> str | None:
-    fmt = parse(ResponseFormat, value, "response_format")
-    if fmt.type == "text":
-        if fmt.json_schema is not None:
-            raise bad_request("response_format.json_schema goes with type 'json_schema', not 'text'",
-                              "response_format.json_schema")
-        return None
-    if fmt.type == "json_object":
-        return json_object()
-    if fmt.json_schema is None or fmt.json_schema.schema_ is None:
-        param = "response_format.json_schema" + (".schema" if fmt.json_schema is not None else "")
-        raise bad_request(f"Missing required parameter: '{param}'", param, "missing_required_parameter")
+def schema_grammar(schema: dict, param: str) -> str:
+    """The grammar of a JSON Schema; 400 `invalid_grammar` naming `param` if it is not one llguidance takes."""
     try:
-        return from_json_schema(fmt.json_schema.schema_)
+        return from_json_schema(schema)
     except GrammarError as e:
-        raise _grammar_error(e, "response_format.json_schema.schema") from None
+        raise grammar_error(e, param) from None
 
 
-def requested(body: dict) -> list[str]:
-    """The constraint fields the body sets to something that constrains (`{"type": "text"}` does not)."""
-    out = []
-    for key in CONSTRAINT_FIELDS:
-        value = body.get(key)
-        if value is None or (key == "response_format" and value == {"type": "text"}):
-            continue
-        if key == "grammar" and value == "":  # llama-server's default: no grammar
-            continue
-        out.append(key)
-    return out
-
-
-def refuse_constraints(body: dict, endpoint: str) -> None:
-    """400 `unsupported_parameter` for a constraint or tools on an endpoint that takes none (/infill)."""
-    keys = requested(body) + [k for k in ("tools", "tool_choice") if body.get(k) not in (None, [], "none", "auto")]
-    if keys:
-        raise bad_request(f"{keys[0]} is not supported on /{endpoint}", keys[0], "unsupported_parameter")
+def gbnf_grammar(text: str, param: str) -> str:
+    """The grammar of a GBNF text (llama.cpp's); 400 `invalid_grammar` naming `param`."""
+    try:
+        return from_gbnf(text)
+    except GrammarError as e:
+        raise grammar_error(e, param) from None
 
 
 def conflict(first: str, second: str) -> ApiError:
     return bad_request(f"{first} and {second} both constrain the output: give one of them", second,
                        "conflicting_parameters")
-
-
-def constraint(body: dict) -> str | None:
-    """The grammar the body's constraint fields ask for (None: unconstrained). Raises ApiError(400)."""
-    keys = requested(body)
-    if len(keys) > 1:
-        raise conflict(keys[0], keys[1])
-    if body.get("response_format") is not None:  # also checks a {"type": "text"} that is malformed
-        grammar = _response_format(body["response_format"])
-        if grammar is not None:
-            return grammar
-    if not keys or keys[0] == "response_format":
-        return None
-    key, value = keys[0], body[keys[0]]
-    if key == "grammar":
-        if not isinstance(value, str):
-            raise bad_request(f"grammar must be a string (GBNF), got {json.dumps(value)[:40]}", "grammar")
-        try:
-            return from_gbnf(value)
-        except GrammarError as e:
-            raise _grammar_error(e, "grammar") from None
-    if not isinstance(value, dict):
-        raise bad_request(f"json_schema must be a JSON Schema object, got {json.dumps(value)[:40]}", "json_schema")
-    try:
-        return from_json_schema(value)
-    except GrammarError as e:
-        raise _grammar_error(e, "json_schema") from None
 
 
 async def check_usable(engine, grammar: str, param: str) -> None:
@@ -141,16 +46,4 @@ async def check_usable(engine, grammar: str, param: str) -> None:
     try:
         await anyio.to_thread.run_sync(engine.check_grammar, grammar)
     except GrammarError as e:
-        raise _grammar_error(e, param) from None
-
-
-def finish_detail(stats, cut: str | None = None) -> dict:
-    """The choice's `finish_detail` (a specserve extension), where the finish_reason alone would not
-    say why the answer ended as it did: a grammar with no way forward, a tool call cut short."""
-    if stats.grammar_error:
-        return {"finish_detail": f"the output constraint allowed no further token: {stats.grammar_error}"}
-    if cut and stats.finish_reason == "length":
-        return {"finish_detail": f"{cut} when max_tokens ended the answer"}
-    if cut:
-        return {"finish_detail": cut}
-    return {}
+        raise grammar_error(e, param) from None

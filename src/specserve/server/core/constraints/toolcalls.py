@@ -1,18 +1,20 @@
-"""Generated text in a template's call form -> OpenAI's `tool_calls`, whole or as stream deltas.
+"""Generated text in a template's call form -> tool calls, whole or as stream events.
 
-The grammar (server/tools.py) makes the text `[content] <tool_call>\\n{"name": "N", "arguments":
+The grammar (tools.py) makes the text `[content] <tool_call>\\n{"name": "N", "arguments":
 ARGS}\\n</tool_call>` (calls joined by newlines), so reading it back is a small state machine:
 content until the open tag, the name up to its closing quote, then the arguments until the
 suffix `}\\n</tool_call>`. It reads text as it streams, holding back only what might still turn
-out to be a tag or the suffix, so that each delta is final: the content before a call, a call's
-id and name once the name is complete, then its arguments in fragments.
+out to be a tag or the suffix, so that each event (events.py) is final: the content before a call,
+a call's id and name once the name is complete, then its arguments in fragments. A whole answer
+reads back as an assistant message in the chat form the templates take (OpenAI's, which
+`GenRequest.messages` holds).
 """
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import AsyncIterator
 
+from ..events import CallArguments, CallStart, Event, Text
 from .tools import CallForm
 
 
@@ -41,8 +43,8 @@ def _held(buffer: str, marker: str) -> int:
 
 @dataclass
 class CallReader:
-    """Feed text as it comes; get back OpenAI's delta pieces: ("content", text), ("call", Call,
-    index) when a call's name is known, ("arguments", index, text) for each fragment."""
+    """Feed text as it comes; get back events: Text for content, CallStart when a call's name is
+    known, CallArguments for each fragment of its arguments."""
 
     form: CallForm
     calls: list[Call] = field(default_factory=list)
@@ -50,14 +52,14 @@ class CallReader:
     _buf: str = ""
     _state: str = "content"  # content, prefix, name, arguments, between
 
-    def feed(self, text: str) -> list[tuple]:
+    def feed(self, text: str) -> list[Event]:
         self._buf += text
-        out: list[tuple] = []
+        out: list[Event] = []
         while self._step(out):
             pass
         return out
 
-    def _step(self, out: list[tuple]) -> bool:
+    def _step(self, out: list[Event]) -> bool:
         """Advance one state if the buffer allows; False when it must wait for more text."""
         f, buf = self.form, self._buf
         if self._state in ("content", "between"):
@@ -84,7 +86,7 @@ class CallReader:
             if end < 0:
                 return False
             self.calls.append(Call(call_id(), buf[:end]))
-            out.append(("call", self.calls[-1], len(self.calls) - 1))
+            out.append(CallStart(len(self.calls) - 1, self.calls[-1].id, self.calls[-1].name))
             self._buf, self._state = buf[end + len(f.middle):], "arguments"
             return True
         # arguments: everything up to the suffix, holding back what may be its start
@@ -100,21 +102,21 @@ class CallReader:
         self._buf, self._state = buf[end + len(f.suffix):], "between"
         return True
 
-    def _content(self, text: str, out: list[tuple]) -> None:
+    def _content(self, text: str, out: list[Event]) -> None:
         if text:
             self.content += text
-            out.append(("content", text))
+            out.append(Text(text))
 
     @staticmethod
-    def _arguments(call: Call, index: int, text: str, out: list[tuple]) -> None:
+    def _arguments(call: Call, index: int, text: str, out: list[Event]) -> None:
         if text:
             call.arguments += text
-            out.append(("arguments", index, text))
+            out.append(CallArguments(index, text))
 
-    def close(self) -> list[tuple]:
+    def close(self) -> list[Event]:
         """At the end of generation: the pieces still held back (a tag's start that never completed
         in content, an argument fragment that might have been the suffix's start)."""
-        out: list[tuple] = []
+        out: list[Event] = []
         if self._state == "content":
             self._content(self._buf, out)
         elif self._state == "arguments":
@@ -141,19 +143,8 @@ class CallReader:
         return msg
 
 
-def delta(piece: tuple) -> dict:
-    """One reader piece as the `delta` of an OpenAI chat.completion.chunk."""
-    if piece[0] == "content":
-        return {"content": piece[1]}
-    if piece[0] == "call":
-        call, index = piece[1], piece[2]
-        return {"tool_calls": [{"index": index, "id": call.id, "type": "function",
-                                "function": {"name": call.name, "arguments": ""}}]}
-    return {"tool_calls": [{"index": piece[1], "function": {"arguments": piece[2]}}]}
-
-
 def finish(reader: CallReader, reason: str) -> str:
-    """OpenAI's finish_reason: "tool_calls" when the answer ended on its own after a call."""
+    """The finish reason: "tool_calls" when the answer ended on its own after a complete call."""
     return "tool_calls" if reason == "stop" and reader.calls and reader.cut() is None else reason
 
 
@@ -163,12 +154,3 @@ def answer(form: CallForm, text: str, reason: str) -> tuple[dict, str, str | Non
     reader.feed(text)
     reader.close()
     return reader.message(), finish(reader, reason), reader.cut()
-
-
-async def stream(reader: CallReader, chunks) -> AsyncIterator[dict]:
-    """The deltas of a streamed answer, from the engine's chunks (the last ones held back included)."""
-    async for chunk in chunks:
-        for piece in reader.feed(chunk.text):
-            yield delta(piece)
-    for piece in reader.close():
-        yield delta(piece)

@@ -1,7 +1,7 @@
-"""OpenAI tools -> the chat template's call form, as one llguidance Lark grammar.
+"""Tools -> the chat template's call form, as one llguidance Lark grammar.
 
-A request's `tools` (functions whose `parameters` are JSON Schemas), `tool_choice` and
-`parallel_tool_calls` become a grammar in the form the model was trained to call in, which
+A request's tools (functions whose parameters are JSON Schemas), its tool choice and whether
+calls may come in parallel become a grammar in the form the model was trained to call in, which
 its chat template spells out. The one form known here is Hermes's, which Qwen2.5 (and Qwen3,
 Hermes) use:
 
@@ -11,48 +11,25 @@ Hermes) use:
 
 with calls separated by a newline. The arguments are embedded with llguidance's `%json`, so
 they follow that tool's schema; the wrapper and the name are forced (and so drafted for free).
-`tool_choice`: "none" -> text without a call; "auto" -> text, or text then calls; "required"
--> one or more calls; a named function -> exactly one call of it. `parallel_tool_calls: false`
--> at most one call.
+The choice: "none" -> text without a call; "auto" -> text, or text then calls; "required"
+-> one or more calls; a function's name -> exactly one call of it. Not parallel -> at most one call.
+Each API's adapter reads its own spelling of tools into `ToolSpec`s (OpenAI's
+`{"type": "function", "function": {...}}`, Anthropic's `{"name", "input_schema"}`); errors name
+the field by the path the adapter gives.
 """
 from __future__ import annotations
 
 import json
 import re
 from dataclasses import dataclass
-from typing import Literal
-
-from pydantic import Field
 
 from ....grammar import GrammarError, from_json_schema, from_lark
 from ....grammar.sources import JSON_LAYOUT
 from ...http.errors import ApiError, bad_request
-from .structured import StrictModel, check_usable, conflict, constraint, parse, requested
 
-_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names
+NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names (Anthropic's too)
 _TEMPLATE_KEY = "tokenizer.chat_template"
 _ATTR_CONTROL, _ATTR_USER_DEFINED = 1 << 3, 1 << 4
-
-
-class Function(StrictModel):
-    name: str = Field(pattern=_NAME.pattern)
-    description: str | None = None
-    parameters: dict | None = None
-    strict: bool | None = None
-
-
-class Tool(StrictModel):
-    type: Literal["function"]
-    function: Function
-
-
-class NamedFunction(StrictModel):
-    name: str
-
-
-class NamedChoice(StrictModel):
-    type: Literal["function"]
-    function: NamedFunction
 
 
 @dataclass(frozen=True)
@@ -80,10 +57,21 @@ class CallForm:
 
 
 @dataclass(frozen=True)
+class ToolSpec:
+    """One tool as an adapter read it: its name, the JSON Schema of its arguments (None: any object),
+    and where in the request each was given (for the 400 that names it)."""
+
+    name: str
+    parameters: dict | None
+    name_param: str  # "tools[0].function.name"
+    parameters_param: str  # "tools[0].function.parameters"
+
+
+@dataclass(frozen=True)
 class ToolRequest:
     """A request's tools, validated: what the template gets and how the answer is read."""
 
-    tools: list[dict]  # as sent, for the chat template (as Hugging Face passes them)
+    tools: list[dict]  # for the chat template, in the form Hugging Face passes them (OpenAI's)
     names: tuple[str, ...]
     choice: str  # "none", "auto", "required", or the one function's name
     parallel: bool
@@ -115,66 +103,29 @@ def no_tool_support(param: str = "tools") -> ApiError:
                        "unsupported_parameter")
 
 
-def _tool_message(messages: list) -> str | None:
-    """The field of the first tool message or assistant tool call, for the 400 that names it."""
-    for i, m in enumerate(messages):
-        if isinstance(m, dict) and m.get("role") == "tool":
-            return f"messages[{i}].role"
-        if isinstance(m, dict) and m.get("tool_calls"):
-            return f"messages[{i}].tool_calls"
-    return None
-
-
-def tool_request(body: dict, model) -> ToolRequest | None:
-    """The body's tools as a ToolRequest (None without tools). Raises ApiError(400) naming the field."""
-    raw = body.get("tools")
-    choice_raw = body.get("tool_choice")
-    if raw is None or raw == []:
-        if choice_raw not in (None, "none", "auto"):
-            raise bad_request("tool_choice needs tools", "tool_choice")
-        return None
-    if not isinstance(raw, list):
-        raise bad_request("tools must be an array of tools", "tools")
-    tools = [parse(Tool, t, f"tools[{i}]") for i, t in enumerate(raw)]
-    names = tuple(t.function.name for t in tools)
-    for i, name in enumerate(names):
-        if name in names[:i]:
-            raise bad_request(f"tools[{i}].function.name: {name!r} is given twice", f"tools[{i}].function.name")
-    choice = _choice(choice_raw, names)
-    parallel = body.get("parallel_tool_calls", True)
-    if not isinstance(parallel, bool):
-        raise bad_request("parallel_tool_calls must be a boolean", "parallel_tool_calls")
+def tool_request(model, template_tools: list[dict], specs: list[ToolSpec], choice: str,
+                 parallel: bool) -> ToolRequest:
+    """The tools as a ToolRequest: the template's call form and the grammar of the calls `choice`
+    allows (a name in `specs`, or "none", "auto", "required"). Raises ApiError(400) naming the field."""
+    names = tuple(s.name for s in specs)
+    for i, spec in enumerate(specs):
+        if spec.name in names[:i]:
+            raise bad_request(f"{spec.name_param}: {spec.name!r} is given twice", spec.name_param)
     form = call_form(model)
     if form is None:
         raise no_tool_support()
-    schemas = [_arguments_schema(t.function.parameters, i) for i, t in enumerate(tools)]
+    schemas = [arguments_schema(s.parameters, s.parameters_param) for s in specs]
     lark = tools_lark(form, names, schemas, choice, parallel)
     try:
         grammar = from_lark(lark)
     except GrammarError as e:
         raise bad_request(f"tools: {e}", "tools", "invalid_grammar") from None
-    return ToolRequest(list(raw), names, choice, parallel, form, grammar)
+    return ToolRequest(list(template_tools), names, choice, parallel, form, grammar)
 
 
-def _choice(value, names: tuple[str, ...]) -> str:
-    if value is None:
-        return "auto"
-    if isinstance(value, str):
-        if value not in ("none", "auto", "required"):
-            raise bad_request(f"Invalid value for 'tool_choice': {value!r}. Supported values are: 'none', 'auto', "
-                              "'required', or an object naming a function.", "tool_choice", "invalid_value")
-        return value
-    named = parse(NamedChoice, value, "tool_choice")
-    if named.function.name not in names:
-        raise bad_request(f"tool_choice names the function {named.function.name!r}, which is not among the tools "
-                          f"({', '.join(names)})", "tool_choice.function.name", "invalid_value")
-    return named.function.name
-
-
-def _arguments_schema(parameters: dict | None, i: int) -> dict:
-    """The tool's parameters schema, checked on its own (so the 400 names the tool), in the
+def arguments_schema(parameters: dict | None, param: str) -> dict:
+    """The tool's parameters schema, checked on its own (so the 400 names the tool: `param`), in the
     template's JSON layout."""
-    param = f"tools[{i}].function.parameters"
     schema = {"type": "object", "properties": {}} if parameters is None else dict(parameters)
     if schema.get("type", "object") != "object":
         raise bad_request(f"{param}: a function's parameters must be a JSON Schema of type 'object', got "
@@ -219,25 +170,3 @@ def tools_lark(form: CallForm, names: tuple[str, ...], schemas: list[dict], choi
     else:
         start = f"call_{names.index(choice)}"
     return "\n".join([f"start: {start}", *lines]) + "\n"
-
-
-async def request_constraint(body: dict, engine, chat: bool) -> tuple[str | None, ToolRequest | None]:
-    """The grammar a request's constraint fields and tools ask for, checked against the target's
-    tokenizer, and its tools (chat only). Raises ApiError(400) naming the field."""
-    keys = requested(body)
-    if not chat and (body.get("tools") or body.get("tool_choice") not in (None, "none", "auto")):
-        raise bad_request("tools are for /v1/chat/completions", "tools", "unsupported_parameter")
-    tools = tool_request(body, engine.target) if chat else None
-    used = _tool_message(body.get("messages") or []) if chat else None
-    if used is not None and tools is None and call_form(engine.target) is None:
-        raise no_tool_support(used)
-    calls = tools is not None and tools.choice != "none"
-    if calls and keys:
-        raise conflict("tools", keys[0])
-    grammar = constraint(body)
-    param = keys[0] if keys else "tools"
-    if grammar is None and tools is not None:
-        grammar = tools.grammar
-    if grammar is not None:
-        await check_usable(engine, grammar, param)
-    return grammar, tools
