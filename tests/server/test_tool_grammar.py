@@ -1,4 +1,4 @@
-"""The tools grammar (server/tools.py) against llguidance with a real vocabulary: per tool_choice,
+"""The tools grammar (server/core/constraints/tools.py) against llguidance with a real vocabulary: per tool_choice,
 which answers it lets through. The tiny model carries Qwen2.5's <tool_call> tokens; a second one
 without them spells the tags as text."""
 from __future__ import annotations
