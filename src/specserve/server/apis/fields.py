@@ -11,7 +11,7 @@ from pydantic import field_validator, model_validator
 
 from ..core.params import SAMPLING_FIELDS, SPEC_FIELDS, Limit, sampling_params, spec_params
 from ..core.profiles import Profile
-from ..http.errors import ApiError, bad_request
+from ..http.errors import bad_request
 from .constraint_fields import ConstraintFields
 from .validation import Fields
 
@@ -136,12 +136,10 @@ class Generation(ConstraintFields):
 
 
 def resolve_profile(name: str | None, profiles: dict[str, Profile], default: str) -> Profile:
-    """The profile named by `model` (the served model when absent); 404 for unknown names."""
-    name = name or default
-    if name not in profiles:
-        raise ApiError(404, f"The model `{name}` does not exist. This server serves: {', '.join(profiles)}",
-                       "model", "model_not_found")
-    return profiles[name]
+    """The profile named by `model`; any other name (or none) is the served model's own profile, as
+    llama-server serves whatever name a client sends: editors and agents send their own defaults
+    (`gpt-4o-mini`, `qwen2.5-coder:1.5b`, `claude-...`)."""
+    return profiles.get(name or default) or profiles[default]
 
 
 def params_of(state, fields: Generation, profile: Profile, key_scope: str | None, limit: Limit | None, *,
