@@ -93,13 +93,18 @@ def constraint(fields: ConstraintFields) -> str | None:
     return schema_grammar(fields.json_schema, "json_schema")
 
 
-async def output_grammar(engine, fields: ConstraintFields, tools: ToolRequest | None = None) -> str | None:
+async def output_grammar(engine, fields: ConstraintFields, tools: ToolRequest | None = None,
+                        own: tuple[str, str] | None = None) -> str | None:
     """The one grammar of a request: its constraint fields' or its tools', checked against the target's
-    tokenizer. Tools that may call (tool_choice other than "none") and a constraint are refused together."""
-    keys = fields.requested()
+    tokenizer. Tools that may call (tool_choice other than "none") and a constraint are refused together.
+    own: (param, grammar) of a constraint in the API's own field (Responses' `text.format`, Anthropic's
+    `output_config.format`), refused beside any other."""
+    keys = fields.requested() + ([own[0]] if own is not None else [])
     if tools is not None and tools.choice != "none" and keys:
         raise conflict("tools", keys[0])
-    grammar = constraint(fields)
+    if len(keys) > 1:
+        raise conflict(keys[0], keys[1])
+    grammar = constraint(fields) if own is None else own[1]
     param = keys[0] if keys else "tools"
     if grammar is None and tools is not None:
         grammar = tools.grammar
