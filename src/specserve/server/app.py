@@ -23,13 +23,13 @@ from starlette.routing import Route
 from ..engine import Engine
 from ..memory import fmt_bytes
 from . import webui
-from .apis import infill, llama, openai_chat, openai_completions
+from .apis import anthropic, infill, llama, openai_chat, openai_completions, responses
 from .http.endpoint import Endpoint
 from .http.errors import OPENAI_SHAPES, CatchAll, ErrorShapes, install_handlers
 from .http.guard import OPEN_PATHS, ApiKeyMiddleware, HostOriginGuard
 from .state import ServerSettings, ServerState
 
-ADAPTERS = (openai_completions, openai_chat, llama, infill)  # one module per API (or per part of one)
+ADAPTERS = (openai_completions, openai_chat, llama, infill, anthropic, responses)  # one module per API (or per part of one)
 
 log = logging.getLogger("specserve.server")
 
