@@ -69,30 +69,40 @@ def test_the_agent_loop_through_the_bench_server_and_an_endpoint(tools_pair, tmp
     target, draft = tools_pair
     # the tiny vocabulary spells an excerpt in ~3k tokens: a large context for three copies of it
     other = ServerProcess(["-m", str(target), "-t", "1", "-c", "8192", "--spec", "none"], tmp_path / "other.log")
+    small = ServerProcess(["-m", str(target), "-t", "1", "-c", "2048"], tmp_path / "small.log")  # refuses the edits
     try:
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             code = main(["bench", "-m", str(target), "-md", str(draft), "-c", "8192", "-t", "1",
                          "--workload", "agent-loop", "--prompts-per-workload", "1", "-n", "12",
                          "--spec", "ngram", "--draft-max", "3", "--no-progress",
-                         "--endpoint", f"other={other.url}", "--json", str(tmp_path / "agent.json")])
+                         "--endpoint", f"other={other.url}", f"small={small.url}", "--json",
+                         str(tmp_path / "agent.json")])
     finally:
-        assert other.stop() == 0
+        assert other.stop() == 0 and small.stop() == 0
     assert code == 0
     report = json.loads((tmp_path / "agent.json").read_text())
     rows = {(r["config"], r["api"], r["turn"]): r for r in report["configs"]}
-    assert set(rows) == {(c, a, t) for c in ("target", "ngram k=3", "other") for a in ("messages", "chat")
+    assert set(rows) == {(c, a, t) for c in ("target", "ngram k=3", "other", "small") for a in ("messages", "chat")
                          for t in TURNS}
+    for api in ("messages", "chat"):  # a server's refusal is counted, and the conversation goes on
+        assert rows[("small", api, "read")]["requests"] == 1
+        for turn in ("edit", "edit-2"):
+            row = rows.pop(("small", api, turn))
+            assert row["requests"] == 0 and row["errors"] == 1 and "2048" in row["first_error"]
+    assert "error: small messages edit: " in out.getvalue()
     for key, row in rows.items():
         assert row["requests"] == 1 and row["ttft_p50_ms"] > 0 and row["generated_mean"] > 0, key
         assert row["same_as_baseline"] == 1.0, key  # greedy: every configuration's text is the target alone's
     for run in report["runs"]:
+        if run["error"]:
+            continue
         if run["turn"] == "read":  # the forced call, whichever API and server (the tiny model's path is long)
             assert run["text"].startswith('{"call": "read_file"}{"path": "'), run
         else:
             assert run["n_generated"] == 12 and run["n_cached"] >= 0
     for (config, api, turn), row in rows.items():
-        if turn == "edit-2":  # all but the last answer and the new question came from the cache
+        if turn == "edit-2" and config != "small":  # all but the last answer and the new question came from the cache
             edit = rows[(config, api, "edit")]
             assert row["evaluated_mean"] < 0.1 * row["prompt_mean"] < edit["evaluated_mean"], (config, api)
     assert "agent-loop" in out.getvalue() and "TTFT p50 ms" in out.getvalue()

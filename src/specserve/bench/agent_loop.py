@@ -49,6 +49,7 @@ class AgentRun:
     finish: str
     done: bool | None  # edit turns: the change asked for is in the answer
     text: str
+    error: str = ""  # the server's refusal or failure (the conversation goes on: the next turn re-sends it)
 
     @property
     def tokens_per_s(self) -> float:
@@ -183,13 +184,19 @@ def run_loop(configs, tasks: list[AgentTask], urls: dict[str, str], apis: tuple[
                     for turn in TURNS:
                         body = request_body(api, history(task, turn, answers), turn, config, f"agent{c}",
                                             model, max_tokens[turn])
-                        out = (stream_messages if api == "messages" else stream_chat)(client, urls[config.name], body)
+                        try:
+                            out = (stream_messages if api == "messages" else stream_chat)(client, urls[config.name],
+                                                                                           body)
+                        except EndpointError as e:  # e.g. a server that cannot parse its model's tool call
+                            out = {"text": "", "t_first_s": 0.0, "t_last_s": 0.0, "n_generated": 0, "n_prompt": 0,
+                                   "n_cached": -1, "finish": "error", "spec": {}, "error": str(e)[:300]}
                         answers[turn] = out["text"]
                         spec = out["spec"]
                         runs.append(AgentRun(config.name, api, task.path, turn, out["t_first_s"], out["t_last_s"],
                                              out["n_generated"], out["n_prompt"], out["n_cached"],
                                              int(spec.get("drafted", 0)), int(spec.get("accepted", 0)), out["finish"],
-                                             task.edit_done(out["text"]) if turn != "read" else None, out["text"]))
+                                             task.edit_done(out["text"]) if turn != "read" else None, out["text"],
+                                             out.get("error", "")))
                         if progress:
                             print(f"\ragent-loop {len(runs)}/{total} {config.name[:36]:36s} {api:8s} {turn:6s}",
                                   end="", file=sys.stderr)
@@ -207,21 +214,27 @@ def summarize_loop(configs, runs: list[AgentRun]) -> list[dict]:
         base = {key(r): r for r in runs if r.config == c.baseline}
         for api in APIS:
             for turn in TURNS:
-                rs = [r for r in runs if r.config == c.name and r.api == api and r.turn == turn]
+                every = [r for r in runs if r.config == c.name and r.api == api and r.turn == turn]
+                rs = [r for r in every if not r.error]
+                if not every:
+                    continue
                 if not rs:
+                    rows.append({"config": c.name, "flags": c.flags, "baseline": c.baseline, "api": api, "turn": turn,
+                                 "requests": 0, "errors": len(every), "first_error": every[0].error})
                     continue
                 paired = [r.tokens_per_s / base[key(r)].tokens_per_s for r in rs
                           if key(r) in base and base[key(r)].tokens_per_s > 0]
                 same = [r.text == base[key(r)].text for r in rs if key(r) in base]
                 done = [r.done for r in rs if r.done is not None]
-                cached = [r.n_cached for r in rs if r.n_cached >= 0]
+                cached = [r for r in rs if r.n_cached >= 0]
                 rows.append({
                     "config": c.name, "flags": c.flags, "baseline": c.baseline, "api": api, "turn": turn,
-                    "requests": len(rs), "ttft_p50_ms": 1000 * statistics.median(r.t_first_s for r in rs),
+                    "requests": len(rs), "errors": len(every) - len(rs),
+                    "first_error": next((r.error for r in every if r.error), ""), "ttft_p50_ms": 1000 * statistics.median(r.t_first_s for r in rs),
                     "tokens_per_s": statistics.median(r.tokens_per_s for r in rs),
                     "generated_mean": statistics.fmean(r.n_generated for r in rs),
                     "prompt_mean": statistics.fmean(r.n_prompt for r in rs),
-                    "evaluated_mean": statistics.fmean(r.n_prompt - r.n_cached for r in rs) if cached else None,
+                    "evaluated_mean": statistics.fmean(r.n_prompt - r.n_cached for r in cached) if cached else None,
                     "acceptance": sum(r.n_accepted for r in rs) / max(1, sum(r.n_drafted for r in rs)),
                     "vs_baseline": statistics.median(paired) if paired else None,
                     "same_as_baseline": sum(same) / len(same) if same else None,
@@ -235,11 +248,15 @@ def _cell(value, fmt: str) -> str:
 
 
 def render_loop(rows: list[dict]) -> str:
-    head = ("configuration", "api", "turn", "n", "TTFT p50 ms", "decode tok/s", "vs base", "out tok", "prompt tok",
+    head = ("configuration", "api", "turn", "ok/n", "TTFT p50 ms", "decode tok/s", "vs base", "out tok", "prompt tok",
             "evaluated", "accept", "edit ok", "= base")
     table = [head]
     for r in rows:
-        table.append((r["config"], r["api"], r["turn"], str(r["requests"]), f"{r['ttft_p50_ms']:.0f}",
+        n = f"{r['requests']}/{r['requests'] + r['errors']}"
+        if not r["requests"]:
+            table.append((r["config"], r["api"], r["turn"], n, *["-"] * (len(head) - 4)))
+            continue
+        table.append((r["config"], r["api"], r["turn"], n, f"{r['ttft_p50_ms']:.0f}",
                       f"{r['tokens_per_s']:.1f}", _cell(r["vs_baseline"], ".2f") + ("x" if r["vs_baseline"] else ""),
                       f"{r['generated_mean']:.0f}", f"{r['prompt_mean']:.0f}", _cell(r["evaluated_mean"], ".0f"),
                       f"{100 * r['acceptance']:.0f}%", _cell(r["edit_done"] and 100 * r["edit_done"], ".0f"),
@@ -248,13 +265,14 @@ def render_loop(rows: list[dict]) -> str:
     lines = ["  ".join(cell.ljust(w) if i < 3 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
              for row in table]
     lines.insert(1, "-" * len(lines[0]))
-    notes = ("TTFT: request sent -> first generated output (text or a tool call's first fragment), median over "
-             "conversations; decode tok/s: (tokens - 1) / (last output - first output), median; vs base: median over "
+    notes = ("ok/n: requests answered / sent (the first error of each row below); TTFT: request sent -> first "
+             "generated output (text or a tool call's first fragment), median over conversations; decode tok/s: (tokens - 1) / (last output - first output), median; vs base: median over "
              "conversations of this decode speed / the baseline's (the target alone; an endpoint: its "
              "--endpoint-baseline); out tok: tokens generated; prompt tok: the prompt's tokens; evaluated: those the "
              "server did not read from its cache; accept: drafted tokens accepted; edit ok: % of answers with the "
              "rename made; = base: % of answers identical to the baseline's")
-    return "\n".join(lines) + "\n\n" + notes
+    errors = [f"{r['config']} {r['api']} {r['turn']}: {r['first_error']}" for r in rows if r.get("errors")]
+    return "\n".join(lines) + "\n\n" + notes + "".join(f"\nerror: {e}" for e in errors)
 
 
 def runs_json(runs: list[AgentRun]) -> list[dict]:
