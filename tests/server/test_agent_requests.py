@@ -128,6 +128,7 @@ def test_responses_items_become_the_templates_chat():
     ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input[0].content[0].type"),
     ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role"),
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": {}}]}, "input[0].arguments"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": '{"a": '}]}, "input[0].arguments"),
 ])
 def test_responses_input_that_cannot_be_rendered_is_refused_by_field(body, param):
     assert _refusal(_responses, **body).param == param

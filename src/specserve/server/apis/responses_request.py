@@ -159,6 +159,11 @@ def chat_messages(fields: ResponsesRequest) -> list[dict]:
                 out.append({"role": m.role, "content": text})
         elif kind == "function_call":
             c = parse(FunctionCallItem, raw, where)
+            try:
+                json.loads(c.arguments)
+            except ValueError:
+                raise bad_request(f"{where}.arguments is not valid JSON", f"{where}.arguments",
+                                  "invalid_value") from None
             _assistant(out).setdefault("tool_calls", []).append(
                 {"id": c.call_id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}})
         elif kind == "function_call_output":
