@@ -196,3 +196,17 @@ def test_the_sdk_raises_its_own_errors(server, client):
 def test_thinking_is_accepted_with_a_budget(client):
     m = _create(client, thinking={"type": "enabled", "budget_tokens": 50})
     assert m.content and m.stop_reason in ("end_turn", "max_tokens")
+
+
+def test_the_trace_extension_covers_the_text_whole_and_streamed(server, client):
+    """speculative.trace (docs/webui.md): who produced each token, through Anthropic's shapes too."""
+    extra = {**GREEDY, "speculative": {"mode": "draft", "trace": True}}
+    whole = client.messages.create(model="x", max_tokens=24, messages=ASK, extra_body=extra)
+    trace = whole.model_extra["speculative_trace"]
+    assert "".join(e["text"] for e in trace) == _text(whole) and {e["source"] for e in trace} <= {"draft", "target"}
+    assert "target_alone_tokens_per_s" in whole.usage.speculative
+    body = {"model": "x", "max_tokens": 24, "messages": ASK, "stream": True, **extra}
+    with httpx.stream("POST", server.url + "/v1/messages", json=body, headers={"x-api-key": API_KEY}) as r:
+        deltas = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    texts = [e for e in deltas if e["type"] == "content_block_delta"]
+    assert texts and all("".join(x["text"] for x in e["speculative_trace"]) == e["delta"]["text"] for e in texts)

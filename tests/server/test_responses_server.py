@@ -158,3 +158,13 @@ def test_previous_response_id_is_refused_with_what_to_send_instead(client):
 def test_reasoning_effort_is_accepted(client):
     r = _create(client, reasoning={"effort": "low"})
     assert r.reasoning.effort == "low" and r.output_text
+
+
+def test_the_trace_extension_covers_the_text_whole_and_streamed(client):
+    """speculative.trace (docs/webui.md): who produced each token, through the Responses shapes too."""
+    extra = {"speculative": {"mode": "draft", "trace": True}}
+    whole = _create(client, extra_body=extra)
+    trace = whole.model_extra["speculative_trace"]
+    assert "".join(e["text"] for e in trace) == whole.output_text and {e["source"] for e in trace} <= {"draft", "target"}
+    deltas = [e for e in _create(client, stream=True, extra_body=extra) if e.type == "response.output_text.delta"]
+    assert deltas and all("".join(x["text"] for x in e.model_extra["speculative_trace"]) == e.delta for e in deltas)
