@@ -95,8 +95,8 @@ def content_blocks(out: Answer) -> list[dict]:
         blocks.append({"type": "text", "text": out.content})
     for call in out.calls:
         try:
-            arguments = json.loads(call.arguments) if call.complete else {}
-        except ValueError:
+            arguments = json.loads(call.arguments)
+        except ValueError:  # cut short
             arguments = {}
         blocks.append({"type": "tool_use", "id": call.id, "name": call.name, "input": arguments})
     return blocks
