@@ -92,13 +92,15 @@ def test_the_agent_loop_through_the_bench_server_and_an_endpoint(tools_pair, tmp
             assert row["requests"] == 0 and row["errors"] == 1 and "2048" in row["first_error"]
     assert "error: small messages edit: " in out.getvalue()
     for key, row in rows.items():
-        assert row["requests"] == 1 and row["ttft_p50_ms"] > 0 and row["generated_mean"] > 0, key
+        assert row["requests"] == 1 and row["generated_mean"] > 0, key
+        assert row["ttft_p50_ms"] > 0 or key[2] == "read", key  # a call cut by max_tokens may never come
         assert row["same_as_baseline"] == 1.0, key  # greedy: every configuration's text is the target alone's
     for run in report["runs"]:
         if run["error"]:
             continue
-        if run["turn"] == "read":  # the forced call, whichever API and server (the tiny model's path is long)
-            assert run["text"].startswith('{"call": "read_file"}{"path": "'), run
+        if run["turn"] == "read":  # the forced call, whichever API and server; the tiny model's path runs on
+            # past max_tokens, and a call cut short is handed out as far as it went, or not at all
+            assert run["text"].startswith('{"call": "read_file"}{"path": "') or run["text"] == "", run
         else:
             assert run["n_generated"] == 12 and run["n_cached"] >= 0
     for (config, api, turn), row in rows.items():
