@@ -47,9 +47,12 @@ def create_app(engine: Engine, settings: ServerSettings) -> Starlette:
                  settings.model_name, ", ".join(settings.profiles), settings.parallel,
                  fmt_bytes(state.scheduler.slot_bytes()), settings.queue)
         await anyio.to_thread.run_sync(infill.prepare, engine.target)
+        if hasattr(engine.target, "grammar_tokenizer"):  # built now, not by the first constrained request
+            await anyio.to_thread.run_sync(engine.target.grammar_tokenizer)
         try:
             yield
         finally:
+            state.grammars.close()
             state.scheduler.close()
 
     routes = [

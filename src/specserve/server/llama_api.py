@@ -66,7 +66,7 @@ async def _request(request: Request) -> GenRequest:
     state = request.app.state.server
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
     req = llama_request(body, state, request)
-    grammar, _ = await request_constraint(body, state.engine, chat=False)  # grammar, json_schema, response_format
+    grammar, _ = await request_constraint(body, state, chat=False)  # grammar, json_schema, response_format
     if grammar is not None:
         req = dataclasses.replace(req, sampling=dataclasses.replace(req.sampling, grammar=grammar))
     return req

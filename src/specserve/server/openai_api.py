@@ -118,7 +118,7 @@ async def _request(request: Request, endpoint: str) -> GenRequest:
         raise bad_request("messages must be a non-empty array", "messages")
     if chat:
         check_messages(messages)
-    grammar, tools = await request_constraint(body, state.engine, chat)
+    grammar, tools = await request_constraint(body, state, chat)
     if grammar is not None:
         sampling = dataclasses.replace(sampling, grammar=grammar)
     prompt = None if chat else completion_prompt(body)

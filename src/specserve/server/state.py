@@ -5,6 +5,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..engine import Engine
+from ..grammar import GrammarWorker
 from .metrics import ServerMetrics
 from .profiles import Profile
 from .batcher import SLOWDOWN
@@ -78,6 +79,7 @@ class ServerState:
                                      suffix_store=engine.suffix_store)
         self.scheduler = Scheduler(engine, settings.parallel, settings.queue, settings.ubatch,
                                    on_pass=self.metrics.target_pass, prefill_slowdown=settings.prefill_slowdown)
+        self.grammars = GrammarWorker()  # compiles requests' grammars off the event loop (compiling.py)
 
     def health(self) -> dict:
         pool = self.scheduler.pool

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..grammar import GrammarError, from_gbnf, from_json_schema, json_object
@@ -28,7 +27,7 @@ class StrictModel(BaseModel):
 class JsonSchemaFormat(StrictModel):
     name: str | None = None
     description: str | None = None
-    schema_: dict | None = Field(None, alias="schema")  # `schema` would shadow BaseModel.schema
+    schema_: dict | bool | None = Field(None, alias="schema")  # `schema` would shadow BaseModel.schema
     strict: bool | None = None  # llguidance enforces the schema either way
 
 
@@ -61,7 +60,7 @@ def parse(model: type[BaseModel], value, param: str):
         raise field_error(e, param) from None
 
 
-def _grammar_error(e: GrammarError, param: str) -> ApiError:
+def grammar_error(e: GrammarError, param: str) -> ApiError:
     return bad_request(f"{param}: {e}", param, "invalid_grammar")
 
 
@@ -73,14 +72,14 @@ def _response_format(value) -> str | None:
                               "response_format.json_schema")
         return None
     if fmt.type == "json_object":
-        return json_object()
+        return json_object(validate=False)
     if fmt.json_schema is None or fmt.json_schema.schema_ is None:
         param = "response_format.json_schema" + (".schema" if fmt.json_schema is not None else "")
         raise bad_request(f"Missing required parameter: '{param}'", param, "missing_required_parameter")
     try:
-        return from_json_schema(fmt.json_schema.schema_)
+        return from_json_schema(fmt.json_schema.schema_, validate=False)
     except GrammarError as e:
-        raise _grammar_error(e, "response_format.json_schema.schema") from None
+        raise grammar_error(e, "response_format.json_schema.schema") from None
 
 
 def requested(body: dict) -> list[str]:
@@ -96,6 +95,17 @@ def requested(body: dict) -> list[str]:
     return out
 
 
+def source_of(body: dict) -> tuple[str, str]:
+    """(the field, what it holds) of the body's constraint, for the errors found compiling it."""
+    keys = requested(body)
+    key = keys[0] if keys else "tools"
+    if key == "response_format":
+        fmt = body[key].get("type") if isinstance(body[key], dict) else None
+        return ("response_format.json_schema.schema", "JSON schema") if fmt == "json_schema" else \
+            ("response_format", "JSON schema")
+    return key, {"grammar": "GBNF grammar", "json_schema": "JSON schema", "tools": "tools grammar"}[key]
+
+
 def refuse_constraints(body: dict, endpoint: str) -> None:
     """400 `unsupported_parameter` for a constraint or tools on an endpoint that takes none (/infill)."""
     keys = requested(body) + [k for k in ("tools", "tool_choice") if body.get(k) not in (None, [], "none", "auto")]
@@ -109,7 +119,8 @@ def conflict(first: str, second: str) -> ApiError:
 
 
 def constraint(body: dict) -> str | None:
-    """The grammar the body's constraint fields ask for (None: unconstrained). Raises ApiError(400)."""
+    """The grammar the body's constraint fields ask for (None: unconstrained), checked against the
+    limits but not compiled (compiled.py does that, once). Raises ApiError(400)."""
     keys = requested(body)
     if len(keys) > 1:
         raise conflict(keys[0], keys[1])
@@ -124,24 +135,16 @@ def constraint(body: dict) -> str | None:
         if not isinstance(value, str):
             raise bad_request(f"grammar must be a string (GBNF), got {json.dumps(value)[:40]}", "grammar")
         try:
-            return from_gbnf(value)
+            return from_gbnf(value, validate=False)
         except GrammarError as e:
-            raise _grammar_error(e, "grammar") from None
-    if not isinstance(value, dict):
-        raise bad_request(f"json_schema must be a JSON Schema object, got {json.dumps(value)[:40]}", "json_schema")
+            raise grammar_error(e, "grammar") from None
+    if not isinstance(value, (dict, bool)):  # `true` is a schema too: any JSON value
+        raise bad_request(f"json_schema must be a JSON Schema (an object or a boolean), got {json.dumps(value)[:40]}",
+                          "json_schema")
     try:
-        return from_json_schema(value)
+        return from_json_schema(value, validate=False)
     except GrammarError as e:
-        raise _grammar_error(e, "json_schema") from None
-
-
-async def check_usable(engine, grammar: str, param: str) -> None:
-    """400 if the target's tokenizer cannot run the grammar (checked off the event loop: compiling
-    a large schema takes milliseconds)."""
-    try:
-        await anyio.to_thread.run_sync(engine.check_grammar, grammar)
-    except GrammarError as e:
-        raise _grammar_error(e, param) from None
+        raise grammar_error(e, "json_schema") from None
 
 
 def finish_detail(stats, cut: str | None = None) -> dict:

@@ -24,10 +24,12 @@ from typing import Literal
 
 from pydantic import Field
 
-from ..grammar import GrammarError, from_json_schema, from_lark
+from ..grammar import CompiledGrammar, GrammarError, compile_grammar, from_json_schema, from_lark
+from ..grammar.limits import check_schema
 from ..grammar.sources import JSON_LAYOUT
+from .compiling import compile_off_loop
 from .errors import ApiError, bad_request
-from .structured import StrictModel, check_usable, conflict, constraint, parse, requested
+from .structured import StrictModel, conflict, constraint, grammar_error, parse, requested, source_of
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names
 _TEMPLATE_KEY = "tokenizer.chat_template"
@@ -148,11 +150,12 @@ def tool_request(body: dict, model) -> ToolRequest | None:
     if form is None:
         raise no_tool_support()
     schemas = [_arguments_schema(t.function.parameters, i) for i, t in enumerate(tools)]
-    lark = tools_lark(form, names, schemas, choice, parallel)
     try:
-        grammar = from_lark(lark)
+        check_schema({"anyOf": schemas}, "the tools' parameters together")  # each was checked on its own
     except GrammarError as e:
-        raise bad_request(f"tools: {e}", "tools", "invalid_grammar") from None
+        raise grammar_error(e, "tools") from None
+    lark = tools_lark(form, names, schemas, choice, parallel)
+    grammar = from_lark(lark, validate=False, limit=False)  # compiled once, for the target (request_constraint)
     return ToolRequest(list(raw), names, choice, parallel, form, grammar)
 
 
@@ -180,7 +183,7 @@ def _arguments_schema(parameters: dict | None, i: int) -> dict:
         raise bad_request(f"{param}: a function's parameters must be a JSON Schema of type 'object', got "
                           f"{json.dumps(schema.get('type'))[:40]}", param, "invalid_value")
     try:
-        from_json_schema(schema)
+        from_json_schema(schema, validate=False)  # the limits; llguidance's own check comes with the compile
     except GrammarError as e:
         raise bad_request(f"{param}: {e}", param, "invalid_grammar") from None
     # %json takes no defaults: the layout goes into the schema. The template renders arguments with
@@ -221,9 +224,17 @@ def tools_lark(form: CallForm, names: tuple[str, ...], schemas: list[dict], choi
     return "\n".join([f"start: {start}", *lines]) + "\n"
 
 
-async def request_constraint(body: dict, engine, chat: bool) -> tuple[str | None, ToolRequest | None]:
-    """The grammar a request's constraint fields and tools ask for, checked against the target's
-    tokenizer, and its tools (chat only). Raises ApiError(400) naming the field."""
+async def request_constraint(body: dict, state, chat: bool) -> tuple[CompiledGrammar | None, ToolRequest | None]:
+    """The grammar a request's constraint fields and tools ask for, compiled for the target's
+    vocabulary, and its tools (chat only). Raises ApiError(400) naming the field. A request with a
+    constraint or tools is read and compiled on a grammar worker (compiling.py), off the event loop."""
+    keys = requested(body)
+    if not keys and not (chat and body.get("tools")):
+        return _constraint(body, state.engine, chat)
+    return await compile_off_loop(state.grammars, source_of(body)[0], _constraint, body, state.engine, chat)
+
+
+def _constraint(body: dict, engine, chat: bool) -> tuple[CompiledGrammar | None, ToolRequest | None]:
     keys = requested(body)
     if not chat and (body.get("tools") or body.get("tool_choice") not in (None, "none", "auto")):
         raise bad_request("tools are for /v1/chat/completions", "tools", "unsupported_parameter")
@@ -235,9 +246,24 @@ async def request_constraint(body: dict, engine, chat: bool) -> tuple[str | None
     if calls and keys:
         raise conflict("tools", keys[0])
     grammar = constraint(body)
-    param = keys[0] if keys else "tools"
     if grammar is None and tools is not None:
         grammar = tools.grammar
-    if grammar is not None:
-        await check_usable(engine, grammar, param)
-    return grammar, tools
+    if grammar is None:
+        return None, tools
+    param, what = source_of(body)
+    try:
+        return compile_grammar(grammar, engine.grammar_tokenizer(), what, param), tools
+    except GrammarError as e:
+        if param == "tools":
+            _name_the_tool(body)
+        raise grammar_error(e, param) from None
+
+
+def _name_the_tool(body: dict) -> None:
+    """400 naming the tool whose parameters llguidance refuses (only once the tools' grammar failed)."""
+    for i, tool in enumerate(body["tools"]):
+        param = f"tools[{i}].function.parameters"
+        try:
+            from_json_schema(_arguments_schema(tool["function"].get("parameters"), i))
+        except GrammarError as e:
+            raise bad_request(f"{param}: {e}", param, "invalid_grammar") from None
