@@ -91,6 +91,8 @@ class Job:
             self._run = self.state.scheduler.worker.start(self._gen)
         chunk = await self._run.next()
         self._done = chunk is None
+        if self._done and self.stats.grammar_error:
+            raise dead_end(self.req, self.stats)
         return chunk
 
     async def chunks(self) -> AsyncIterator[Chunk]:
@@ -178,6 +180,16 @@ async def _room_soon(pool, grace: float = ADMIT_GRACE_S) -> bool:
 def _queue_full(pool) -> ApiError:
     return ApiError(503, f"all {len(pool.slots)} slots are busy and the queue is full ({pool.max_waiting}); "
                          "retry later", code="queue_full", headers={"Retry-After": "1"})
+
+
+def dead_end(req: GenRequest, stats: GenerationStats) -> ApiError:
+    """What a request gets whose output constraint allowed no further token before its text was complete
+    (a schema no finite text satisfies, a grammar past llguidance's limits at some step): an error, never
+    a 200 carrying text the schema does not accept. A stream gets it as its last event, with no [DONE]."""
+    param = getattr(req.sampling.grammar, "param", "grammar")
+    return bad_request(f"{param}: the output constraint allowed no further token after {stats.n_generated} generated "
+                       f"tokens, so no text valid under it can be given ({stats.grammar_error})", param,
+                       "grammar_dead_end")
 
 
 def draining() -> ApiError:

@@ -149,9 +149,8 @@ def constraint(body: dict) -> str | None:
 
 def finish_detail(stats, cut: str | None = None) -> dict:
     """The choice's `finish_detail` (a specserve extension), where the finish_reason alone would not
-    say why the answer ended as it did: a grammar with no way forward, a tool call cut short."""
-    if stats.grammar_error:
-        return {"finish_detail": f"the output constraint allowed no further token: {stats.grammar_error}"}
+    say why the answer ended as it did: a tool call cut short. (A grammar with no way forward is an
+    error, not an answer: jobs.dead_end.)"""
     if cut and stats.finish_reason == "length":
         return {"finish_detail": f"{cut} when max_tokens ended the answer"}
     if cut:
