@@ -21,7 +21,7 @@ from ..engine import Engine
 from ..memory import fmt_bytes
 from . import infill, llama_api, openai_api, webui
 from .errors import CatchAll, install_handlers
-from .guard import OPEN_PATHS, ApiKeyMiddleware, HostOriginGuard
+from .guard import KEY_SCOPE, OPEN_PATHS, ApiKeyMiddleware, HostOriginGuard
 from .state import ServerSettings, ServerState
 
 log = logging.getLogger("specserve.server")
@@ -33,8 +33,9 @@ async def health(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
+    """The whole server's metrics, or, for a key confined to a scope, that scope's requests alone."""
     m = request.app.state.server.metrics
-    return Response(m.render(), headers={"Content-Type": m.content_type})
+    return Response(m.render(request.scope.get(KEY_SCOPE)), headers={"Content-Type": m.content_type})
 
 
 def create_app(engine: Engine, settings: ServerSettings) -> Starlette:

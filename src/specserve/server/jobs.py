@@ -140,7 +140,8 @@ class Job:
                 if self._run is not None:
                     state.scheduler.worker.cancel(self._run)
                 self._gen.close()
-                state.metrics.observe(req.endpoint, stats, queue_s, time.perf_counter() - self.t_arrival)
+                state.metrics.observe(req.endpoint, stats, queue_s, time.perf_counter() - self.t_arrival,
+                                      req.spec.cross_request_scope)
                 log_request(req.endpoint, req.model, req.spec.mode, stats, queue_s)
             except Exception:
                 log.exception("while closing a request")
@@ -208,12 +209,12 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _acquire(pool: SlotPool, tokens: list[int], request: Request | None, id_slot: int = -1):
+async def _acquire(pool: SlotPool, tokens: list[int], request: Request | None, id_slot: int = -1, scope: str = ""):
     """A slot; while waiting for one, ApiError(CLIENT_GONE) as soon as the client hangs up,
     so that a client that gave up neither holds a queue place nor later runs its prompt."""
     if request is None or pool.available(id_slot):
-        return await pool.acquire(tokens, id_slot)
-    acquire = asyncio.ensure_future(pool.acquire(tokens, id_slot))
+        return await pool.acquire(tokens, id_slot, scope)
+    acquire = asyncio.ensure_future(pool.acquire(tokens, id_slot, scope))
     gone = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait((acquire, gone), return_when=asyncio.FIRST_COMPLETED)
@@ -256,7 +257,7 @@ async def start(state, req: GenRequest, request: Request | None = None, make_ste
                               "context_length_exceeded")
         check_context(req, len(tokens), engine.n_ctx)  # prompt + max_tokens must fit, or 400
         t_queued = time.perf_counter()
-        slot = await _acquire(scheduler.pool, tokens, request, req.id_slot)
+        slot = await _acquire(scheduler.pool, tokens, request, req.id_slot, req.spec.cross_request_scope)
     except QueueFull:
         scheduler.leave()
         raise _queue_full(scheduler.pool) from None
@@ -265,7 +266,8 @@ async def start(state, req: GenRequest, request: Request | None = None, make_ste
         raise
     job = Job(state, req, slot, tokens, t_arrival, time.perf_counter() - t_queued, make_steps)
     try:
-        if not req.cache_prompt:
+        # another scope's cache is forgotten as if cache_prompt were false (scheduler.SlotPool.claim)
+        if scheduler.pool.claim(slot, req.spec.cross_request_scope) or not req.cache_prompt:
             await scheduler.worker.run(_forget_cache, slot)
         first = await job.step()
     except ValueError as e:  # bad sampling/speculation values the checks above did not catch

@@ -76,7 +76,7 @@ class ServerState:
         self.profiles = settings.profiles
         self.metrics = ServerMetrics(busy_slots=lambda: self.scheduler.pool.busy,
                                      queue_depth=lambda: self.scheduler.pool.waiting,
-                                     suffix_store=engine.suffix_store)
+                                     suffix_store=engine.suffix_store, scopes=set(settings.key_scopes.values()))
         self.scheduler = Scheduler(engine, settings.parallel, settings.queue, settings.ubatch,
                                    on_pass=self.metrics.target_pass, prefill_slowdown=settings.prefill_slowdown)
         self.grammars = GrammarWorker()  # compiles requests' grammars off the event loop (compiling.py)
