@@ -8,6 +8,7 @@ from ..engine import Engine
 from ..grammar import GrammarWorker
 from .metrics import ServerMetrics
 from .profiles import Profile
+from .proxies import networks
 from .batcher import SLOWDOWN
 from .scheduler import Scheduler
 
@@ -39,6 +40,7 @@ class ServerSettings:
     drain_timeout: float = DRAIN_TIMEOUT_S  # seconds a drain waits before it ends the requests in flight
     max_connections: int = MAX_CONNECTIONS  # connections served at once; requests on more get 503
     max_connections_per_client: int = MAX_CONNECTIONS_PER_CLIENT  # open connections from one address; 0: no limit
+    trusted_proxies: tuple[str, ...] = ()  # addresses or networks whose X-Forwarded-For names the client (proxies.py)
     request_line_timeout: float = REQUEST_LINE_TIMEOUT_S  # seconds a connection may wait before its request line
     webui: bool = True  # the chat page at / (webui.py); --no-webui: off, / is 404
 
@@ -51,6 +53,7 @@ class ServerSettings:
             raise ValueError("an API key must be non-empty and have no surrounding whitespace")
         if any(k not in self.api_keys or not s or len(s) > 128 for k, s in self.key_scopes.items()):
             raise ValueError("a key scope must belong to a listed API key and be 1 to 128 characters")
+        networks(self.trusted_proxies)  # ValueError naming a bad one
         if self.max_connections_per_client < 0:
             raise ValueError(f"max_connections_per_client must be >= 0 (0: no limit), "
                              f"got {self.max_connections_per_client}")
