@@ -1,5 +1,6 @@
 """Grammar-constrained generation through llguidance: where constraints come from (sources),
-the per-request matcher and its masks (constraint), and the drafter of forced tokens
+what they may be (limits), compiled once off the event loop (compiled), the per-request matcher
+and its masks (constraint), and the drafter of forced tokens
 (drafters.forced); and token healing, a constraint of the same shape (healing). See docs/structured.md."""
 from .compiled import CompiledGrammar, GrammarWorker, compile_grammar
 from .constraint import Constraint, for_request
