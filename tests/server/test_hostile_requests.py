@@ -247,3 +247,20 @@ def test_a_trusted_proxy_s_clients_are_limited_by_their_forwarded_address(limite
     finally:
         for s in held:
             s.close()
+
+
+def test_a_compile_past_its_time_budget_is_a_400_naming_the_field():
+    import asyncio
+
+    from specserve.grammar import GrammarWorker
+    from specserve.server.compiling import compile_off_loop
+    from specserve.server.errors import ApiError
+
+    worker = GrammarWorker(threads=1)
+    try:
+        with pytest.raises(ApiError) as e:
+            asyncio.run(compile_off_loop(worker, "json_schema", time.sleep, 2, budget=0.1))
+        assert (e.value.status, e.value.param, e.value.code) == (400, "json_schema", "invalid_grammar")
+        assert "took over 0.1 s" in e.value.message
+    finally:
+        worker.close()

@@ -97,10 +97,12 @@ def rss_mib(c: httpx.Client) -> float:
     return round(c.get("/health").json().get("rss_bytes", 0) / (1 << 20), 1)
 
 
-def run_bombs(url: str, headers: dict) -> None:
+def run_bombs(url: str, headers: dict, only: list[str] | None = None) -> None:
     with httpx.Client(base_url=url, timeout=600, headers=headers) as c:
         rss0 = rss_mib(c)
         for name, (path, body) in bombs().items():
+            if only and name not in only:
+                continue
             with Watch(url, headers) as w:
                 t = time.perf_counter()
                 try:
@@ -141,10 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--key", help="an API key for the bombs (an admin key or none)")
     p.add_argument("--tenant-keys", nargs=2, metavar=("KEY_A", "KEY_B"), help="two keys of different scopes")
     p.add_argument("--skip-bombs", action="store_true")
+    p.add_argument("--only", action="append", choices=list(bombs()), help="send this one (repeatable)")
     args = p.parse_args(argv)
     headers = {"Authorization": f"Bearer {args.key}"} if args.key else {}
     if not args.skip_bombs:
-        run_bombs(args.url.rstrip("/"), headers)
+        run_bombs(args.url.rstrip("/"), headers, args.only)
     if args.tenant_keys:
         tenant_probe(args.url.rstrip("/"), *args.tenant_keys)
     return 0
