@@ -63,7 +63,9 @@ class Watch:
     def __enter__(self):
         for t in self._threads:
             t.start()
-        time.sleep(0.5)  # the stream under way
+        deadline = time.monotonic() + 60
+        while self.stream_tokens < 3 and time.monotonic() < deadline:  # the stream under way
+            time.sleep(0.05)
         return self
 
     def __exit__(self, *exc):
