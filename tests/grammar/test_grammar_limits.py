@@ -36,6 +36,7 @@ def nested(n: int) -> dict:
 @pytest.mark.parametrize("source, limit", [
     (lambda: from_gbnf(chain_gbnf(5000)), "bytes of grammar text"),  # the GBNF that killed the server
     (lambda: from_gbnf(chain_gbnf(1200)), "rules in a grammar"),
+    (lambda: from_gbnf(chain_gbnf(1200).replace("\n", "\r")), "rules in a grammar"),  # \r alone ends a line too
     (lambda: from_gbnf("root ::= " + " | ".join(f'"w{i}"' for i in range(50_000))), "bytes of grammar text"),
     (lambda: from_lark("start: R0\n" + "\n".join(f'R{i}: "x" | R{i + 1}' for i in range(1200)) + '\nR1200: "y"\n'),
      "rules in a grammar"),

@@ -37,8 +37,9 @@ class GrammarError(ValueError):
 
 
 # A rule definition at a line's start: GBNF's `name ::=`, Lark's `name:` (also `name.2:` priorities).
-_GBNF_RULE = re.compile(r"^[ \t]*[\w-]+[ \t]*::=", re.MULTILINE)
-_LARK_RULE = re.compile(r"^[ \t]*[?!]?[A-Za-z_][\w-]*(?:\.-?\d+)?[ \t]*:", re.MULTILINE)
+# A line may end with \r alone: llguidance's GBNF reader takes that as a new line too.
+_GBNF_RULE = re.compile(r"(?:\A|[\r\n])[ \t]*[\w-]+[ \t]*::=")
+_LARK_RULE = re.compile(r"(?:\A|[\r\n])[ \t]*[?!]?[A-Za-z_][\w-]*(?:\.-?\d+)?[ \t]*:")
 
 
 def limit_error(what: str, found: str, limit: int, name: str) -> GrammarError:
