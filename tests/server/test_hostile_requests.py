@@ -73,6 +73,8 @@ BOMBS = {
     "a tool of 10,000 parameters": (CH, {**CHAT, "tool_choice": "required", "tools": [
         {"type": "function", "function": {"name": "f", "parameters": props(10_000)}}]},
         "tools[0].function.parameters", "properties of one object"),
+    "200 tools": (CH, {**CHAT, "tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(200)]},
+                  "tools", "tools in a request"),
     "a chain of 2,000 $refs": (L, {"prompt": "x", "n_predict": 8, "json_schema": {"$ref": "#/$defs/d0", "$defs": {
         **{f"d{i}": {"anyOf": [{"type": "integer"}, {"$ref": f"#/$defs/d{i + 1}"}]} for i in range(2000)},
         "d2000": {"type": "string"}}}}, "json_schema", "$refs in a schema"),

@@ -29,6 +29,7 @@ MAX_SCHEMA_NODES = 50_000  # objects, arrays and values in a JSON Schema documen
 MAX_PROPERTIES = 5_000  # properties of all the schema's objects together (OpenAI's limit)
 MAX_OBJECT_PROPERTIES = 1_000  # properties of one object
 MAX_REFS = 1_000  # `$ref`s in a schema: the longest chain of references
+MAX_TOOLS = 128  # tools in a request (OpenAI's limit): 1,000 compile in 1.3 s, 5,000 make llguidance panic
 STACK_BYTES = 256 << 20  # each compiling thread's stack (virtual: only what recursion touches is resident)
 
 

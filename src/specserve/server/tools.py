@@ -25,7 +25,7 @@ from typing import Literal
 from pydantic import Field
 
 from ..grammar import CompiledGrammar, GrammarError, compile_grammar, from_json_schema, from_lark
-from ..grammar.limits import check_schema
+from ..grammar.limits import MAX_TOOLS, check_schema, limit_error
 from ..grammar.sources import JSON_LAYOUT
 from .compiling import compile_off_loop
 from .errors import ApiError, bad_request
@@ -137,6 +137,8 @@ def tool_request(body: dict, model) -> ToolRequest | None:
         return None
     if not isinstance(raw, list):
         raise bad_request("tools must be an array of tools", "tools")
+    if len(raw) > MAX_TOOLS:
+        raise grammar_error(limit_error("tools", f"holds {len(raw):,}", MAX_TOOLS, "tools in a request"), "tools")
     tools = [parse(Tool, t, f"tools[{i}]") for i, t in enumerate(raw)]
     names = tuple(t.function.name for t in tools)
     for i, name in enumerate(names):
