@@ -239,7 +239,8 @@ def test_a_trusted_proxy_s_clients_are_limited_by_their_forwarded_address(limite
         proxy = httpx.Client(base_url=limited.url, timeout=60, transport=httpx.HTTPTransport(local_address="127.0.0.2"))
         with proxy, proxy.stream("POST", C, json=body, headers={"X-Forwarded-For": "10.0.0.7"}) as one, \
                 proxy.stream("POST", C, json=body, headers={"X-Forwarded-For": "10.0.0.7, 127.0.0.2"}) as two:
-            next(one.iter_lines()), next(two.iter_lines())  # both in flight
+            lines = one.iter_lines(), two.iter_lines()  # held: a dropped iterator closes its stream
+            next(lines[0]), next(lines[1])  # both in flight
             third = proxy.get("/v1/models", headers={"X-Forwarded-For": "10.0.0.7"})
             assert third.status_code == 503 and third.json()["error"]["code"] == "too_many_connections"
             assert proxy.get("/v1/models", headers={"X-Forwarded-For": "10.0.0.8"}).status_code == 200
