@@ -26,7 +26,7 @@ from . import webui
 from .apis import anthropic, infill, llama, openai_chat, openai_completions, responses
 from .http.endpoint import Endpoint
 from .http.errors import OPENAI_SHAPES, CatchAll, ErrorShapes, install_handlers
-from .http.guard import OPEN_PATHS, ApiKeyMiddleware, HostOriginGuard
+from .http.guard import KEY_SCOPE, OPEN_PATHS, ApiKeyMiddleware, HostOriginGuard
 from .state import ServerSettings, ServerState
 
 ADAPTERS = (openai_completions, openai_chat, llama, infill, anthropic, responses)  # one module per API (or per part of one)
@@ -40,8 +40,9 @@ async def health(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
+    """The whole server's metrics, or, for a key confined to a scope, that scope's requests alone."""
     m = request.app.state.server.metrics
-    return Response(m.render(), headers={"Content-Type": m.content_type})
+    return Response(m.render(request.scope.get(KEY_SCOPE)), headers={"Content-Type": m.content_type})
 
 
 def create_app(engine: Engine, settings: ServerSettings) -> Starlette:
@@ -58,9 +59,12 @@ def create_app(engine: Engine, settings: ServerSettings) -> Starlette:
         for adapter in ADAPTERS:
             if hasattr(adapter, "prepare"):
                 await anyio.to_thread.run_sync(adapter.prepare, engine.target)
+        if hasattr(engine.target, "grammar_tokenizer"):  # built now, not by the first constrained request
+            await anyio.to_thread.run_sync(engine.target.grammar_tokenizer)
         try:
             yield
         finally:
+            state.grammars.close()
             state.scheduler.close()
 
     routes = [*(e.route() for e in endpoints),

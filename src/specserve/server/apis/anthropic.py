@@ -70,7 +70,7 @@ async def messages_request(request: Request) -> tuple[GenRequest, MessagesReques
                                               Limit("max_tokens", fields.max_tokens))
     chat = chat_messages(fields)
     tools = tool_request(fields, chat, state.engine.target)
-    grammar = await output_grammar(state.engine, fields, tools, fields.format_grammar())
+    grammar = await output_grammar(state, fields, tools, fields.format_grammar())
     if grammar is not None:
         sampling = dataclasses.replace(sampling, grammar=grammar)
     req = GenRequest("messages", profile.name, sampling, spec, verify, stream=bool(fields.stream), messages=chat,

@@ -124,7 +124,7 @@ async def completion(request: Request) -> Response:
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
     req, fields = llama_request(body, state, key_scope(request))
     refuse_tools(body)
-    grammar = await output_grammar(state.engine, fields)  # grammar, json_schema, response_format
+    grammar = await output_grammar(state, fields)  # grammar, json_schema, response_format
     if grammar is not None:
         req = dataclasses.replace(req, sampling=dataclasses.replace(req.sampling, grammar=grammar))
     job = await start(state, req, request)

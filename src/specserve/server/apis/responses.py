@@ -60,7 +60,7 @@ async def responses_request(request: Request) -> tuple[GenRequest, ResponsesRequ
     sampling, limit, spec, verify = params_of(state, fields, profile, request.scope.get(KEY_SCOPE), limit)
     chat = chat_messages(fields)
     tools = tools_of(fields, chat, state.engine.target)
-    grammar = await output_grammar(state.engine, fields, tools, fields.format_grammar())
+    grammar = await output_grammar(state, fields, tools, fields.format_grammar())
     if grammar is not None:
         sampling = dataclasses.replace(sampling, grammar=grammar)
     req = GenRequest("responses", profile.name, sampling, spec, verify, stream=bool(fields.stream), messages=chat,

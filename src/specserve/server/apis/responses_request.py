@@ -91,7 +91,7 @@ class ResponsesRequest(Generation):
         if fmt is None or fmt.type == "text":
             return None
         if fmt.type == "json_object":
-            return "text.format", json_object()
+            return "text.format", json_object(validate=False)
         if fmt.schema_ is None:
             raise bad_request("Missing required parameter: 'text.format.schema'", "text.format.schema",
                               "missing_required_parameter")
