@@ -8,6 +8,7 @@ from ..engine import Engine
 from .core.batcher import SLOWDOWN
 from .core.metrics import ServerMetrics
 from .core.profiles import Profile
+from .core.reasoning import FORMATS as REASONING_FORMATS
 from .core.scheduler import Scheduler
 
 MAX_BODY_BYTES = 4 << 20
@@ -40,6 +41,8 @@ class ServerSettings:
     max_connections_per_client: int = MAX_CONNECTIONS_PER_CLIENT  # open connections from one address; 0: no limit
     request_line_timeout: float = REQUEST_LINE_TIMEOUT_S  # seconds a connection may wait before its request line
     webui: bool = True  # the chat page at / (webui.py); --no-webui: off, / is 404
+    reasoning_format: str = "auto"  # how a chat's reasoning block is parted from its answer (core/reasoning.py)
+    reasoning_budget: int = -1  # a chat's reasoning budget in tokens unless it gives one; -1: unlimited
 
     def __post_init__(self) -> None:
         if self.model_name not in self.profiles:
@@ -57,6 +60,11 @@ class ServerSettings:
                             ("request_line_timeout", self.request_line_timeout)):
             if not 0 < value < 1e6:  # also refuses NaN
                 raise ValueError(f"{name} must be > 0 seconds, got {value}")
+        if self.reasoning_format not in REASONING_FORMATS:
+            raise ValueError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got "
+                             f"{self.reasoning_format!r}")
+        if self.reasoning_budget < -1:
+            raise ValueError(f"reasoning_budget must be -1 (unlimited) or >= 0, got {self.reasoning_budget}")
         if self.ubatch < MIN_UBATCH:
             raise ValueError(f"ubatch must be >= {MIN_UBATCH} (a verification of the longest draft), got {self.ubatch}")
         if not 0 <= self.prefill_slowdown < 1e6 or 0 < self.prefill_slowdown <= 1:
