@@ -112,7 +112,8 @@ def test_speculation_gives_the_target_alones_text_inside_and_after_the_block(htt
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_a_tool_call_follows_the_block(http, stream):
     """The tools grammar starts after the block: reasoning first, then a valid call."""
-    fields = dict(tools=TOOLS, tool_choice="required", reasoning_budget=5, max_tokens=120)  # the tiny vocabulary spells a call in ~70 tokens
+    # the tiny vocabulary spells a call in ~70 tokens
+    fields = dict(tools=TOOLS, tool_choice="required", reasoning_budget=5, max_tokens=120)
     if stream:
         reasoning, content, calls, finish = _streamed(http, **fields)
         arguments = "".join(c["function"].get("arguments") or "" for c in calls)

@@ -54,7 +54,8 @@ ANSWERS = {"text": "It is sunny.", "call": PARIS, "two": PARIS + "\n" + TIME_CAL
            "unknown-fn": call("get_date", {}), "text-then-call": "Let me check.\n" + PARIS,
            # calls written as JSON in the text (textcalls.py), and text that only looks like one
            "fenced": "Sure:\n" + FENCED, "bare": '{"name": "get_time", "parameters": {}}',
-           "fenced-bad-args": FENCED.replace("Rome", "Lyon"), "two-fenced": FENCED + "\n" + FENCED.replace("Rome", "Paris"),
+           "fenced-bad-args": FENCED.replace("Rome", "Lyon"),
+           "two-fenced": FENCED + "\n" + FENCED.replace("Rome", "Paris"),
            "mention": 'Call {"name": "get_weather", "arguments": {"city": "Lyon"}} to know.',
            "undeclared": '{"name": "get_date", "arguments": {"day": 1}}'}
 WRITTEN = {"fenced", "bare", "fenced-bad-args", "two-fenced", "mention", "undeclared"}

@@ -7,4 +7,5 @@ from .healing import TokenHealing
 from .reasoning import ReasoningRule
 from .sources import GrammarError, check, from_gbnf, from_grammar_text, from_json_schema, from_lark, json_object
 
-__all__ = ["Constraint", "for_request", "TokenHealing", "ReasoningRule", "GrammarError", "check", "from_gbnf", "from_grammar_text", "from_json_schema", "from_lark", "json_object"]
+__all__ = ["Constraint", "for_request", "TokenHealing", "ReasoningRule", "GrammarError", "check", "from_gbnf",
+           "from_grammar_text", "from_json_schema", "from_lark", "json_object"]
