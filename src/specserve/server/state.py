@@ -9,6 +9,7 @@ from ..grammar import GrammarWorker
 from .core.batcher import SLOWDOWN
 from .core.metrics import ServerMetrics
 from .core.profiles import Profile
+from .core.reasoning import FORMATS as REASONING_FORMATS
 from .core.scheduler import Scheduler
 from .http.proxies import networks
 
@@ -43,6 +44,8 @@ class ServerSettings:
     trusted_proxies: tuple[str, ...] = ()  # addresses or networks whose X-Forwarded-For is believed (http/proxies.py)
     request_line_timeout: float = REQUEST_LINE_TIMEOUT_S  # seconds a connection may wait before its request line
     webui: bool = True  # the chat page at / (webui.py); --no-webui: off, / is 404
+    reasoning_format: str = "auto"  # how a chat's reasoning block is parted from its answer (core/reasoning.py)
+    reasoning_budget: int = -1  # a chat's reasoning budget in tokens unless it gives one; -1: unlimited
 
     def __post_init__(self) -> None:
         if self.model_name not in self.profiles:
@@ -61,6 +64,11 @@ class ServerSettings:
                             ("request_line_timeout", self.request_line_timeout)):
             if not 0 < value < 1e6:  # also refuses NaN
                 raise ValueError(f"{name} must be > 0 seconds, got {value}")
+        if self.reasoning_format not in REASONING_FORMATS:
+            raise ValueError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got "
+                             f"{self.reasoning_format!r}")
+        if self.reasoning_budget < -1:
+            raise ValueError(f"reasoning_budget must be -1 (unlimited) or >= 0, got {self.reasoning_budget}")
         if self.ubatch < MIN_UBATCH:
             raise ValueError(f"ubatch must be >= {MIN_UBATCH} (a verification of the longest draft), got {self.ubatch}")
         if not 0 <= self.prefill_slowdown < 1e6 or 0 < self.prefill_slowdown <= 1:
