@@ -55,7 +55,7 @@ class SamplingParams:
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
-    grammar: str | None = None  # an llguidance grammar (specserve.grammar builds them); None: unconstrained
+    grammar: object = None  # an llguidance grammar: its text, or compiled off the event loop (grammar.compiled); None: none
     heal: bytes = b""  # the answer must begin with these bytes, which are not sent (grammar.healing)
     reasoning: Reasoning | None = None  # the answer may begin with a reasoning block; its budget (None: no rule)
 
