@@ -26,7 +26,7 @@ from ..drafters.suffix_store import SuffixStore
 from ..engine import Engine, token_seconds
 from ..prompt import chat_tokens, prompt_tokens
 from .structured import grammar_for, validates
-from .workloads import BenchPrompt, resolve_messages
+from .workloads import BenchPrompt, in_run_order, resolve_messages
 
 WARMUP_TOKENS = 16
 # A conversation's first turn must be new to every server measured: warm up on something else.
@@ -157,7 +157,7 @@ class BenchPlan:
 
     def __post_init__(self) -> None:
         self.jobs = []  # (temperature, prompt): every prompt at every temperature
-        for p in self.prompts:
+        for p in in_run_order(self.prompts):
             temperatures = self.temperatures if self.temperatures is not None else [p.temperature or 0.0]
             self.jobs += [(t, p) for t in temperatures]
 

@@ -61,7 +61,8 @@ def add_parser(sub) -> None:
                    help=f"built-in ({', '.join(BUILTIN_WORKLOADS)}, fim-replay: editor completion through /infill, "
                         "docs/infill.md) or a JSONL file of "
                         "{prompt|messages, temperature, max_tokens, category}; NAME:twice sends each prompt, then "
-                        "the same request again (default: code-edit spec-bench)")
+                        "the same request again; NAME:again sends its prompts, then the other workloads', then its "
+                        "own again (default: code-edit spec-bench)")
     g.add_argument("--prompts-per-workload", type=int, default=10, metavar="P",
                    help="prompts per workload (default 10; multi-turn: requests, 4 a conversation; fim-replay: cut "
                         "points, 3 requests each)")
