@@ -5,7 +5,7 @@ import time
 import numpy as np
 import pytest
 
-from specserve.drafters.suffix import SuffixDrafter
+from specserve.drafters.suffix import REACH, SuffixDrafter
 from specserve.drafters.suffix_store import ORDERS, SuffixStore, tail_key, tail_keys, window_keys
 
 
@@ -73,9 +73,11 @@ def test_a_retried_request_drafts_the_earlier_answer():
     assert SuffixDrafter(store).propose(prompt, 64).tokens == []  # nothing seen yet
     store.add(prompt, answer)
     d = SuffixDrafter(store)
-    assert d.match(prompt) == (32, 64)
+    assert d.match(prompt) == (REACH, 64)  # the same request again: the match takes in the whole prompt
     draft = d.propose(prompt, 64)
     assert draft.tokens == answer[:64] and draft.confidence == [1.0] * 64
+    assert draft.note == {"continuations": 1, "share": 1.0, "requests_ago": 1, "same_request": True}
+    assert d.match(prompt + answer[:70]) == (70 + REACH, 20)
     assert d.propose(prompt + answer[:70], 64).tokens == answer[70:]  # mid-answer: the rest, to the doc's end
     # a request in another scope, or one without the store, sees nothing
     assert SuffixDrafter(store, scope="tenant-b").propose(prompt, 64).tokens == []
@@ -93,6 +95,29 @@ def test_counts_across_requests_pick_the_majority_then_the_newest():
     store.add(prompt, b)  # 2 to 2: the newest (b) wins the tie
     draft = SuffixDrafter(store).propose(prompt, 64)
     assert draft.tokens == b and draft.confidence[0] == pytest.approx(1 / 2)
+    assert draft.note == {"continuations": 2, "share": 0.5, "requests_ago": 1, "same_request": True}
+
+
+def test_the_same_request_again_is_told_from_a_shared_ending():
+    """A match is the same request again only where the earlier text also held the REACH prompt
+    tokens before the answer: two conversations that end in the same instruction (and template
+    header) are not, and a text that merely contains the same 32 tokens does not vote on a repeat."""
+    rng = np.random.default_rng(8)
+    ending = _doc(rng, 40)  # "... return the whole file.<|im_end|><|im_start|>assistant"
+    first, other = _doc(rng, 100) + ending, _doc(rng, 100) + ending
+    answer, elsewhere = _doc(rng, 80), _doc(rng, 80)
+    store = SuffixStore(1 << 20)
+    store.add(first, answer)
+    assert SuffixDrafter(store).match(other) == (32, 64)  # the same last 40 tokens: a window, not a repeat
+    store.add(_doc(rng, 30), first[-32:] + elsewhere)  # newer text holding the prompt's last 32 tokens
+    d = SuffixDrafter(store)
+    assert d.match(first) == (REACH, 64)
+    draft = d.propose(first, 64)
+    assert draft.tokens == answer[:64] and draft.confidence == [1.0] * 64  # the other text does not vote
+    assert draft.note["requests_ago"] == 2 and draft.note["same_request"]
+    live = SuffixDrafter()  # within one request: the prompt holds the same exchange already
+    assert live.match(first + answer + first)[0] == REACH
+    assert live.propose(first + answer + first, 64).tokens == answer[:64]
 
 
 def test_the_longest_window_wins_across_the_request_and_the_store():

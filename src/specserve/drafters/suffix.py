@@ -15,6 +15,14 @@ shared SuffixStore, indexed the same way. Each step:
    the product of confidences falls below p_min, where the candidates run out, or at
    twice the matched order (a longer match, a longer draft), and never past `cap`.
 
+The same request again (a retry, a regenerate, an agent resending its conversation) is told apart:
+where earlier text holds this request's whole answer so far and the REACH prompt tokens before it
+(all of a shorter prompt), only those earlier answers are walked, and the match is reported as
+reaching that far (`match`: generated + REACH), not as the 32-token window it was found by: auto
+drafts such a continuation whole, whatever shorter matches have taught it (docs/cross-request.md).
+Each draft says where it came from (`Draft.note`): how many different continuations there were,
+the share that agreed with the drafted one, and the request it was copied from.
+
 The proposal depends only on the sequence and the store's contents: lossless as any
 deterministic draft (the verifier treats it as q = one-hot) and reproducible. The store, scopes,
 privacy and why the cap is 64: docs/cross-request.md.
@@ -30,6 +38,10 @@ from .base import EMPTY_DRAFT, BaseDrafter, Draft, Offer
 from .suffix_store import ORDERS, SuffixStore, tail_keys, window_keys
 
 DEFAULT_CAP = 64  # see the verify cost curve in the README: 64 tokens cost ~12 plain passes on a CPU
+# prompt tokens before the answer that earlier text must also hold for a match to be the same request
+# again: more than a chat template's header and a stock instruction ("... return the whole file."), which
+# different conversations share; at most the prompt tail the store keeps (suffix_store.PROMPT_TAIL)
+REACH = 64
 _PY_WINDOWS = 8  # new window ends up to which keys are hashed in Python (numpy's per-call overhead is larger)
 
 
@@ -50,8 +62,11 @@ class SuffixDrafter(BaseDrafter):
         self._index: dict[int, list[int]] = {}  # window key -> positions after it, ascending
         self._indexed_to = 0  # windows ending before this are in the index
         self._query: dict[int, int] = {}  # order -> key of the window at the end of _seq
+        self._n_prompt = -1  # the length of the first sequence seen: the request's prompt
+        self._arr = np.empty(0, np.int32)  # _seq's tokens as an array (capacity doubles; the tail unused)
         self._at = -1  # len(_seq) when the walk below was made
         self._walk: tuple[int, list[int], list[float]] = (0, [], [])  # (order matched, tokens, confidence)
+        self._note: dict | None = None  # where the walk's continuation came from (Draft.note)
 
     def _sync(self, seq: Sequence[int]) -> None:
         n_old = len(self._seq)
@@ -62,6 +77,12 @@ class SuffixDrafter(BaseDrafter):
             n_old = 0
         self._src = seq
         self._seq.extend(seq[n_old:])
+        n = len(self._seq)
+        if n > len(self._arr):
+            self._arr = np.concatenate([self._arr[:n_old], np.empty(max(n, 2 * len(self._arr)) - n_old, np.int32)])
+        self._arr[n_old:n] = self._seq[n_old:]
+        if self._n_prompt < 0:
+            self._n_prompt = n
 
     def _index_to_end(self) -> None:
         """Index the windows ending before the end; keep the keys of those ending at it as the query."""
@@ -89,22 +110,44 @@ class SuffixDrafter(BaseDrafter):
                 self._query[order] = keys[-1]
         self._indexed_to = n
 
-    def _candidates(self) -> tuple[int, list[list[int]]]:
-        """(order, continuations newest first) of the longest window at the end that occurred before."""
+    def _candidates(self) -> tuple[int, list[list[int]], list[int]]:
+        """(order, continuations newest first, where each comes from: 0 this request, n the scope's
+        n-th newest stored one) of the longest window at the end that occurred before. Where some of
+        them are the same request's earlier answers (`_context`), those alone, and the order is the
+        length that match is known to reach."""
         live = next((o for o in ORDERS if o in self._query and self._query[o] in self._index), 0)
-        store_order, store_conts = 0, []
+        context = self._context() if ORDERS[0] in self._query else None
+        hits = None
         if self.store is not None:
             asked = [o for o in ORDERS if o >= live and o in self._query]
-            i, store_conts = self.store.lookup([self._query[o] for o in asked], self.scope, self.limit, self.cap)
-            store_order = asked[i] if i >= 0 else 0
+            hits = self.store.lookup([self._query[o] for o in asked], self.scope, self.limit, self.cap, context)
+        store_order = asked[hits.index] if hits and hits.index >= 0 else 0
         order = max(live, store_order)
         conts: list[list[int]] = []
+        ago: list[int] = []
+        same: list[bool] = []
         if order and order == live:  # this request is the newest text there is
             starts = self._index[self._query[order]][-self.limit:]
             conts = [self._seq[p:p + self.cap] for p in reversed(starts)]
+            ago = [0] * len(conts)
+            m = len(context) if context is not None and order == ORDERS[0] else -1
+            same = [m >= 0 and p >= m and np.array_equal(self._arr[p - m:p], context) for p in reversed(starts)]
         if order and order == store_order:
-            conts += store_conts[: self.limit - len(conts)]
-        return order, conts
+            room = self.limit - len(conts)
+            conts += hits.continuations[:room]
+            ago += hits.ago[:room]
+            same += hits.same[:room]
+        if order == ORDERS[0] and any(same):  # the same request again: its earlier answers only
+            keep = [i for i, x in enumerate(same) if x]
+            conts, ago = [conts[i] for i in keep], [ago[i] for i in keep]
+            order = len(self._seq) - self._n_prompt + REACH
+        return order, conts, ago
+
+    def _context(self) -> np.ndarray:
+        """[m] the tokens that earlier text must hold before this point to be the same request: this
+        request's answer so far and the REACH prompt tokens before it (the whole sequence, if shorter)."""
+        n = len(self._seq)
+        return self._arr[n - min(n, n - self._n_prompt + REACH):n]
 
     def _walk_from(self, order: int, conts: list[list[int]]) -> tuple[list[int], list[float]]:
         """The most frequent path through the candidates' continuations, with each token's share."""
@@ -138,12 +181,28 @@ class SuffixDrafter(BaseDrafter):
             active = [a for a in active if a[0][t] == token and len(a[0]) > t + 1]
         return tokens, confidence
 
+    @staticmethod
+    def _origin(order: int, conts: list[list[int]], ago: list[int], tokens: list[int]) -> dict | None:
+        """Where the drafted path came from (Draft.note): how many different continuations the
+        candidates held, the share of them that agree with the path, the newest agreeing one's request
+        (0: this one; n: the scope's n-th newest stored request), and whether they were the same
+        request's earlier answers."""
+        held = [(c, a) for c, a in zip(conts, ago) if c]
+        agree = [a for c, a in held if c[:len(tokens)] == tokens[:len(c)]]
+        if not tokens or not agree:
+            return None
+        return {"continuations": len({tuple(c) for c, _ in held}), "share": round(len(agree) / len(held), 3),
+                "requests_ago": agree[0], "same_request": order > ORDERS[0]}
+
     def _lookup(self, seq: Sequence[int]) -> tuple[int, list[int], list[float]]:
         self._sync(seq)
         if self._at != len(self._seq):
             self._index_to_end()
-            order, conts = self._candidates()
-            self._walk = (order, *self._walk_from(order, conts)) if order else (0, [], [])
+            order, conts, ago = self._candidates()
+            self._walk, self._note = (0, [], []), None
+            if order:
+                tokens, confidence = self._walk_from(order, conts)
+                self._walk, self._note = (order, tokens, confidence), self._origin(order, conts, ago, tokens)
             self._at = len(self._seq)
         return self._walk
 
@@ -151,9 +210,12 @@ class SuffixDrafter(BaseDrafter):
         return Offer(*self.match(seq))
 
     def match(self, seq: Sequence[int]) -> tuple[int, int]:
-        """(order, available): the length of the window the proposal follows (0: no match; the
-        match is at least this long and shorter than the next indexed order) and how many tokens
-        the proposal holds. Cached per sequence length: calling it, then propose, costs one lookup."""
+        """(order, available): a length the match the proposal follows is known to reach (0: no
+        match) and how many tokens the proposal holds. The order is the longest window that matched
+        (the match is at least that long, shorter than the next indexed order), or, where earlier
+        text holds this request's answer so far and the REACH prompt tokens before it, the answer's
+        length + REACH: the same request again. Cached per sequence length: calling it, then
+        propose, costs one lookup."""
         order, tokens, _ = self._lookup(seq)
         return order, len(tokens)
 
@@ -161,4 +223,4 @@ class SuffixDrafter(BaseDrafter):
         if k <= 0:
             return EMPTY_DRAFT
         _, tokens, confidence = self._lookup(seq)
-        return Draft(tokens=tokens[:k], confidence=confidence[:k]) if tokens else EMPTY_DRAFT
+        return Draft(tokens=tokens[:k], confidence=confidence[:k], note=self._note) if tokens else EMPTY_DRAFT

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -220,36 +220,52 @@ class SuffixStore:
             if not segs:
                 del self._scopes[scope]
 
-    def lookup(self, keys: Sequence[int], scope: str = "", limit: int = 16,
-               span: int = 64) -> tuple[int, list[list[int]]]:
-        """(i, continuations): i is the first index in `keys` (longest window first) that occurs in
-        the scope (-1: none); then up to `limit` of its continuations, newest first, each up to
-        `span` tokens (it ends where its document ends)."""
+    def lookup(self, keys: Sequence[int], scope: str = "", limit: int = 16, span: int = 64,
+               context: np.ndarray | None = None) -> "Hits":
+        """The continuations of the first key in `keys` (longest window first) that occurs in the scope:
+        up to `limit`, newest first, each up to `span` tokens (it ends where its document ends).
+
+        context: [m] tokens the text before the window's end should end with; each hit says whether
+        its own does (`Hits.same`: the earlier request held the same m tokens before this point)."""
         with self._lock:
             segs = self._scopes.get(scope)
             if not segs or not keys:
-                return -1, []
+                return Hits(-1, [], [], [])
             q = np.array([k & _MASK for k in keys], np.uint64)
-            found, best = [], len(keys)
+            found, best, after = [], len(keys), 0
             for seg in reversed(segs):  # newest first
-                if not seg.keys.size:  # a request too short to hold a window
-                    continue
-                lo = np.searchsorted(seg.keys, q)
-                hit = np.flatnonzero(seg.keys.take(lo, mode="clip") == q)
-                if hit.size:
-                    best = min(best, int(hit[0]))
-                    found.append((seg, lo))
+                if seg.keys.size:  # (a request too short to hold a window has none)
+                    lo = np.searchsorted(seg.keys, q)
+                    hit = np.flatnonzero(seg.keys.take(lo, mode="clip") == q)
+                    if hit.size:
+                        best = min(best, int(hit[0]))
+                        found.append((seg, lo, after))
+                after += seg.n_docs  # documents newer than the next segment's
             if best == len(keys):
-                return -1, []
-            conts: list[list[int]] = []
-            for seg, lo in found:
+                return Hits(-1, [], [], [])
+            out = Hits(best, [], [], [])
+            for seg, lo, after in found:
                 a = int(lo[best])
                 b = int(np.searchsorted(seg.keys, q[best], "right"))
                 if b <= a:
                     continue
-                starts = seg.pos[max(a, b - (limit - len(conts))):b][::-1]  # newest first
-                ends = seg.ends[np.searchsorted(seg.ends, starts, "right")]
-                conts += [seg.tokens[p:min(p + span, e)].tolist() for p, e in zip(starts.tolist(), ends.tolist())]
-                if len(conts) >= limit:
+                starts = seg.pos[max(a, b - (limit - len(out.continuations))):b][::-1]  # newest first
+                docs = np.searchsorted(seg.ends, starts, "right")
+                for p, d in zip(starts.tolist(), docs.tolist()):
+                    begin, end = (int(seg.ends[d - 1]) if d else 0), int(seg.ends[d])
+                    out.continuations.append(seg.tokens[p:min(p + span, end)].tolist())
+                    out.same.append(context is not None and p - begin >= len(context)
+                                    and np.array_equal(seg.tokens[p - len(context):p], context))
+                    out.ago.append(after + seg.n_docs - d)
+                if len(out.continuations) >= limit:
                     break
-            return best, conts
+            return out
+
+
+class Hits(NamedTuple):
+    """What SuffixStore.lookup found."""
+
+    index: int  # the first of the keys that occurs (-1: none)
+    continuations: list[list[int]]  # newest first
+    same: list[bool]  # [len(continuations)] whether the text before it ends with the lookup's context
+    ago: list[int]  # [len(continuations)] the stored request it comes from: 1 the scope's newest, 2 the one before, ...
