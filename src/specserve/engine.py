@@ -58,6 +58,7 @@ class Chunk:
     text: str
     drafter: str | None = None
     n_drafted: int = 0
+    note: dict | None = None  # where the drafter found its draft (Draft.note: a lookup's earlier text), for the trace
 
 
 @dataclass
@@ -268,7 +269,7 @@ class Slot:
                 if not stats.t_first_token and new:
                     stats.t_first_token = time.perf_counter() - t0
                 if new or text:
-                    yield Chunk(new, text, choice.drafter, min(verdict.n_accepted, len(new)))
+                    yield Chunk(new, text, choice.drafter, min(verdict.n_accepted, len(new)), draft.note)
                 if finish:
                     stats.finish_reason = finish
                     break
@@ -305,8 +306,7 @@ class Slot:
         """The policy's choice and the chosen drafter's draft, at most what the context and max_tokens
         leave room for. Returns (Choice, Draft)."""
         req.shadow, req.forced = {}, 0
-        # what the lookups would draft now (the policy is told), and what each that matches would propose:
-        # judged against what the step commits
+        # what the lookups would draft now (the policy is told), and each match's proposal, judged after the step
         offers = ask_offers(req.policy, req.drafters, seq)
         req.shadow = {name: req.drafters[name].propose(seq, _SHADOW_MAX, req.sampler).tokens
                       for name, o in offers.items() if o[0]}
