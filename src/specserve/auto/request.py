@@ -22,7 +22,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from ..config import SpecParams
-from ..drafters.suffix import REACH, SuffixDrafter
+from ..drafters.suffix import SAME_REQUEST, SuffixDrafter
 from ..policy import OFF, Choice, Outcome
 from . import planner
 from .acceptance import OPENING, REPEAT, ConfidenceMap, Rates, match_bucket
@@ -115,9 +115,9 @@ class AutoPolicy(Learning, Probing, Prefill):
     @staticmethod
     def _bucket(name: str, order: int, at: int) -> int:
         """The acceptance bucket of a lookup's match offered after `at` generated tokens: REPEAT where the
-        suffix drafter's match takes in the whole answer and REACH prompt tokens (the same request
-        again), else OPENING at a request's first step, else by its length."""
-        if name == SuffixDrafter.name and order >= at + REACH:
+        suffix drafter's match is the same request again (its earlier answer to this prompt), else
+        OPENING at a request's first step, else by its length."""
+        if name == SuffixDrafter.name and order >= at + SAME_REQUEST:
             return REPEAT
         return OPENING if at == 0 else match_bucket(order)
 

@@ -15,11 +15,12 @@ shared SuffixStore, indexed the same way. Each step:
    the product of confidences falls below p_min, where the candidates run out, or at
    twice the matched order (a longer match, a longer draft), and never past `cap`.
 
-The same request again (a retry, a regenerate, an agent resending its conversation) is told apart:
-where earlier text holds this request's whole answer so far and the REACH prompt tokens before it
-(all of a shorter prompt), only those earlier answers are walked, and the match is reported as
-reaching that far (`match`: generated + REACH), not as the 32-token window it was found by: auto
-drafts such a continuation whole, whatever shorter matches have taught it (docs/cross-request.md).
+The same request again (a retry, a regenerate) is told apart: where the store holds an earlier
+request with this one's whole prompt (SuffixStore keeps a key of it) that had answered as this one
+has so far, only those earlier answers are walked, and the match is reported as SAME_REQUEST + the
+answer's length, not as the 32-token window it was found by: auto drafts such a continuation whole,
+whatever windows and openings of other text have taught it (docs/cross-request.md). A request that
+merely ends alike (the same file after another instruction) is not the same request.
 Each draft says where it came from (`Draft.note`): how many different continuations there were,
 the share that agreed with the drafted one, and the request it was copied from.
 
@@ -35,13 +36,12 @@ import numpy as np
 
 from ..sampling import Sampler
 from .base import EMPTY_DRAFT, BaseDrafter, Draft, Offer
-from .suffix_store import ORDERS, SuffixStore, tail_keys, window_keys
+from .suffix_store import ORDERS, SuffixStore, prompt_key, tail_keys, window_keys
 
 DEFAULT_CAP = 64  # see the verify cost curve in the README: 64 tokens cost ~12 plain passes on a CPU
-# prompt tokens before the answer that earlier text must also hold for a match to be the same request
-# again: more than a chat template's header and a stock instruction ("... return the whole file."), which
-# different conversations share; at most the prompt tail the store keeps (suffix_store.PROMPT_TAIL)
-REACH = 64
+# a match reported at least this much longer than the answer so far is the same request again (no
+# window is: they are at most 32 tokens)
+SAME_REQUEST = 64
 _PY_WINDOWS = 8  # new window ends up to which keys are hashed in Python (numpy's per-call overhead is larger)
 
 
@@ -63,6 +63,7 @@ class SuffixDrafter(BaseDrafter):
         self._indexed_to = 0  # windows ending before this are in the index
         self._query: dict[int, int] = {}  # order -> key of the window at the end of _seq
         self._n_prompt = -1  # the length of the first sequence seen: the request's prompt
+        self._key: int | None = None  # its prompt's key (suffix_store.prompt_key), once a lookup needs it
         self._arr = np.empty(0, np.int32)  # _seq's tokens as an array (capacity doubles; the tail unused)
         self._at = -1  # len(_seq) when the walk below was made
         self._walk: tuple[int, list[int], list[float]] = (0, [], [])  # (order matched, tokens, confidence)
@@ -113,14 +114,16 @@ class SuffixDrafter(BaseDrafter):
     def _candidates(self) -> tuple[int, list[list[int]], list[int]]:
         """(order, continuations newest first, where each comes from: 0 this request, n the scope's
         n-th newest stored one) of the longest window at the end that occurred before. Where some of
-        them are the same request's earlier answers (`_context`), those alone, and the order is the
-        length that match is known to reach."""
+        them are this request's own earlier answers (the same prompt, the same answer so far), those
+        alone, and the order is SAME_REQUEST + the answer's length."""
         live = next((o for o in ORDERS if o in self._query and self._query[o] in self._index), 0)
-        context = self._context() if ORDERS[0] in self._query else None
         hits = None
         if self.store is not None:
             asked = [o for o in ORDERS if o >= live and o in self._query]
-            hits = self.store.lookup([self._query[o] for o in asked], self.scope, self.limit, self.cap, context)
+            if self._key is None:
+                self._key = prompt_key(self._arr[:self._n_prompt])
+            hits = self.store.lookup([self._query[o] for o in asked], self.scope, self.limit, self.cap,
+                                     (self._key, self._arr[self._n_prompt:len(self._seq)]))
         store_order = asked[hits.index] if hits and hits.index >= 0 else 0
         order = max(live, store_order)
         conts: list[list[int]] = []
@@ -129,25 +132,15 @@ class SuffixDrafter(BaseDrafter):
         if order and order == live:  # this request is the newest text there is
             starts = self._index[self._query[order]][-self.limit:]
             conts = [self._seq[p:p + self.cap] for p in reversed(starts)]
-            ago = [0] * len(conts)
-            m = len(context) if context is not None and order == ORDERS[0] else -1
-            same = [m >= 0 and p >= m and np.array_equal(self._arr[p - m:p], context) for p in reversed(starts)]
+            ago = same = [0] * len(conts)
         if order and order == store_order:
             room = self.limit - len(conts)
-            conts += hits.continuations[:room]
-            ago += hits.ago[:room]
-            same += hits.same[:room]
-        if order == ORDERS[0] and any(same):  # the same request again: its earlier answers only
+            conts, ago, same = conts + hits.continuations[:room], ago + hits.ago[:room], same + hits.same[:room]
+        if any(same):  # the same request again: its earlier answers only
             keep = [i for i, x in enumerate(same) if x]
             conts, ago = [conts[i] for i in keep], [ago[i] for i in keep]
-            order = len(self._seq) - self._n_prompt + REACH
+            order = len(self._seq) - self._n_prompt + SAME_REQUEST
         return order, conts, ago
-
-    def _context(self) -> np.ndarray:
-        """[m] the tokens that earlier text must hold before this point to be the same request: this
-        request's answer so far and the REACH prompt tokens before it (the whole sequence, if shorter)."""
-        n = len(self._seq)
-        return self._arr[n - min(n, n - self._n_prompt + REACH):n]
 
     def _walk_from(self, order: int, conts: list[list[int]]) -> tuple[list[int], list[float]]:
         """The most frequent path through the candidates' continuations, with each token's share."""
@@ -192,7 +185,7 @@ class SuffixDrafter(BaseDrafter):
         if not tokens or not agree:
             return None
         return {"continuations": len({tuple(c) for c, _ in held}), "share": round(len(agree) / len(held), 3),
-                "requests_ago": agree[0], "same_request": order > ORDERS[0]}
+                "requests_ago": agree[0], "same_request": order >= SAME_REQUEST}
 
     def _lookup(self, seq: Sequence[int]) -> tuple[int, list[int], list[float]]:
         self._sync(seq)
@@ -212,10 +205,10 @@ class SuffixDrafter(BaseDrafter):
     def match(self, seq: Sequence[int]) -> tuple[int, int]:
         """(order, available): a length the match the proposal follows is known to reach (0: no
         match) and how many tokens the proposal holds. The order is the longest window that matched
-        (the match is at least that long, shorter than the next indexed order), or, where earlier
-        text holds this request's answer so far and the REACH prompt tokens before it, the answer's
-        length + REACH: the same request again. Cached per sequence length: calling it, then
-        propose, costs one lookup."""
+        (the match is at least that long, shorter than the next indexed order), or, for the same
+        request again (the store holds this prompt, answered as this request has so far), the
+        answer's length + SAME_REQUEST. Cached per sequence length: calling it, then propose, costs
+        one lookup."""
         order, tokens, _ = self._lookup(seq)
         return order, len(tokens)
 
