@@ -84,3 +84,30 @@ def test_of_several_earlier_answers_the_most_frequent_is_drafted():
     assert run.seconds < first[0].seconds / 2
     run = replay.run(b, SPEC)
     assert run.steps[0].drafter == "suffix" and run.steps[0].accepted == 10  # the path they share
+
+
+def test_a_profile_of_other_workloads_leaves_each_workload_as_fast_as_an_empty_one():
+    """Code edits, coding questions, stories at 0.8 and the edits again, each from an empty profile and
+    from a profile that hours of the same mix taught (saved and loaded as a new process does): the
+    profile's evidence is weighed against each request's own, and no workload runs slower for it."""
+    speed: dict[tuple[str, str], list[float]] = {}
+    for seed in range(4):
+        rng = np.random.default_rng(20 + seed)
+        taught = Replay(Controller(), seed=20 + seed)
+        for _ in range(6):
+            for t in (code_edit(rng), question(rng), story(rng)):
+                taught.run(t, SPEC)
+        edits, others = mix(30 + seed)
+        for label in ("empty", "profile"):
+            ctl = Controller()
+            if label == "profile":
+                ctl.load_state_dict(taught.ctl.state_dict())
+            replay = Replay(ctl, seed=seed)
+            for kind, texts in (("edit", edits), ("other", others), ("again", edits)):
+                for t in texts:
+                    run = replay.run(t, SPEC)
+                    speed.setdefault((label, kind), []).append(len(t.answer) * replay.verify(1) / run.seconds)
+    for kind in ("edit", "other", "again"):
+        ratio = np.exp(np.mean(np.log(np.array(speed["profile", kind]) / np.array(speed["empty", kind]))))
+        print(f"{kind}: profile / empty {ratio:.3f}")
+        assert ratio > 0.98, kind
