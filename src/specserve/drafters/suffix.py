@@ -132,7 +132,7 @@ class SuffixDrafter(BaseDrafter):
         if order and order == live:  # this request is the newest text there is
             starts = self._index[self._query[order]][-self.limit:]
             conts = [self._seq[p:p + self.cap] for p in reversed(starts)]
-            ago = same = [0] * len(conts)
+            ago, same = [0] * len(conts), [False] * len(conts)  # (never the same request: its own prompt)
         if order and order == store_order:
             room = self.limit - len(conts)
             conts, ago, same = conts + hits.continuations[:room], ago + hits.ago[:room], same + hits.same[:room]
@@ -203,12 +203,11 @@ class SuffixDrafter(BaseDrafter):
         return Offer(*self.match(seq))
 
     def match(self, seq: Sequence[int]) -> tuple[int, int]:
-        """(order, available): a length the match the proposal follows is known to reach (0: no
-        match) and how many tokens the proposal holds. The order is the longest window that matched
-        (the match is at least that long, shorter than the next indexed order), or, for the same
-        request again (the store holds this prompt, answered as this request has so far), the
-        answer's length + SAME_REQUEST. Cached per sequence length: calling it, then propose, costs
-        one lookup."""
+        """(order, available): what the proposal follows (0: no match), and how many tokens it holds.
+        The order is the longest window that matched (the match is at least that long, shorter than
+        the next indexed order), or, for the same request again (the store holds this prompt, answered
+        as this request has so far), the answer's length + SAME_REQUEST, which no window reaches.
+        Cached per sequence length: calling it, then propose, costs one lookup."""
         order, tokens, _ = self._lookup(seq)
         return order, len(tokens)
 
