@@ -30,7 +30,7 @@ from .drafters.ngram import NgramDrafter
 from .drafters.suffix import SuffixDrafter
 from .drafters.suffix_store import SuffixStore
 from .grammar import Constraint, GrammarError, TokenHealing, check, for_request
-from .policy import OFF, Choice, FixedPolicy, Outcome, Policy, judge, tell_offers, wants_offers
+from .policy import OFF, Choice, FixedPolicy, Outcome, Policy, ask_offers, judge
 from .sampling import Sampler
 from .stats import GenerationStats
 from .text import StreamDecoder
@@ -58,6 +58,7 @@ class Chunk:
     text: str
     drafter: str | None = None
     n_drafted: int = 0
+    note: dict | None = None  # where the drafter found its draft (Draft.note: a lookup's earlier text), for the trace
 
 
 @dataclass
@@ -268,7 +269,7 @@ class Slot:
                 if not stats.t_first_token and new:
                     stats.t_first_token = time.perf_counter() - t0
                 if new or text:
-                    yield Chunk(new, text, choice.drafter, min(verdict.n_accepted, len(new)))
+                    yield Chunk(new, text, choice.drafter, min(verdict.n_accepted, len(new)), draft.note)
                 if finish:
                     stats.finish_reason = finish
                     break
@@ -287,9 +288,10 @@ class Slot:
 
     def _prefill_drafters(self, req: "_Request", seq: list[int], max_tokens: int,
                           stats: GenerationStats) -> steps.Steps:
-        """A drafter about to be used takes the prompt now, in one batch (what it would otherwise
-        catch up on at its first step), if the policy says so. Its time counts as drafting, as
-        llama-server's does."""
+        """A drafter about to be used takes the prompt now, in one batch (what it would otherwise catch up
+        on at its first step), if the policy says so, having seen the lookups' offers (the same request
+        again is copied, with nothing left to a draft model). Its time counts as drafting, as llama-server's."""
+        ask_offers(req.policy, req.drafters, seq)
         for name, drafter in req.drafters.items():
             missing = drafter.missing(seq)
             if req.policy.prefill(name, missing, max_tokens):
@@ -304,12 +306,10 @@ class Slot:
         """The policy's choice and the chosen drafter's draft, at most what the context and max_tokens
         leave room for. Returns (Choice, Draft)."""
         req.shadow, req.forced = {}, 0
-        if wants_offers(req.policy):  # what the drafters that can tell would draft now: lookups
-            offers = {name: o for name, d in req.drafters.items() if (o := d.peek(seq)) is not None}
-            tell_offers(req.policy, offers)
-            # and what each that matches would propose, to judge against what the step commits
-            req.shadow = {name: req.drafters[name].propose(seq, _SHADOW_MAX, req.sampler).tokens
-                          for name, o in offers.items() if o[0]}
+        # what the lookups would draft now (the policy is told), and each match's proposal, judged after the step
+        offers = ask_offers(req.policy, req.drafters, seq)
+        req.shadow = {name: req.drafters[name].propose(seq, _SHADOW_MAX, req.sampler).tokens
+                      for name, o in offers.items() if o[0]}
         choice = req.policy.choose()
         k = min(choice.k, self.engine.n_ctx - len(seq) - 1, n_left - 1)  # the verified token needs room too
         t, meter = time.perf_counter(), steps.Meter()
