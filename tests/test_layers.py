@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("drafting", ("sampling", "verifier", "steps", "drafters", "grammar")),
     # auto reads the drafters' names (drafters.hybrid.LOOKUPS) and the policy protocol; the engine reads auto
     ("auto", ("auto", "learned")),
-    ("engine", ("engine", "loading")),
+    ("engine", ("engine", "commit", "loading")),
     ("server", ("server",)),
     ("cluster", ("cluster",)),
     ("tools", ("bench", "tools")),

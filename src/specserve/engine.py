@@ -2,8 +2,8 @@
 
 An Engine owns the loaded models; a Slot owns one sequence's state (the target's
 KV cache, the draft model's cache). A step reads like the papers: propose (the
-policy chooses a drafter and a length), verify in one target pass, commit (cut at an
-end-of-generation token, max_tokens or a stop string), observe, emit.
+policy chooses a drafter and a length), verify in one target pass, commit (commit.py: cut at
+an end-of-generation token, max_tokens or a stop string), observe, emit.
 
 A slot's generation is written as a generator of forward passes (steps.py): alone it runs
 them at once (`Slot.stream`); a server's slots share one context per model
@@ -19,6 +19,7 @@ from typing import Iterator, Sequence
 from . import steps
 from .backends import Model, load_model
 from .backends.timing import token_seconds
+from .commit import Request, commit
 from .config import DEFAULT_VERIFY, ModelConfig, SamplingParams, SpecParams
 from .auto import Controller
 from .auto.profile import learning_controller
@@ -29,7 +30,7 @@ from .drafters.hybrid import LOOKUPS, HybridDrafter
 from .drafters.ngram import NgramDrafter
 from .drafters.suffix import SuffixDrafter
 from .drafters.suffix_store import SuffixStore
-from .grammar import Constraint, GrammarError, TokenHealing, check, for_request
+from .grammar import Constraint, GrammarError, check, for_request
 from .policy import OFF, Choice, FixedPolicy, Outcome, Policy, judge, tell_offers, wants_offers
 from .sampling import Sampler
 from .stats import GenerationStats
@@ -245,10 +246,10 @@ class Slot:
             raise ContextOverflow(f"prompt is {len(seq)} tokens but the context holds {engine.n_ctx}")
         constraint = for_request(params.grammar, params.heal, engine.grammar_tokenizer, engine.target)
         policy = engine.policy_for(spec, params.temperature, grammar=params.grammar is not None)
-        req = _Request(Sampler(params, verify_method), StreamDecoder(engine.target.token_bytes, params.stop,
-                                                                     skip=len(params.heal)),
-                       frozenset() if params.ignore_eos else engine.target.vocab.eog,
-                       self._drafters(spec, constraint) if constraint else self._drafters(spec), policy, constraint)
+        req = Request(Sampler(params, verify_method), StreamDecoder(engine.target.token_bytes, params.stop,
+                                                                    skip=len(params.heal)),
+                      frozenset() if params.ignore_eos else engine.target.vocab.eog,
+                      self._drafters(spec, constraint) if constraint else self._drafters(spec), policy, constraint)
         stats.n_prompt = len(seq)
         t0 = time.perf_counter()
         # Prompt: the target's cache holds everything but the last token, which each step feeds.
@@ -263,7 +264,7 @@ class Slot:
                     break
                 choice, draft = yield from self._propose(req, seq, params.max_tokens - stats.n_generated, stats)
                 verdict = yield from self._verify(req, seq, draft, stats)
-                new, text, finish = self._commit(req, seq, verdict, params.max_tokens - stats.n_generated)
+                new, text, finish = commit(req, seq, verdict, params.max_tokens - stats.n_generated, engine.n_ctx)
                 self._observe(req, choice, draft, verdict, len(new), stats)
                 if not stats.t_first_token and new:
                     stats.t_first_token = time.perf_counter() - t0
@@ -285,7 +286,7 @@ class Slot:
             elif engine.suffix_store is not None and spec.cross_request:  # finished: later requests may draft from it
                 engine.suffix_store.add(seq[: stats.n_prompt], seq[stats.n_prompt:], spec.cross_request_scope)
 
-    def _prefill_drafters(self, req: "_Request", seq: list[int], max_tokens: int,
+    def _prefill_drafters(self, req: Request, seq: list[int], max_tokens: int,
                           stats: GenerationStats) -> steps.Steps:
         """A drafter about to be used takes the prompt now, in one batch (what it would otherwise
         catch up on at its first step), if the policy says so. Its time counts as drafting, as
@@ -300,7 +301,7 @@ class Slot:
                 stats.t_draft += t
                 req.policy.prefilled(name, missing, t)
 
-    def _propose(self, req: "_Request", seq: list[int], n_left: int, stats: GenerationStats) -> steps.Steps:
+    def _propose(self, req: Request, seq: list[int], n_left: int, stats: GenerationStats) -> steps.Steps:
         """The policy's choice and the chosen drafter's draft, at most what the context and max_tokens
         leave room for. Returns (Choice, Draft)."""
         req.shadow, req.forced = {}, 0
@@ -323,7 +324,7 @@ class Slot:
         stats.t_draft += req.t_draft
         return (Choice(choice.drafter, k) if k > 0 else OFF), draft
 
-    def _verify(self, req: "_Request", seq: list[int], draft: Draft, stats: GenerationStats) -> steps.Steps:
+    def _verify(self, req: Request, seq: list[int], draft: Draft, stats: GenerationStats) -> steps.Steps:
         """One target pass over the last committed token and the draft, then the verdict."""
         t = time.perf_counter()
         n_vocab = self.engine.target.vocab.n_vocab
@@ -341,30 +342,7 @@ class Slot:
         stats.t_verify += req.t_verify
         return verdict
 
-    def _commit(self, req: "_Request", seq: list[int], verdict: Verdict, n_left: int) -> tuple[list[int], str, str | None]:
-        """Append the verdict's tokens up to an end-of-generation token, max_tokens or the end of a stop
-        string, whichever comes first; return them, the text that became final, and why generation ends
-        (None: it goes on)."""
-        new, finish = verdict.tokens[:n_left], None
-        for i, t in enumerate(new):
-            if t in req.eog:
-                new, finish = new[:i], "stop"
-                break
-        text, n_used = req.decoder.push(new)
-        if req.decoder.stopped:
-            new, finish = new[:n_used], "stop"
-        seq.extend(new)
-        if req.constraint is not None:
-            req.constraint.commit(new)
-            if finish is None and req.constraint.done:  # complete: nothing more allowed
-                finish = "stop"
-        if finish is None and (len(new) == n_left or len(seq) >= self.engine.n_ctx):
-            finish = "length"
-        if finish:
-            text += req.decoder.flush()
-        return new, text, finish
-
-    def _observe(self, req: "_Request", choice: Choice, draft: Draft, verdict: Verdict, n_kept: int,
+    def _observe(self, req: Request, choice: Choice, draft: Draft, verdict: Verdict, n_kept: int,
                  stats: GenerationStats) -> None:
         """Tell the drafter, the policy and the stats what the step did. The policy learns the draft's
         real acceptance; the stats count only positions up to where the text ended."""
@@ -382,19 +360,3 @@ class Slot:
         self.ctx.close()
         if self.draft_ctx is not None:
             self.draft_ctx.close()
-
-
-@dataclass
-class _Request:
-    """What one request's steps share: how it samples, decodes and drafts, and the last step's timings."""
-
-    sampler: Sampler
-    decoder: StreamDecoder
-    eog: frozenset[int]
-    drafters: dict[str, Drafter]
-    policy: Policy
-    constraint: Constraint | TokenHealing | None = None  # the grammar's (or healing's) state over the committed tokens
-    t_draft: float = 0.0
-    t_verify: float = 0.0
-    shadow: dict[str, list[int]] = field(default_factory=dict)  # what this step's matching lookups would propose
-    forced: int = 0  # this step's draft's leading forced tokens (drafters.forced), for the policy
