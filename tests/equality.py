@@ -1,4 +1,4 @@
-"""Is this sampled output the target alone's output for the same seed, up to numerics?
+"""Is this output the target alone's output (greedy, or sampled with the same seed), up to numerics?
 
 Under --verify gumbel the token at position i is argmax(log p_i + G_i) whatever was
 speculated. Batched and one-token-at-a-time passes round differently, so two runs may
@@ -13,7 +13,8 @@ from specserve.config import SamplingParams
 
 
 def score_gap(model, prompt: list[int], before: list[int], params: SamplingParams) -> float:
-    """The gap between the best two log p + G scores of the target at the token after prompt + before."""
+    """The gap between the best two log p + G scores of the target at the token after prompt + before
+    (greedy: its best two logits), under the request's logit_bias and penalties."""
     from specserve.sampling import Sampler
 
     ctx = model.new_context(len(prompt) + len(before) + 8)
@@ -22,6 +23,11 @@ def score_gap(model, prompt: list[int], before: list[int], params: SamplingParam
     finally:
         ctx.close()
     sampler = Sampler(params)
+    if sampler.rules is not None:
+        logits = sampler.rules.apply(logits, [*prompt, *before])
+    if sampler.greedy:
+        top = np.sort(logits)[-2:]
+        return float(top[1] - top[0])
     dist = sampler.process(logits)
     with np.errstate(divide="ignore"):
         scores = np.log(dist.probs[0].astype(np.float64)) + sampler.noise.gumbel(len(prompt) + len(before), dist.ids)[0]
@@ -31,7 +37,8 @@ def score_gap(model, prompt: list[int], before: list[int], params: SamplingParam
 
 def assert_same_sampled_text(model, prompt: list[int], params: SamplingParams, reference: list[int],
                              tokens: list[int], eps: float, label: str = "") -> None:
-    """Equal token for token, or parting only where the target's best two scores are within eps."""
+    """Equal token for token, or parting only where the target's best two scores are within eps
+    (greedy too: its best two logits)."""
     n = min(len(reference), len(tokens))
     diverge = next((i for i in range(n) if reference[i] != tokens[i]), None)
     if diverge is None:
@@ -39,3 +46,4 @@ def assert_same_sampled_text(model, prompt: list[int], params: SamplingParams, r
         return
     gap = score_gap(model, prompt, reference[:diverge], params)
     assert gap < eps, f"{label}: diverged at token {diverge} where the best two scores are {gap:.4f} apart"
+

@@ -2,8 +2,9 @@
 
 An Engine owns the loaded models; a Slot owns one sequence's state (the target's
 KV cache, the draft model's cache). A step reads like the papers: propose (the
-policy chooses a drafter and a length), verify in one target pass, commit (commit.py: cut at
-an end-of-generation token, max_tokens or a stop string), observe, emit.
+policy chooses a drafter and a length), verify in one target pass (its rows under the
+request's logit_bias, penalties and grammar), commit (commit.py: cut at an
+end-of-generation token, max_tokens or a stop string), observe, emit.
 
 A slot's generation is written as a generator of forward passes (steps.py): alone it runs
 them at once (`Slot.stream`); a server's slots share one context per model
@@ -32,6 +33,7 @@ from .drafters.suffix import SuffixDrafter
 from .drafters.suffix_store import SuffixStore
 from .grammar import Constraint, GrammarError, check, for_request
 from .policy import OFF, Choice, FixedPolicy, Outcome, Policy, judge, tell_offers, wants_offers
+from .processors import LogitRules
 from .sampling import Sampler
 from .stats import GenerationStats
 from .text import StreamDecoder
@@ -244,6 +246,7 @@ class Slot:
             raise ValueError("empty prompt")
         if len(seq) >= engine.n_ctx:
             raise ContextOverflow(f"prompt is {len(seq)} tokens but the context holds {engine.n_ctx}")
+        LogitRules.check(params, engine.target.vocab.n_vocab)
         constraint = for_request(params.grammar, params.heal, engine.grammar_tokenizer, engine.target)
         policy = engine.policy_for(spec, params.temperature, grammar=params.grammar is not None)
         req = Request(Sampler(params, verify_method), StreamDecoder(engine.target.token_bytes, params.stop,
@@ -334,6 +337,8 @@ class Slot:
         t_wait = time.perf_counter()
         logits = yield op  # [n_eval + 1, n_vocab]
         t_wait = time.perf_counter() - t_wait
+        if req.sampler.rules is not None:  # logit_bias and penalties, each row after its own draft prefix
+            logits = req.sampler.rules.apply(logits, seq, draft.tokens[:n_eval])
         if req.constraint is not None:  # each row under the grammar state its draft prefix reaches
             logits = req.constraint.masked(logits, draft.tokens[:n_eval])
         verdict = verify(draft.tokens, draft.dists, logits, req.sampler, len(seq))

@@ -50,7 +50,8 @@ class Verdict:
 def verify(
     draft_tokens: Sequence[int],
     draft_dists: Sequence[Candidates] | None,  # k one-row q's, or None (a deterministic draft)
-    target_logits: np.ndarray,  # [R, n_vocab] raw target logits, R = k + 1 (or fewer, see above)
+    target_logits: np.ndarray,  # [R, n_vocab] the target's logits under the request's logit_bias, penalties
+                                #   and grammar (processors.py, grammar/), R = k + 1 (or fewer, see above)
     sampler: Sampler,
     pos0: int,  # the sequence position row 0 predicts
 ) -> Verdict:
