@@ -47,3 +47,17 @@ def assert_same_sampled_text(model, prompt: list[int], params: SamplingParams, r
     gap = score_gap(model, prompt, reference[:diverge], params)
     assert gap < eps, f"{label}: diverged at token {diverge} where the best two scores are {gap:.4f} apart"
 
+
+def assert_same_logprobs(reference: list, logprobs: list, tol: float, label: str = "") -> None:
+    """Two runs' logprobs (logprobs.TokenLogprob lists) of the same tokens: the same ids, values within
+    tol, the same alternatives in the same order, except that two alternatives may trade places where
+    their values are within tol of each other (then the values at that rank agree within tol)."""
+    assert [t.id for t in reference] == [t.id for t in logprobs], label
+    for i, (a, b) in enumerate(zip(reference, logprobs)):
+        assert abs(a.logprob - b.logprob) < tol, f"{label}: token {i}: {a.logprob} vs {b.logprob}"
+        assert len(a.top) == len(b.top), f"{label}: token {i}: {len(a.top)} vs {len(b.top)} alternatives"
+        for rank, ((id_a, lp_a), (id_b, lp_b)) in enumerate(zip(a.top, b.top)):
+            assert abs(lp_a - lp_b) < tol, f"{label}: token {i}, rank {rank}: {id_a} {lp_a} vs {id_b} {lp_b}"
+        b_values = dict(b.top)
+        for id_a, lp_a in a.top:
+            assert id_a not in b_values or abs(lp_a - b_values[id_a]) < tol, f"{label}: token {i}, id {id_a}"

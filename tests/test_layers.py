@@ -20,7 +20,7 @@ ROOT = Path(specserve.__file__).parent
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("specserve", "config", "text", "chat", "prompt", "fim", "stats", "gguf_meta", "batchcost", "policy")),
     ("backends", ("backends", "models", "f16", "memory", "pairing")),
-    ("drafting", ("sampling", "processors", "verifier", "steps", "drafters", "grammar")),
+    ("drafting", ("sampling", "processors", "logprobs", "verifier", "steps", "drafters", "grammar")),
     # auto reads the drafters' names (drafters.hybrid.LOOKUPS) and the policy protocol; the engine reads auto
     ("auto", ("auto", "learned")),
     ("engine", ("engine", "commit", "loading")),

@@ -80,6 +80,9 @@ def test_logit_bias_adds_and_skips_tokens_a_smaller_vocabulary_lacks():
     (dict(repeat_last_n=-2), "repeat_last_n must be >= -1"),
     (dict(presence_penalty=math.nan), "presence_penalty must be"),
     (dict(frequency_penalty=-math.inf), "frequency_penalty must be"),
+    (dict(logprobs=21), "logprobs must be in"),
+    (dict(logprobs=True), "logprobs must be in"),
+    (dict(logprobs_mode="softmax"), "logprobs_mode must be one of"),
 ])
 def test_bad_values_are_refused_naming_the_field(kw, message):
     with pytest.raises(ValueError, match=message):

@@ -24,6 +24,10 @@ SEED_LIMIT = 2**64
 # whatever is speculated; rejection accepts more of a draft model's tokens.
 VERIFY_METHODS = ("gumbel", "rejection")
 DEFAULT_VERIFY = "gumbel"
+# Alternatives a request may ask for at each token (OpenAI's top_logprobs and vLLM's default limit: 20).
+MAX_LOGPROBS = 20
+# Which distribution logprobs describe (logprobs.py): the model's own softmax, or the one the token was drawn from.
+LOGPROBS_MODES = ("raw", "processed")
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,8 @@ class SamplingParams:
     `repeat_last_n` tokens of prompt and output (-1: all of them, 0: none): a token seen there c times
     has its logit divided by repeat_penalty (multiplied where <= 0), then lowered by
     c * frequency_penalty + presence_penalty (processors.py). The neutral values cost nothing.
+    logprobs: None, or each committed token's log-probability and its `logprobs` most likely
+    alternatives (0..MAX_LOGPROBS), of the distribution `logprobs_mode` names (logprobs.py).
     """
 
     temperature: float = 0.0
@@ -53,6 +59,8 @@ class SamplingParams:
     repeat_last_n: int = 64  # llama.cpp's default window
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    logprobs: int | None = None  # None = none
+    logprobs_mode: str = "raw"
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and 0 <= self.temperature <= MAX_TEMPERATURE):
@@ -75,6 +83,11 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
+                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}] alternatives, got {self.logprobs}")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {self.logprobs_mode!r}")
 
     @property
     def greedy(self) -> bool:

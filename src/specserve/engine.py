@@ -4,7 +4,8 @@ An Engine owns the loaded models; a Slot owns one sequence's state (the target's
 KV cache, the draft model's cache). A step reads like the papers: propose (the
 policy chooses a drafter and a length), verify in one target pass (its rows under the
 request's logit_bias, penalties and grammar), commit (commit.py: cut at an
-end-of-generation token, max_tokens or a stop string), observe, emit.
+end-of-generation token, max_tokens or a stop string; the logprobs of what was kept),
+observe, emit.
 
 A slot's generation is written as a generator of forward passes (steps.py): alone it runs
 them at once (`Slot.stream`); a server's slots share one context per model
@@ -32,6 +33,7 @@ from .drafters.ngram import NgramDrafter
 from .drafters.suffix import SuffixDrafter
 from .drafters.suffix_store import SuffixStore
 from .grammar import Constraint, GrammarError, check, for_request
+from .logprobs import TokenLogprob
 from .policy import OFF, Choice, FixedPolicy, Outcome, Policy, judge, tell_offers, wants_offers
 from .processors import LogitRules
 from .sampling import Sampler
@@ -55,12 +57,15 @@ class ContextOverflow(ValueError):
 @dataclass
 class Chunk:
     """What one step produced: token ids and the text that became final. The first n_drafted
-    tokens were drafted by `drafter` and kept; the rest (at most one) the target wrote itself."""
+    tokens were drafted by `drafter` and kept; the rest (at most one) the target wrote itself.
+    logprobs: one per token, when the request asks (SamplingParams.logprobs; logprobs.py). They follow
+    `tokens`, not `text`: text held back for a stop string comes in a later chunk."""
 
     tokens: list[int]
     text: str
     drafter: str | None = None
     n_drafted: int = 0
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -268,11 +273,12 @@ class Slot:
                 choice, draft = yield from self._propose(req, seq, params.max_tokens - stats.n_generated, stats)
                 verdict = yield from self._verify(req, seq, draft, stats)
                 new, text, finish = commit(req, seq, verdict, params.max_tokens - stats.n_generated, engine.n_ctx)
+                logprobs = req.take_logprobs(new, verdict)
                 self._observe(req, choice, draft, verdict, len(new), stats)
                 if not stats.t_first_token and new:
                     stats.t_first_token = time.perf_counter() - t0
                 if new or text:
-                    yield Chunk(new, text, choice.drafter, min(verdict.n_accepted, len(new)))
+                    yield Chunk(new, text, choice.drafter, min(verdict.n_accepted, len(new)), logprobs)
                 if finish:
                     stats.finish_reason = finish
                     break
@@ -337,6 +343,8 @@ class Slot:
         t_wait = time.perf_counter()
         logits = yield op  # [n_eval + 1, n_vocab]
         t_wait = time.perf_counter() - t_wait
+        if req.raw_logprobs:  # read after the commit, before the next pass
+            req.rows = logits
         if req.sampler.rules is not None:  # logit_bias and penalties, each row after its own draft prefix
             logits = req.sampler.rules.apply(logits, seq, draft.tokens[:n_eval])
         if req.constraint is not None:  # each row under the grammar state its draft prefix reaches
