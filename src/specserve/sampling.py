@@ -233,6 +233,17 @@ def _hash32(ids: np.ndarray, key: np.ndarray) -> np.ndarray:
     return x
 
 
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """The seed of choice `index` of a request that asks for several (OpenAI's n): under --verify gumbel
+    the text is a function of the seed, so choices that shared one would all be the same text. Choice
+    0 keeps the request's seed (n = 1 gives what the request alone gives); the others get seeds mixed
+    from (seed, index), reproducible and unrelated to each other. None (no seed) stays None: each
+    Sampler then draws its own."""
+    if seed is None or index == 0:
+        return seed
+    return _mix((seed ^ _mix(index * _GOLDEN & _M64)) & _M64)
+
+
 class Noise:
     """One request's randomness: every value is a pure function of (seed, position, stream, token).
 
