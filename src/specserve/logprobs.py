@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .sampling import Candidates
+from .sampling import Candidates, top_k_ids
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,9 @@ def raw(logits: np.ndarray, tokens: Sequence[int], n_top: int) -> list[TokenLogp
         return []
     z = np.asarray(logits[:n], dtype=np.float32)  # [n, V]
     m = z.max(axis=1, keepdims=True)  # [n, 1]
-    lse = m[:, 0].astype(np.float64) + np.log(np.exp(z - m).sum(axis=1, dtype=np.float64))  # [n]
+    e = z - m
+    np.exp(e, out=e)  # one vocabulary-sized scratch array, reused
+    lse = m[:, 0].astype(np.float64) + np.log(e.sum(axis=1).astype(np.float64))  # [n]
     chosen = z[np.arange(n), np.asarray(tokens)] - lse
     top_ids = _top(z, n_top)  # [n, n_top]
     top_lp = np.take_along_axis(z, top_ids, axis=1) - lse[:, None]
@@ -57,33 +59,21 @@ def processed(dist: Candidates | None, tokens: Sequence[int], n_top: int) -> lis
     n = len(tokens)
     if n == 0:
         return []
-    ids, p = dist.ids[:n], dist.probs[:n].astype(np.float64)  # [n, W]
-    p_chosen = np.where(ids == np.asarray(tokens)[:, None], p, 0.0).sum(axis=1)
-    order = _top(p, n_top, ids)  # [n, n_top] indices into each row's candidates
-    out = []
+    ids, p = dist.ids[:n], dist.probs[:n]  # [n, W]
+    p_chosen = np.where(ids == np.asarray(tokens)[:, None], p, 0).sum(axis=1, dtype=np.float64)
+    cols = _top(p, n_top)  # [n, n_top]; candidates are in id order, or sorted stably: lower columns, lower ids
+    top_ids, top_p = np.take_along_axis(ids, cols, axis=1), np.take_along_axis(p, cols, axis=1).astype(np.float64)
     with np.errstate(divide="ignore"):
-        for t, pc, row_ids, row_p, idx in zip(tokens, p_chosen, ids, p, order):
-            top = tuple((int(row_ids[j]), float(np.log(row_p[j]))) for j in idx if row_p[j] > 0)
-            out.append(TokenLogprob(int(t), float(np.log(pc)), top))
-    return out
+        return [TokenLogprob(int(t), float(np.log(pc)), tuple((int(i), float(np.log(q))) for i, q in zip(r_ids, r_p) if q > 0))
+                for t, pc, r_ids, r_p in zip(tokens, p_chosen, top_ids, top_p)]
 
 
-def _top(values: np.ndarray, k: int, ids: np.ndarray | None = None) -> np.ndarray:
-    """[R, k] column indices of each row's k largest values, largest first, equal values by token id
-    (ids: [R, W] the columns' token ids; None: the column is the id)."""
+def _top(values: np.ndarray, k: int) -> np.ndarray:
+    """[R, k] column indices of each row's k largest values ([R, W]), largest first; equal values by
+    column, lowest first (sampling.top_k_ids: no sort of the whole row)."""
     R, W = values.shape
     k = min(k, W)
     if k == 0:
         return np.zeros((R, 0), np.int64)
-    cols = np.argpartition(-values, k - 1, axis=1)[:, :k] if k < W else np.broadcast_to(np.arange(W), (R, W))
-    kth = np.take_along_axis(values, cols, axis=1).min(axis=1)  # [R]
-    out = np.empty((R, k), np.int64)
-    for r in range(R):  # ties at the k-th value: the lowest ids among them, as a sort by (-value, id) would
-        tied_or_above = np.flatnonzero(values[r] >= kth[r])
-        if len(tied_or_above) > k:
-            cols_r = tied_or_above
-        else:
-            cols_r = cols[r]
-        tid = cols_r if ids is None else ids[r][cols_r]
-        out[r] = cols_r[np.lexsort((tid, -values[r][cols_r]))][:k]
-    return out
+    cols = top_k_ids(values, k) if k < W else np.broadcast_to(np.arange(W), (R, W))  # [R, k] in column order
+    return np.take_along_axis(cols, np.lexsort((cols, -np.take_along_axis(values, cols, axis=1)), axis=-1), axis=1)
