@@ -52,3 +52,45 @@ def real_model_paths() -> dict[str, Path]:
     from specserve import models
 
     return {name: Path(models.ensure(name)) for name in ("smollm2-q4_1", "smollm2-f16", "gemma")}
+
+
+# The tiers. `pytest -m "not real_models and not server and not ray and not browser"` is the fast core
+# (verifier, sampling, drafters, auto, grammar, request models on tiny models); plain `pytest` runs all.
+# A test that loads a packaged model or starts a server must say so, and the guard below holds it to it:
+# unmarked, models.ensure and ServerProcess fail the test instead of quietly slowing the fast tier.
+TIERS = {
+    "real_models": "loads a packaged real model (pulled by `specserve models pull`)",
+    "server": "starts a real `specserve serve` on a free port",
+    "ray": "starts a local Ray with Serve replicas",
+    "browser": "drives headless Chromium",
+}
+
+
+def pytest_configure(config) -> None:
+    for name, what in TIERS.items():
+        config.addinivalue_line("markers", f"{name}: {what}")
+
+
+def pytest_collection_modifyitems(items) -> None:
+    for item in items:
+        if "real_model_paths" in item.fixturenames:
+            item.add_marker("real_models")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """The tier guard, around the whole of a test's run (module fixtures set up for it included)."""
+    import server_fixtures
+    from specserve import models
+
+    marks = {m.name for m in item.iter_markers()}
+    ensure, allowed = models.ensure, server_fixtures.SERVER_ALLOWED
+    if "real_models" not in marks:
+        def unmarked_ensure(name, *a, **kw):
+            pytest.fail(f"{item.nodeid} loads the packaged model {name!r}: mark it real_models")
+        models.ensure = unmarked_ensure
+    server_fixtures.SERVER_ALLOWED = "server" in marks
+    try:
+        return (yield)
+    finally:
+        models.ensure, server_fixtures.SERVER_ALLOWED = ensure, allowed

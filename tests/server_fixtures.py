@@ -57,10 +57,16 @@ def tiny_reasoning_pair(directory: Path) -> tuple[Path, Path]:
     return target, draft
 
 
+# Set per test by conftest's tier guard: only a test marked `server` may start one.
+SERVER_ALLOWED = True
+
+
 class ServerProcess:
     """`python -m specserve serve ARGS --port FREE`, its stderr kept in a file."""
 
     def __init__(self, args: list[str], log_path: Path, api_key: str | None = None, env: dict | None = None):
+        if not SERVER_ALLOWED:
+            pytest.fail("this test starts a server: mark it server")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key

@@ -220,6 +220,7 @@ def test_forced_and_healed_tokens_get_the_targets_raw_logprob(smol):
     slot.close()
 
 
+@pytest.mark.real_models
 def test_logprobs_under_speculation_are_the_target_alones_qwen_reference_pair(qwen_pair):
     """The reference pair, a short prompt: the 0.5B draft and prompt lookup give the 1.5B's own logprobs."""
     from specserve.prompt import prompt_tokens

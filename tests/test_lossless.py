@@ -231,6 +231,7 @@ def qwen_pair():
     draft.close()
 
 
+@pytest.mark.real_models
 def test_greedy_speculation_equals_target_alone_qwen_reference_pair(qwen_pair):
     """A few hundred tokens of a code edit: the draft model and prompt lookup give the target's own text."""
     from specserve.prompt import prompt_tokens

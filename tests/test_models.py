@@ -18,6 +18,8 @@ import pytest
 from specserve import gguf_meta as gm
 from specserve import models
 
+pytestmark = pytest.mark.real_models
+
 SMALL = ("smollm2-q4_1", "gemma", "smollm2-f16")
 QWEN = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b-f16")
 

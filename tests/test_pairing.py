@@ -109,6 +109,7 @@ def test_no_run_time_warning_for_a_same_family_draft(tiny_models, caplog):
     assert not run_time_warnings(tiny_models, "draft_close", caplog)
 
 
+@pytest.mark.real_models
 def test_qwen_reference_pair_compatible_and_says_where_the_templates_differ():
     from specserve import models
     from specserve.backends import load_model

@@ -9,6 +9,9 @@ import threading
 import httpx
 
 from server_fixtures import ServerProcess, serve_args, tiny_models_dir  # noqa: F401
+import pytest
+
+pytestmark = pytest.mark.server
 
 TWO_THREADS = "llama.cpp passes run on 2 threads"
 

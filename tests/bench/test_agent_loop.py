@@ -65,6 +65,7 @@ def tools_pair(tmp_path_factory):
     return tiny_tools_pair(tmp_path_factory.mktemp("agent_bench"))
 
 
+@pytest.mark.server
 def test_the_agent_loop_through_the_bench_server_and_an_endpoint(tools_pair, tmp_path):
     target, draft = tools_pair
     # the tiny vocabulary spells an excerpt in ~3k tokens: a large context for three copies of it

@@ -14,6 +14,8 @@ import pytest
 
 from specserve.cli import main
 
+pytestmark = pytest.mark.server
+
 
 def free_port() -> int:
     with socket.socket() as s:

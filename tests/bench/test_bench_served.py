@@ -9,6 +9,8 @@ import pytest
 from specserve.bench.runner import IN_PROCESS, plan_configs
 from test_bench import PROMPTS, run_cli
 
+pytestmark = pytest.mark.server
+
 
 def test_both_paths_run_the_same_requests(tiny_paths, tmp_path):
     """Served and in-process runs of a configuration evaluate the same tokens from the same cold cache:

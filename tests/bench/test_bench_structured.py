@@ -6,6 +6,8 @@ import contextlib
 import io
 import json
 
+import pytest
+
 from specserve.bench.structured import validates
 from specserve.bench.workloads import load_workload
 from specserve.cli import main
@@ -56,6 +58,7 @@ def test_bench_reports_validity_constrained_and_not(tiny_paths, tmp_path):
     assert "structured output: outputs that parse and validate" in out.getvalue()
 
 
+@pytest.mark.server
 def test_the_served_bench_reports_grammar_time(tiny_paths, tmp_path):
     """Through the bench's own server: the server's grammar time (usage.speculative.grammar_s) per token
     and as a share of its decode time, in the structured table as in-process runs have it."""

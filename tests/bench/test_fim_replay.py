@@ -47,6 +47,7 @@ def fim_pair(tmp_path_factory):
             write_tiny_model(d / "fim_draft.gguf", seed=1, noise=0.05, noise_seed=7, control_tokens=QWEN_FIM))
 
 
+@pytest.mark.server
 def test_fim_replay_through_the_bench_server_and_an_infill_endpoint(fim_pair, tmp_path):
     target, draft = fim_pair
     other = ServerProcess(["-m", str(target), "-t", "1", "-c", "2048", "--spec", "none"], tmp_path / "other.log")

@@ -76,6 +76,7 @@ def test_bad_values_one_line_exit_2(capsys, tiny_paths, flag, value, message):
     assert len(err.strip().splitlines()) == 1 and message in err
 
 
+@pytest.mark.real_models
 def test_refuses_smollm2_with_gemma(capsys):
     target, draft = real_model("smollm2-f16"), real_model("gemma")
     code, out, _ = check(capsys, "-m", target, "-md", draft, "-c", 2048, "--no-measure", "--json")
@@ -97,6 +98,7 @@ def _assert_within_10_percent(report: dict, n_ctx: int) -> None:
             assert abs(e) < 0.10, f"{role} {part} at {n_ctx}: {e:+.1%}"
 
 
+@pytest.mark.real_models
 @pytest.mark.parametrize("n_ctx", [2048, 8192])
 @pytest.mark.parametrize("target, draft", PACKAGED_PAIRS)
 def test_estimate_within_10_percent_on_packaged_models(capsys, target, draft, n_ctx):
@@ -106,6 +108,7 @@ def test_estimate_within_10_percent_on_packaged_models(capsys, target, draft, n_
     _assert_within_10_percent(json.loads(out), n_ctx)
 
 
+@pytest.mark.real_models
 def test_repacked_weights_estimated_on_the_cpu_repack_path(tmp_path):
     """Where llama.cpp keeps a repacked copy of Q4_K matrices (every x86 CPU without AMX), the
     estimate counts it: Qwen2.5-Coder-1.5B Q4_K_M is 1.0 GiB on disk and 1.6 GiB loaded.

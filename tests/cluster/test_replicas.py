@@ -20,6 +20,8 @@ pytest.importorskip("ray.serve")
 
 from server_fixtures import API_KEY, ServerProcess, serve_args, tiny_models_dir  # noqa: E402,F401
 
+pytestmark = [pytest.mark.server, pytest.mark.ray]
+
 READY_TIMEOUT_S = 300.0  # Ray, then two model loads, on a busy machine
 TENANT_KEY = "key-of-tenant-a"  # confined to a scope: its /metrics holds its own requests only
 PROMPTS = ["def add(a, b):", "The capital of France is", "Once upon a time", "import numpy as np\n"]

@@ -155,6 +155,7 @@ def test_greedy_suffix_repeat_equals_target_alone_real_smollm2(real_model_paths)
     assert accepted >= 0.6 * generated
 
 
+@pytest.mark.real_models
 def test_greedy_auto_repeat_after_another_request_equals_target_alone_qwen_reference_pair(qwen_pair):
     """The reference pair under auto: a code edit, another request, the edit again. The store offers
     the repeat its earlier answer as the same request, and the repeat is still the target's own text.

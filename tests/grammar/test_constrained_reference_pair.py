@@ -13,6 +13,8 @@ from specserve.engine import Engine
 from specserve.grammar import from_json_schema
 from test_constrained_engine import PERSON, assert_constrained_greedy_equal
 
+pytestmark = pytest.mark.real_models
+
 CHATML = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 
 

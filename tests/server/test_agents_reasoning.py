@@ -12,6 +12,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from server_fixtures import ServerProcess, serve_args, tiny_reasoning_pair  # noqa: E402
 
+pytestmark = pytest.mark.server
+
 anthropic = pytest.importorskip("anthropic")
 openai = pytest.importorskip("openai")
 

@@ -17,6 +17,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from server_fixtures import API_KEY, ServerProcess, serve_args, tiny_tools_pair  # noqa: E402
 
+pytestmark = pytest.mark.server
+
 anthropic = pytest.importorskip("anthropic")
 openai = pytest.importorskip("openai")
 

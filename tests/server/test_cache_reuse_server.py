@@ -13,6 +13,8 @@ from server_fixtures import ServerProcess, serve_args  # noqa: E402
 from test_fim import QWEN_FIM  # noqa: E402
 from tiny_models import write_tiny_model  # noqa: E402
 
+pytestmark = pytest.mark.server
+
 LINES = [f"    total += values[{i}] * {i % 7}  # step {i}\n" for i in range(24)]
 SUFFIX = "\n    return total\n"
 

@@ -19,6 +19,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from server_fixtures import ServerProcess, serve_args, tiny_tools_pair  # noqa: E402
 
+pytestmark = pytest.mark.server
+
 ADMIN, KEY_A, KEY_B = "admin-key", "key-of-tenant-a", "key-of-tenant-b"
 C, CH, L = "/v1/completions", "/v1/chat/completions", "/completion"
 

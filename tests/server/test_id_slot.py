@@ -12,6 +12,9 @@ from specserve.server.core.scheduler import SlotPool
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from server_fixtures import ServerProcess, serve_args, tiny_models_dir  # noqa: E402,F401
+import pytest
+
+pytestmark = pytest.mark.server
 
 
 def test_id_slot_runs_on_that_slot(tiny_models_dir, tmp_path):

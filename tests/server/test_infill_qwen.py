@@ -7,6 +7,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from server_fixtures import ServerProcess  # noqa: E402
+import pytest
+
+pytestmark = [pytest.mark.server, pytest.mark.real_models]
 
 PREFIX = "def parse(lines):\n    out = []\n    for line in lines:\n"
 SUFFIX = "\n    return out\n"

@@ -15,6 +15,8 @@ from server_fixtures import ServerProcess, serve_args  # noqa: E402
 from test_fim import QWEN_FIM  # noqa: E402
 from tiny_models import write_tiny_model  # noqa: E402
 
+pytestmark = pytest.mark.server
+
 PREFIX = "def area(r):\n    pi = 3.14\n"
 SUFFIX = "\n    return a\n\n\nprint(area(2))\n"
 EXTRA = [{"text": "the cat sat on the mat\n", "time": 1733300000, "filename": "notes.txt"},

@@ -13,6 +13,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from server_fixtures import ServerProcess, serve_args, tiny_reasoning_pair  # noqa: E402
 
+pytestmark = pytest.mark.server
+
 ASK = [{"role": "user", "content": "Is the cat on the mat?"}]
 GREEDY = {"temperature": 0, "max_tokens": 40}
 C = "/v1/chat/completions"

@@ -22,6 +22,8 @@ from server_fixtures import API_KEY, ServerProcess, serve_args, tiny_models_dir 
 openai = pytest.importorskip("openai")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+pytestmark = pytest.mark.server
+
 N_CTX = 4096
 PROMPTS = ["the cat sat on the mat", "Once upon a time", "the dog ran in the park and", "hello world",
            "with that it was", "1 2 3 4 5"]

@@ -12,6 +12,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from server_fixtures import ServerProcess, serve_args, tiny_models_dir  # noqa: E402,F401
 from test_server import metrics  # noqa: E402
 
+pytestmark = pytest.mark.server
+
 PROMPTS = ["the cat sat on the mat", "Once upon a time", "the dog ran in the park and"]
 SPECS = [{"mode": "draft", "draft_max": 4}, {"mode": "ngram", "draft_max": 3}, {"mode": "none"}]
 

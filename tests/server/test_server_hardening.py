@@ -24,6 +24,8 @@ from server_fixtures import ServerProcess, free_port, serve_args, tiny_models_di
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+pytestmark = pytest.mark.server
+
 KEY = "key-from-the-environment"
 WEB = "http://localhost:3000"  # the one origin the shared server allows
 C, CH, L = "/v1/completions", "/v1/chat/completions", "/completion"

@@ -20,6 +20,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from server_fixtures import ServerProcess, serve_args, tiny_models_dir  # noqa: E402,F401
 
+pytestmark = pytest.mark.server
+
 ADMIN, KEY_A, KEY_B = "admin-key", "key-of-tenant-a", "key-of-tenant-b"
 C, CH, L = "/v1/completions", "/v1/chat/completions", "/completion"
 N_CTX = 1024

@@ -18,6 +18,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from server_fixtures import ServerProcess, serve_args, tiny_models_dir  # noqa: E402,F401
 
+pytestmark = pytest.mark.server
+
 C = "/v1/completions"
 LONG = {"prompt": "the cat", "max_tokens": 4000, "ignore_eos": True, "stream": True, "speculative": {"mode": "none"}}
 

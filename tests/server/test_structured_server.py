@@ -11,6 +11,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from server_fixtures import ServerProcess, serve_args, tiny_tools_pair  # noqa: E402
 
+pytestmark = pytest.mark.server
+
 jsonschema = pytest.importorskip("jsonschema")
 
 CH, C, L, I = "/v1/chat/completions", "/v1/completions", "/completion", "/infill"

@@ -10,6 +10,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from server_fixtures import ServerProcess, serve_args, tiny_models_dir  # noqa: E402,F401
 
+pytestmark = pytest.mark.server
+
 PROMPT = "the dog ran in the park and the cat sat on the mat"
 
 

@@ -14,6 +14,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from server_fixtures import ServerProcess  # noqa: E402
 
+pytestmark = [pytest.mark.server, pytest.mark.real_models]
+
 FORECAST = {"type": "function", "function": {
     "name": "get_forecast", "description": "Weather forecast for a city, day by day",
     "parameters": {"type": "object", "required": ["city", "days", "unit"], "properties": {

@@ -13,6 +13,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from server_fixtures import ServerProcess, serve_args, tiny_tools_pair  # noqa: E402
 
+pytestmark = pytest.mark.server
+
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 

@@ -18,6 +18,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from server_fixtures import ServerProcess, serve_args, tiny_models_dir  # noqa: E402,F401
 
+pytestmark = pytest.mark.server
+
 MSG = [{"role": "user", "content": "the cat sat on the mat and the cat"}]
 BASE = {"model": "fixed", "seed": 3, "temperature": 0.8, "max_tokens": 40, "cache_prompt": False}
 # what usage.speculative held before the trace existed, in its order

@@ -13,6 +13,8 @@ sys.path.insert(0, str(Path(__file__).parent.parent))
 from browser_fixtures import Browser, need_chromium  # noqa: E402
 from server_fixtures import API_KEY, ServerProcess, serve_args, tiny_models_dir  # noqa: E402,F401
 
+pytestmark = [pytest.mark.server, pytest.mark.browser]
+
 ANSWER_DONE = ("(() => { const s = document.querySelector('.msg.assistant:last-child .stats'); "
                "return !document.getElementById('send').disabled && s && s.textContent.includes('tok/s') })()")
 

@@ -10,6 +10,9 @@ import time
 import httpx
 
 from server_fixtures import ServerProcess, serve_args, tiny_models_dir  # noqa: F401
+import pytest
+
+pytestmark = pytest.mark.server
 
 
 def _wait_for(predicate, timeout: float = 30) -> bool:
