@@ -83,7 +83,7 @@ class Engine:
     def __init__(self, target: Model, draft: Model | None = None, n_ctx: int = 4096, controller=None,
                  suffix_store: SuffixStore | None = None, drafters: DrafterFactory | None = None):
         """drafters: what builds a request's drafters in a slot (standard_drafters unless given)."""
-        if draft is not None and not getattr(draft, "can_rollback", True):
+        if draft is not None and not draft.can_rollback:
             raise ValueError(f"draft model {draft.path} has a recurrent or hybrid memory, which cannot drop "
                              "rejected tokens: it cannot draft")
         self.target = target
@@ -93,13 +93,13 @@ class Engine:
         self.suffix_store = suffix_store  # earlier requests' text for the suffix drafter, shared by slots; None: off
         self.make_drafters = drafters or standard_drafters
         self.controller = controller if controller is not None else Controller()  # --spec auto, shared by slots
-        weights = (getattr(target, "weights_bytes", 0), getattr(draft, "weights_bytes", 0))
+        weights = (target.weights_bytes, draft.weights_bytes if draft is not None else 0)
         if draft is not None and all(weights) and self.controller is not None:
             self.controller.cost_ratio.setdefault("draft", min(weights[1] / weights[0], 1.0))
         # a saved profile's drafting cost is checked against the machine as it is now (learned.py), on the
         # thread that decodes: see calibrate()
-        self._uncalibrated = draft is not None and getattr(self.controller, "loaded", False)
-        self.can_speculate = getattr(target, "can_rollback", True)
+        self._uncalibrated = draft is not None and self.controller.loaded
+        self.can_speculate = target.can_rollback
         if not self.can_speculate:
             log.warning("target %s has a recurrent or hybrid memory, which cannot drop rejected tokens: "
                         "speculation is off", target.path)
@@ -126,10 +126,12 @@ class Engine:
     def new_slots(self, n: int, n_batch: int = 512) -> list["Slot"]:
         """n slots whose caches are sequences of one context per model, so that their passes can be
         batched (at most n_batch tokens a pass); separate contexts where the backend cannot."""
-        if not all(hasattr(m, "new_shared_context") for m in (self.target, self.draft) if m is not None):
-            return [Slot(self) for _ in range(n)]
         target = self.target.new_shared_context(self.n_ctx, n, n_batch)
-        draft = self.draft.new_shared_context(self.n_ctx, n, n_batch) if self.draft is not None else None
+        draft = self.draft.new_shared_context(self.n_ctx, n, n_batch) if self.draft is not None and target is not None else None
+        if target is None or self.draft is not None and draft is None:
+            if target is not None:
+                target.close()
+            return [Slot(self) for _ in range(n)]
         return [Slot(self, target.seqs[i], draft.seqs[i] if draft is not None else None) for i in range(n)]
 
     def calibrate(self) -> None:
@@ -167,9 +169,10 @@ class Engine:
         check(grammar, "grammar", self.grammar_tokenizer())
 
     def grammar_tokenizer(self):
-        if not hasattr(self.target, "grammar_tokenizer"):
+        tokenizer = self.target.grammar_tokenizer()  # built once per model and kept there
+        if tokenizer is None:
             raise GrammarError(f"this backend cannot constrain generation ({self.target.path})")
-        return self.target.grammar_tokenizer()  # built once per model and kept there
+        return tokenizer
 
     def check_pairing_at_run_time(self) -> None:
         """Warn once if a draft model's greedy acceptance is far below a same-family pair's."""
