@@ -5,7 +5,8 @@ per drafter, match bucket and temperature regime (the prior of a new request) an
 requests have differed from it (how much that prior is worth), the draft
 model's confidence maps (by its own top probability and by the target's), the probe pacing,
 and how long requests run. Each request plans
-with its own `AutoPolicy` (request.py), which reads and updates this state.
+with its own `AutoPolicy` (request.py), which reads this state through the `Shared` protocol
+(shared.py) and changes it only through the verbs below (learn_*, passed, drafted_with, ...).
 
 Threads: the slots of one engine run their requests on several threads, all on one
 Controller. Its state is guarded by one lock, `Controller.lock`, held around every read
@@ -246,10 +247,8 @@ class Controller:
 
     def prior_weight(self, name: str, order: int, regime: float, mean: float) -> float:
         """Pseudo-trials the pooled rate `mean` of (drafter, order, regime) is worth to a request:
-        as much as requests have been alike there (Spread), for a model drafter too. A floor of
-        10 kept a prose request drafting for ~20 tokens at a loss after code had raised the
-        pooled rate; the unlucky first draft it guarded against (the pair open their answers
-        differently: "Here is" against "To") is learnt apart (OPENING)."""
+        as much as requests have been alike there (Spread), for a model drafter too: no floor
+        (why: docs/auto-history.md)."""
         sp = self.spread.get((name, order, regime))
         return sp.weight(mean) if sp is not None else PRIOR_W
 

@@ -6,7 +6,7 @@ the tokens its cache lacks): on a CPU a Q4_1 draft processes a long prompt at ha
 target's speed, which a short answer never wins back. It saves only on the tokens the lookups
 do not copy for free (a summary's, a code edit's): that catch-up, up front or at its first
 step, is weighed over the share of the request's tokens the lookups are not expected to cover
-(_uncovered), learnt per request from what they kept or would have kept, from the engine's
+(Prefill.uncovered), learnt per request from what they kept or would have kept, from the engine's
 share at the regime. The same request again leaves nothing to it: the suffix drafter copies the
 earlier answer (taking a 400-token prompt would cost the reference pair's 0.5B about as long as the
 two 64-token passes that copy a 128-token answer).
