@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from specserve.config import SamplingParams, SpecParams
 from specserve.drafters import BaseDrafter, Draft, Offer
-from specserve.engine import Engine, Slot
+from specserve.engine import Engine
 from specserve.policy import FixedPolicy, judge, tell_offers, wants_offers
 
 
@@ -40,8 +40,7 @@ class Listening(FixedPolicy):
 def test_a_new_drafter_plugs_in_by_name(tiny_models, monkeypatch):
     target = tiny_models["target"]
     repeat = Repeat()
-    monkeypatch.setattr(Slot, "_drafters", lambda self, spec: {"repeat": repeat})
-    engine = Engine(target, None, n_ctx=256)
+    engine = Engine(target, None, n_ctx=256, drafters=lambda slot, spec, constraint: {"repeat": repeat})
     policy = Listening("repeat", 3)
     monkeypatch.setattr(engine, "policy_for", lambda spec, temperature=0.0, grammar=False: policy)
     slot = engine.new_slot()
@@ -66,8 +65,7 @@ class Echo(Repeat):
 def test_drafters_that_did_not_draft_are_judged_against_what_was_committed(tiny_models, monkeypatch):
     """Outcome.shadow: each matching drafter but the one that drafted, judged as verification would have."""
     target = tiny_models["target"]
-    monkeypatch.setattr(Slot, "_drafters", lambda self, spec: {"repeat": Repeat(), "echo": Echo()})
-    engine = Engine(target, None, n_ctx=256)
+    engine = Engine(target, None, n_ctx=256, drafters=lambda slot, spec, constraint: {"repeat": Repeat(), "echo": Echo()})
     policy = Listening("repeat", 3)
     outcomes = []
     policy.observe = outcomes.append

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from . import steps
 from .backends import Model, load_model
@@ -40,6 +40,9 @@ from .sampling import Sampler
 from .stats import GenerationStats
 from .text import StreamDecoder
 from .verifier import Verdict, verify
+
+# (slot, spec, the request's grammar constraint or None) -> the request's drafters by name
+DrafterFactory = Callable[["Slot", SpecParams, "Constraint | None"], "dict[str, Drafter]"]
 
 log = logging.getLogger("specserve")
 
@@ -78,8 +81,9 @@ class Generation:
 
 class Engine:
     def __init__(self, target: Model, draft: Model | None = None, n_ctx: int = 4096, controller=None,
-                 suffix_store: SuffixStore | None = None):
-        if draft is not None and not getattr(draft, "can_rollback", True):
+                 suffix_store: SuffixStore | None = None, drafters: DrafterFactory | None = None):
+        """drafters: what builds a request's drafters in a slot (standard_drafters unless given)."""
+        if draft is not None and not draft.can_rollback:
             raise ValueError(f"draft model {draft.path} has a recurrent or hybrid memory, which cannot drop "
                              "rejected tokens: it cannot draft")
         self.target = target
@@ -87,14 +91,15 @@ class Engine:
         self.n_ctx = n_ctx
         self.cache_reuse = 0  # --cache-reuse N: slots keep moved runs of >= N cached tokens (backends/cache_reuse.py)
         self.suffix_store = suffix_store  # earlier requests' text for the suffix drafter, shared by slots; None: off
+        self.make_drafters = drafters or standard_drafters
         self.controller = controller if controller is not None else Controller()  # --spec auto, shared by slots
-        weights = (getattr(target, "weights_bytes", 0), getattr(draft, "weights_bytes", 0))
+        weights = (target.weights_bytes, draft.weights_bytes if draft is not None else 0)
         if draft is not None and all(weights) and self.controller is not None:
             self.controller.cost_ratio.setdefault("draft", min(weights[1] / weights[0], 1.0))
         # a saved profile's drafting cost is checked against the machine as it is now (learned.py), on the
         # thread that decodes: see calibrate()
-        self._uncalibrated = draft is not None and getattr(self.controller, "loaded", False)
-        self.can_speculate = getattr(target, "can_rollback", True)
+        self._uncalibrated = draft is not None and self.controller.loaded
+        self.can_speculate = target.can_rollback
         if not self.can_speculate:
             log.warning("target %s has a recurrent or hybrid memory, which cannot drop rejected tokens: "
                         "speculation is off", target.path)
@@ -121,10 +126,12 @@ class Engine:
     def new_slots(self, n: int, n_batch: int = 512) -> list["Slot"]:
         """n slots whose caches are sequences of one context per model, so that their passes can be
         batched (at most n_batch tokens a pass); separate contexts where the backend cannot."""
-        if not all(hasattr(m, "new_shared_context") for m in (self.target, self.draft) if m is not None):
-            return [Slot(self) for _ in range(n)]
         target = self.target.new_shared_context(self.n_ctx, n, n_batch)
-        draft = self.draft.new_shared_context(self.n_ctx, n, n_batch) if self.draft is not None else None
+        draft = self.draft.new_shared_context(self.n_ctx, n, n_batch) if self.draft is not None and target is not None else None
+        if target is None or self.draft is not None and draft is None:
+            if target is not None:
+                target.close()
+            return [Slot(self) for _ in range(n)]
         return [Slot(self, target.seqs[i], draft.seqs[i] if draft is not None else None) for i in range(n)]
 
     def calibrate(self) -> None:
@@ -162,9 +169,10 @@ class Engine:
         check(grammar, "grammar", self.grammar_tokenizer())
 
     def grammar_tokenizer(self):
-        if not hasattr(self.target, "grammar_tokenizer"):
+        tokenizer = self.target.grammar_tokenizer()  # built once per model and kept there
+        if tokenizer is None:
             raise GrammarError(f"this backend cannot constrain generation ({self.target.path})")
-        return self.target.grammar_tokenizer()  # built once per model and kept there
+        return tokenizer
 
     def check_pairing_at_run_time(self) -> None:
         """Warn once if a draft model's greedy acceptance is far below a same-family pair's."""
@@ -199,22 +207,9 @@ class Slot:
             draft_ctx = engine.draft.new_context(engine.n_ctx)
         self.draft_ctx = draft_ctx
 
-    def _drafters(self, spec: SpecParams, constraint: Constraint | None = None) -> dict[str, Drafter]:
-        """Fresh per-request drafters; the draft model's KV cache outlives them in the slot. Under a
-        grammar each drafts after the forced tokens, within the mask (drafters.forced)."""
-        drafters: dict[str, Drafter] = {"ngram": NgramDrafter(spec.ngram_min, spec.ngram_max)}
-        model = None
-        if self.draft_ctx is not None:
-            model = drafters["draft"] = DraftModelDrafter(self.engine.draft, self.draft_ctx, spec.draft_p_min,
-                                                          spec.draft_min, self.engine.greedy_acceptance, constraint,
-                                                          self.engine.cache_reuse)
-        store = self.engine.suffix_store if spec.cross_request else None
-        drafters["suffix"] = SuffixDrafter(store, spec.cross_request_scope, cap=spec.suffix_max)  # indexes lazily
-        if constraint is not None:
-            drafters = with_grammar(drafters, constraint)
-        if model is not None:  # a lookup's match, then the draft model: only --spec auto asks for it
-            drafters["hybrid"] = HybridDrafter([drafters[n] for n in LOOKUPS], model)
-        return drafters
+    def drafters(self, spec: SpecParams, constraint: Constraint | None = None) -> dict[str, Drafter]:
+        """A request's fresh drafters, by the engine's factory (Engine(drafters=...))."""
+        return self.engine.make_drafters(self, spec, constraint)
 
     def _forward_seconds(self) -> float:
         """Seconds this slot's contexts have spent in forward passes."""
@@ -258,7 +253,7 @@ class Slot:
         req = Request(Sampler(params, verify_method), StreamDecoder(engine.target.token_bytes, params.stop,
                                                                     skip=len(params.heal)),
                       frozenset() if params.ignore_eos else engine.target.vocab.eog,
-                      self._drafters(spec, constraint) if constraint else self._drafters(spec), policy, constraint)
+                      self.drafters(spec, constraint), policy, constraint)
         stats.n_prompt = len(seq)
         t0 = time.perf_counter()
         # Prompt: the target's cache holds everything but the last token, which each step feeds.
@@ -373,3 +368,21 @@ class Slot:
         self.ctx.close()
         if self.draft_ctx is not None:
             self.draft_ctx.close()
+
+
+def standard_drafters(slot: Slot, spec: SpecParams, constraint: Constraint | None = None) -> dict[str, Drafter]:
+    """Fresh per-request drafters; the draft model's KV cache outlives them in the slot. Under a
+    grammar each drafts after the forced tokens, within the mask (drafters.forced)."""
+    drafters: dict[str, Drafter] = {"ngram": NgramDrafter(spec.ngram_min, spec.ngram_max)}
+    model = None
+    if slot.draft_ctx is not None:
+        model = drafters["draft"] = DraftModelDrafter(slot.engine.draft, slot.draft_ctx, spec.draft_p_min,
+                                                      spec.draft_min, slot.engine.greedy_acceptance, constraint,
+                                                      slot.engine.cache_reuse)
+    store = slot.engine.suffix_store if spec.cross_request else None
+    drafters["suffix"] = SuffixDrafter(store, spec.cross_request_scope, cap=spec.suffix_max)  # indexes lazily
+    if constraint is not None:
+        drafters = with_grammar(drafters, constraint)
+    if model is not None:  # a lookup's match, then the draft model: only --spec auto asks for it
+        drafters["hybrid"] = HybridDrafter([drafters[n] for n in LOOKUPS], model)
+    return drafters

@@ -457,9 +457,10 @@ def test_two_unlucky_drafts_do_not_switch_a_good_draft_model_off():
     assert policy.plan()[0] == "draft"
 
 
-def alternating(first: Scenario, second: Scenario, n_requests: int, warm: int, seed: int) -> np.ndarray:
+def alternating(first: Scenario, second: Scenario, n_requests: int, warm: int, seed: int,
+                make=Controller) -> np.ndarray:
     """[requests after the first `warm`] tokens/s of one controller's requests, alternately of each scenario."""
-    ctl, noise, out = Controller(), np.random.default_rng([seed, 99]), []
+    ctl, noise, out = make(), np.random.default_rng([seed, 99]), []
     for r in range(n_requests):
         s = first if r % 2 == 0 else second
         policy = ctl.policy(SpecParams(draft_max=8), s.names)
@@ -498,7 +499,6 @@ def test_a_draft_model_near_break_even_takes_the_prompt_where_requests_differ(mo
     worth its catch-up and the drafter never runs; judged over what requests have been (the
     spread), it takes the prompt, code runs faster, and prose loses no more than it takes to learn."""
     from specserve.auto.acceptance import Shape
-    from specserve.auto import AutoPolicy
 
     ref = curve({1: 70, 2: 105, 3: 113, 4: 150, 7: 153, 8: 190, 16: 300})
     names = ["draft"]
@@ -507,15 +507,15 @@ def test_a_draft_model_near_break_even_takes_the_prompt_where_requests_differ(mo
     prose = Scenario(ref, {"draft": const(0.45)}, draft_tok=0.017, catchup=0.005, n_tokens=64, prompt=100,
                      names=names)
 
-    def at_the_pooled_rate(self, name, V, tokens):  # the rule before: the pooled rate's plan alone
-        rate = self._plan(name, V, kmin=self.kmin[name]).rate
+    def at_the_pooled_rate(part, name, V, tokens):  # the rule before: the pooled rate's plan alone
+        rate = part.plans.plan_for(name, V, kmin=part.setup.kmin[name]).rate
         return tokens * (V[1] - 1.0 / rate) if rate > 0 else 0.0
 
     # every position alike here: the engine's Shape, which would find that only up to its noise, is held flat
     monkeypatch.setattr(Shape, "factors", lambda self, cap: (1.0,) * cap)
     option = np.array([alternating(code, prose, 24, 8, seed) for seed in range(4)])
-    monkeypatch.setattr(AutoPolicy, "_prefill_gain", at_the_pooled_rate)
-    pooled = np.array([alternating(code, prose, 24, 8, seed) for seed in range(4)])
+    pooled = np.array([alternating(code, prose, 24, 8, seed, lambda: Controller(prefill_gain=at_the_pooled_rate))
+                       for seed in range(4)])
     code_gain = geomean(option[:, 0::2]) / geomean(pooled[:, 0::2])
     prose_gain = geomean(option[:, 1::2]) / geomean(pooled[:, 1::2])
     print(f"code {code_gain:.3f}x, prose {prose_gain:.3f}x")

@@ -11,7 +11,7 @@ import pytest
 from specserve.batchcost import BatchCost
 from specserve.config import SamplingParams, SpecParams
 from specserve.drafters import BaseDrafter, Draft
-from specserve.engine import ContextOverflow, Engine
+from specserve.engine import ContextOverflow, Engine, standard_drafters
 from specserve.server.core.batcher import Stepper
 
 N_CTX = 256
@@ -119,7 +119,9 @@ class Failing(BaseDrafter):
 
 
 def test_cancel_finish_and_error_in_one_slot_leave_the_others_correct(tiny_models, slots):
-    slots[3]._drafters = lambda spec: {"ngram": Failing()}
+    broken_slot = slots[3]
+    broken_slot.engine.make_drafters = lambda slot, spec, constraint: (
+        {"ngram": Failing()} if slot is broken_slot else standard_drafters(slot, spec, constraint))
     b = Batch(slots)
     long = b.add(slots[0], PROMPTS[0], spec=SpecParams(mode="draft", draft_max=4))
     short = b.add(slots[1], PROMPTS[1], SamplingParams(max_tokens=3, ignore_eos=True))

@@ -9,7 +9,7 @@ from specserve.drafters import BaseDrafter
 from specserve.drafters.draft_model import DraftModelDrafter
 from specserve.drafters.hybrid import HybridDrafter
 from specserve.drafters.ngram import NgramDrafter
-from specserve.engine import Engine, Slot
+from specserve.engine import Engine, standard_drafters
 from specserve.policy import FixedPolicy
 from specserve.sampling import Sampler
 from test_lossless import EPS_TINY, assert_greedy_equal, chi_square_pvalue, exact_first_two, repeating_prompt
@@ -93,14 +93,12 @@ def test_hybrid_drafts_the_match_then_the_model_after_it(engine):
 
 def hybrid_engine(engine, monkeypatch, head: int, k: int) -> None:
     """Every request drafts with the hybrid: `head` lookup tokens at most, then the model, k in all."""
-    make = Slot._drafters
-
-    def drafters(self, spec):
-        out = make(self, spec)
+    def drafters(slot, spec, constraint):
+        out = standard_drafters(slot, spec, constraint)
         out["hybrid"] = HybridDrafter([FirstOnly(head)], out["draft"])
         return out
 
-    monkeypatch.setattr(Slot, "_drafters", drafters)
+    engine.make_drafters = drafters
     monkeypatch.setattr(engine, "policy_for", lambda spec, temperature=0.0, grammar=False: FixedPolicy("hybrid", k))
 
 
@@ -143,5 +141,5 @@ def test_auto_plans_the_hybrid_on_real_models(engine):
     policy = engine.policy_for(SpecParams())
     assert policy.hybrid and "hybrid" not in policy.names
     slot = engine.new_slot()
-    assert set(slot._drafters(SpecParams())) == set(engine.drafter_names)
+    assert set(slot.drafters(SpecParams())) == set(engine.drafter_names)
     slot.close()

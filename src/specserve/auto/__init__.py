@@ -1,11 +1,14 @@
 """`--spec auto`: speculate only while it pays, planned each step on expected tokens per second.
 
 cost.py measures what steps cost, acceptance.py learns how often drafts are kept,
-planner.py (pure) turns both into this step's (drafter, k); request.py is one request's
-policy (AutoPolicy, the protocol of ../policy.py), with what it learns from each step in
-learning.py, its probes of unused drafters in probing.py and its prefill judgement in
-prefill.py; controller.py holds the state an engine's requests share. Imports run one way:
-controller -> request -> learning/probing/prefill -> planner/acceptance/cost.
+planner.py (pure) turns both into this step's (drafter, k). request.py is one request's
+policy (AutoPolicy, the protocol of ../policy.py), composed of parts that own their state:
+its acceptance estimates (estimates.py), its drafters' lags (lags.py), its probes of unused
+drafters (probing.py), its prefill judgement (prefill.py) and its plan cache (plans.py), with
+what each step teaches them in learning.py and its drafters and progress in progress.py.
+controller.py holds the state an engine's requests share, which they see through the Shared
+protocol (shared.py) and change through its verbs. Imports run one way:
+controller -> request -> learning -> probing/prefill -> estimates/lags -> shared -> planner/acceptance/cost.
 """
 from .controller import Controller
 from .request import AutoPolicy

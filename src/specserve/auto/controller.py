@@ -5,7 +5,8 @@ per drafter, match bucket and temperature regime (the prior of a new request) an
 requests have differed from it (how much that prior is worth), the draft
 model's confidence maps (by its own top probability and by the target's), the probe pacing,
 and how long requests run. Each request plans
-with its own `AutoPolicy` (request.py), which reads and updates this state.
+with its own `AutoPolicy` (request.py), which reads this state through the `Shared` protocol
+(shared.py) and changes it only through the verbs below (learn_*, passed, drafted_with, ...).
 
 Threads: the slots of one engine run their requests on several threads, all on one
 Controller. Its state is guarded by one lock, `Controller.lock`, held around every read
@@ -28,6 +29,8 @@ from ..config import SpecParams
 from .acceptance import PRIOR_W, ORDER_PRIOR, PRIORS, ConfidenceMap, Shape, Spread
 from .cost import DraftCost, VerifyCost
 from .names import FREE
+from .prefill import Gain
+from .probing import PROBE_MAX, PROBE_MIN
 from .request import AutoPolicy
 
 log = logging.getLogger("specserve")
@@ -37,8 +40,9 @@ log = logging.getLogger("specserve")
 # probes priced by its catch-up can bring it back
 PRIOR_TRIALS = 8.0
 _THIN = 2.0  # trials a loaded pooled rate holds at least, the drafter's prior making up the rest
-_LENGTHS = 32  # finished requests whose lengths are kept (AutoPolicy._prefill_horizon)
+_LENGTHS = 32  # finished requests whose lengths are kept (prefill.Prefill.prefill_horizon)
 _G_SHARE = 0.9  # per-request decay of the lookups' share: about the last 10 requests
+_G_ENGINE = 0.98  # per-step decay of the pooled counts
 # sections of a saved state whose evidence a load scales down, by the leading fields that key an entry
 _SCALED = {"pooled": 3, "draft_confidence": 2, "target_confidence": 2, "lookup_share": 1}
 
@@ -74,9 +78,12 @@ def _untouched_as_saved(state: dict, loaded: dict, saved: dict) -> None:
 class Controller:
     """Engine-level state shared by the requests of one engine: costs, priors, probe pacing."""
 
-    def __init__(self, store=None):
+    def __init__(self, store=None, prefill_gain: Gain | None = None):
+        """store: a learned.ProfileStore, or None: nothing kept across processes. prefill_gain: how its
+        requests price a prompt catch-up up front (prefill.spread_gain unless given)."""
         self.lock = threading.Lock()  # held around every read and write of what follows
-        self.store = store  # a learned.ProfileStore, or None: nothing kept across processes
+        self.store = store
+        self.prefill_gain = prefill_gain
         self.n_requests = 0
         self.verify = VerifyCost()
         self.draft: dict[str, DraftCost] = {}
@@ -107,7 +114,7 @@ class Controller:
             self.n_requests += 1
             if self.store is not None and self.store.due(self.n_requests):
                 self.store.save(self._state(), self.n_requests)
-            return AutoPolicy(self, spec, drafter_names, temperature)
+            return AutoPolicy(self, spec, drafter_names, temperature, self.prefill_gain)
 
     # --- kept across processes ---------------------------------------------------------------
 
@@ -120,7 +127,7 @@ class Controller:
             self.load_state_dict(state)
         except (KeyError, TypeError, ValueError, IndexError) as e:
             log.warning("ignoring a malformed auto profile (%s)", e)
-            self.__init__(self.store)
+            self.__init__(self.store, self.prefill_gain)
             return False
         self.loaded = True
         return True
@@ -240,10 +247,8 @@ class Controller:
 
     def prior_weight(self, name: str, order: int, regime: float, mean: float) -> float:
         """Pseudo-trials the pooled rate `mean` of (drafter, order, regime) is worth to a request:
-        as much as requests have been alike there (Spread), for a model drafter too. A floor of
-        10 kept a prose request drafting for ~20 tokens at a loss after code had raised the
-        pooled rate; the unlucky first draft it guarded against (the pair open their answers
-        differently: "Here is" against "To") is learnt apart (OPENING)."""
+        as much as requests have been alike there (Spread), for a model drafter too: no floor
+        (why: docs/auto-history.md)."""
         sp = self.spread.get((name, order, regime))
         return sp.weight(mean) if sp is not None else PRIOR_W
 
@@ -294,3 +299,40 @@ class Controller:
     def learn_prompt_cost(self, name: str, per_token: float) -> None:
         old = self.prompt_cost.get(name, per_token)
         self.prompt_cost[name] = 0.7 * old + 0.3 * per_token
+
+    def passed(self, n_drafted: int, t_draft: float, t_verify: float, n_tokens: int) -> None:
+        """A step drafted n_drafted tokens in t_draft seconds, verified them in t_verify, made n_tokens."""
+        self.clock += t_draft + t_verify
+        self.tokens += n_tokens
+        self.verify.add(1 + n_drafted, t_verify)
+
+    def learn_pooled(self, name: str, order: int, regime: float, hit: int, tried: int,
+                     delivered: int | None = None, asked: int | None = None) -> None:
+        """A drafter's judged tokens there (hit of tried) and, where given, how many of the tokens
+        asked it delivered, into the pooled counts (the prior of the next requests)."""
+        p, g = self.prior(name, order, regime), _G_ENGINE
+        p[0], p[1] = p[0] * g + hit, p[1] * g + tried
+        if delivered is not None:
+            p[2], p[3] = p[2] * g + delivered, p[3] * g + asked
+
+    def learn_draft_cost(self, name: str, n: int, lag: int, seconds: float) -> None:
+        """A drafter took `seconds` for n tokens, its cache `lag` tokens behind."""
+        fit = self.draft.get(name) or self.draft.setdefault(name, DraftCost())
+        fit.add(n, lag, seconds)
+
+    def drafted_with(self, name: str) -> None:
+        """The drafter drafted now (its probes are paced from here)."""
+        self.last_used[name] = self.clock
+
+    def judged_unasked(self, name: str) -> None:
+        """A lookup was judged against a step's tokens without drafting (Outcome.shadow): never probe it."""
+        self.shadowed.add(name)
+
+    def probe_interval(self, name: str) -> int:
+        """Steps between probes of an unused drafter."""
+        return self.interval.get(name, PROBE_MIN)
+
+    def learn_probe(self, name: str, paid: bool) -> None:
+        """A probe that drafted: probe again at once if it paid (or would have), else wait twice as long."""
+        iv = self.probe_interval(name)
+        self.interval[name] = 1 if paid else min(max(2 * iv, PROBE_MIN), PROBE_MAX)

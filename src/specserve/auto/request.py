@@ -1,10 +1,10 @@
 """One request's `--spec auto` policy: the per-request bookkeeping around the planner.
 
 Each step it turns what it knows into planner options (planner.py) and takes the plan with
-the most expected tokens per second; what it learns from each step's outcome is learning.py's,
-when an unused drafter is tried again probing.py's, and whether a draft model takes the prompt
-up front (and what catching up costs) prefill.py's. How auto decides, with measurements:
-docs/auto.md.
+the most expected tokens per second. It is composed of parts that own their state: its
+acceptance estimates (estimates.py), its drafters' lags (lags.py), its probes (probing.py), its
+prefill judgement (prefill.py) and its plan cache (plans.py); what each step's outcome teaches
+them is learning.py's. How auto decides, with measurements: docs/auto.md.
 
 The engine tells it, each step, what each lookup drafter would match (`see`), so a lookup is
 planned only when it has a match, up to what it has. With a draft model and a lookup, the
@@ -14,91 +14,88 @@ Switching on a lagging drafter charges its catch-up over the tokens the request 
 expected to make.
 
 Threads: a policy is used by one thread; every method that touches the shared Controller
-holds its lock for the whole call (see controller.py).
+holds its lock for the whole call (see controller.py). It sees the Controller through the
+`Shared` protocol (shared.py), so that nothing here imports the module that makes it.
 """
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from ..config import SpecParams
-from ..drafters.suffix import SAME_REQUEST, SuffixDrafter
+from ..drafters.suffix import SuffixDrafter
 from ..policy import OFF, Choice, Outcome
 from . import planner
-from .acceptance import OPENING, REPEAT, ConfidenceMap, Rates, match_bucket
-from .learning import Learning
+from .acceptance import OPENING, ConfidenceMap
+from .estimates import Estimates, bucket
+from .lags import Lags
+from .learning import Learner
 from .names import FORCED, FREE, HYBRID, HYBRID_LOOKUPS, MODEL
-from .prefill import Prefill
-from .probing import EXPLORE_PASSES, Probing
-
-if TYPE_CHECKING:
-    from .controller import Controller
-
-_SEEN_MIN = 2.0  # (decayed) tokens of the target's record (learning.py) before it predicts the draft model's acceptance
-LOOKUP_MAX = 64  # how far a lookup drafter may draft under auto where the user set no cap
+from .plans import PlanCache
+from .prefill import Gain, Prefill
+from .probing import EXPLORE_PASSES, Probes
+from .progress import Progress, Setup
+from .shared import Shared
 
 trace = logging.getLogger("specserve.auto")  # one DEBUG line a step: SPECSERVE_LOG=debug
 
 
-class AutoPolicy(Learning, Probing, Prefill):
+class AutoPolicy:
     """One request's adaptive policy; see the module docstring."""
 
     sees_offers = True  # the engine tells it, each step, what each lookup drafter would match: see(name, offer)
 
-    def __init__(self, ctl: Controller, spec: SpecParams, names: list[str], temperature: float = 0.0):
-        """Made by Controller.policy, under its lock."""
+    def __init__(self, ctl: Shared, spec: SpecParams, names: list[str], temperature: float = 0.0,
+                 prefill_gain: Gain | None = None):
+        """Made by Controller.policy, under its lock. prefill_gain: how a prompt catch-up up front is
+        priced (prefill.spread_gain unless given)."""
         self.ctl = ctl
-        self.hybrid = HYBRID in names and MODEL in names and any(n in names for n in HYBRID_LOOKUPS)
-        self.names = [n for n in names if n != HYBRID]  # the drafters planned and probed on their own
-        self.has_lookups = any(n in FREE for n in self.names)
-        # a model drafter stops at --draft-max; a lookup drafter at its own, longer cap (which a
-        # --draft-max the user set lowers: SpecParams.suffix_max)
-        lookup_cap = getattr(spec, "suffix_max", LOOKUP_MAX) or spec.draft_max
-        self.caps = {n: lookup_cap if n in FREE else spec.draft_max for n in self.names}
-        self.cap = max(self.caps.values(), default=spec.draft_max)  # a hybrid drafts at most this too
-        self.regime = min(round(temperature * 4) / 4, 2.0)  # pooled priors per 0.25 of temperature
-        # the draft model returns nothing below --draft-min under greedy: never ask for fewer
-        self.kmin = {n: max(1, spec.draft_min) if n == MODEL else 1 for n in self.names}
-        self.acc = {n: Rates(self.caps[n]) for n in self.names}
-        # a model drafter's acceptance at the request's first step, learnt apart (OPENING)
-        self._opening = {n: Rates(self.caps[n]) for n in self.names if n not in FREE}
-        self.acc_order: dict[tuple[str, int], Rates] = {}  # a lookup drafter's acceptance by match bucket
-        self._judged: dict[tuple[str, int], list] = {}  # (drafter, bucket) -> [hit, tried] per Shape group
-        self.offers: dict[str, tuple[int, int]] = {}  # lookup drafter -> (match length, tokens available)
+        self.setup = setup = Setup.of(spec, names, temperature)
+        self.names, self.hybrid, self.caps, self.cap = setup.names, setup.hybrid, setup.caps, setup.cap
+        self.regime = setup.regime
+        self.progress = Progress()
+        self.est = Estimates(ctl, setup)
+        self.lags = Lags(ctl, setup.names, setup.cap)
+        self.cache = PlanCache(setup.names)
+        self.probes = Probes(ctl, setup, self.progress, self.est, self.lags, self, EXPLORE_PASSES)
+        self.prefills = Prefill(ctl, setup, self.progress, self.est, self.lags, self, prefill_gain)
+        self.learner = Learner(ctl, setup, self.progress, self.est, self.lags, self.probes, self.cache)
+        # this step as chosen: the lookups' offers, tokens made before it (0: the request's first
+        # step), a hybrid's (lookup, match bucket, m), and (drafter, plan) for the trace
         self._step_offers: dict[str, tuple[int, int]] = {}
-        self._step_at = 0  # tokens generated when this step was chosen (0: the request's first step)
-        self._step_head: tuple[str, int, int] | None = None  # a hybrid step's (lookup, match bucket, m)
-        self.dlv = {n: Rates(self.caps[n]) for n in self.names}
-        self.lag = dict.fromkeys(self.names, 0)  # tokens the drafter's cache is behind (after the prompt)
-        self.fresh = set(self.names)  # not run in this request: its cache also lacks the prompt
-        self.missing = dict.fromkeys(self.names, 0)  # prompt tokens a fresh drafter's cache lacks
-        self.max_tokens = 1 << 30  # the request's own cap on what it generates
-        self.used_step = dict.fromkeys(self.names, -(1 << 30))
-        # the probe budget accrues with this request's own seconds, from what the engine had saved
-        self.clock = 0.0
-        # a drafter never run in this process: probed at once if nothing is known of it; if a loaded
-        # profile measured it, its probes wait for the budget this process accrues like any other's
-        # (a new process's first probes would otherwise pay a long prompt's catch-up, or displace
-        # the draft model's 5-token steps with 1-token lookups, unasked)
-        self.since = {n: ctl.last_used.get(n, 0.0 if n in ctl.profiled else float("-inf")) - ctl.clock
-                      for n in self.names}
-        self.step = self.generated = 0
-        self.probing: tuple | None = None  # (drafter, whether it displaced a drafter, its plan)
-        self._step_plan: tuple = (None, None)  # (drafter, plan) this step runs, for the trace
-        self.pending: tuple | None = None  # (drafter, plan): a probe that found nothing, to ask again
-        self.follow_up: tuple | None = None  # (drafter, successes): its last probe succeeded, probe again
+        self._step_at = 0
+        self._step_head: tuple[str, int, int] | None = None
+        self._step_plan: tuple = (None, None)
         self.pred_tokens = self.pred_time = 0.0
-        self._probe_cost: dict[str, float] = {}  # seconds a probe of the drafter was last expected to lose
-        # plain passes' worth this request may still lose probing a draft model the engine knows little of
-        self.explore_left = {n: EXPLORE_PASSES for n in self.names if n not in FREE}
-        self._plans_V: list[float] | None = None  # the cost table the cached plans were made with
-        self._plans: dict[str, dict[tuple, planner.Plan]] = {n: {} for n in [*self.names, HYBRID]}
-        self._costs: dict[tuple[int, int], tuple[float, ...]] = {}  # (head length, k) -> seconds per draft token
-        # decayed counts of the target's top probability at this request's recent tokens, by
-        # ConfidenceMap bucket (sampled requests): with the engine's target map, what a draft
-        # model is expected to keep here before it has drafted (_model_level)
-        self._seen_top = [0.0] * len(ConfidenceMap.MIDS)
-        self.covered = 0.0  # of the tokens generated, those a lookup drafted and kept or would have (_uncovered)
+
+    # --- what it has learnt, as its parts hold it ---------------------------------------------
+
+    @property
+    def acc(self):
+        return self.est.acc
+
+    @property
+    def acc_order(self):
+        return self.est.by_match
+
+    @property
+    def lag(self):
+        return self.lags.lag
+
+    @property
+    def since(self):
+        return self.probes.since
+
+    @property
+    def generated(self) -> int:
+        return self.progress.generated
+
+    @property
+    def covered(self) -> float:
+        return self.progress.covered
+
+    @property
+    def offers(self) -> dict[str, tuple[int, int]]:
+        return self.progress.offers
 
     @property
     def predicted_tokens_per_s(self) -> float:
@@ -106,81 +103,40 @@ class AutoPolicy(Learning, Probing, Prefill):
 
     # --- planning -----------------------------------------------------------------------------
 
-    def _check_table(self, V) -> None:
-        if V is not self._plans_V:  # costs moved: every cached plan is stale
-            self._plans_V, self._costs = V, {}
-            for plans in self._plans.values():
-                plans.clear()
-
-    @staticmethod
-    def _bucket(name: str, order: int, at: int) -> int:
-        """The acceptance bucket of a lookup's match offered after `at` generated tokens: REPEAT where the
-        suffix drafter's match is the same request again (its earlier answer to this prompt), else
-        OPENING at a request's first step, else by its length."""
-        if name == SuffixDrafter.name and order >= at + SAME_REQUEST:
-            return REPEAT
-        return OPENING if at == 0 else match_bucket(order)
-
-    def _lookup_rates(self, name: str, bucket: int) -> list[float]:
-        return self._rates(name, bucket, self.acc_order.setdefault((name, bucket), Rates(self.caps[name])))
-
-    def _rates(self, name: str, bucket: int, rates: Rates) -> list[float]:
-        """A request's acceptance by position, leaning on the engine's pooled rate as much as
-        requests were alike, each position as the engine's acceptance moves with it (Shape)."""
-        q = self.ctl.prior(name, bucket, self.regime)
-        mean = q[0] / q[1]
-        if name == MODEL and bucket == 0:
-            mean = self._model_level(mean)
-        shape = self.ctl.position_shape(name, bucket, self.regime).factors(self.caps[name])
-        return rates.rates(mean, self.ctl.prior_weight(name, bucket, self.regime, mean), shape)
-
-    def _model_level(self, pooled: float) -> float:
-        """The draft model's expected acceptance in this request: what the engine's target map says
-        of tokens as sure as this request's recent ones, once both have seen enough (else `pooled`).
-
-        A pooled rate is the same for a code answer, where the 0.5B keeps 0.9 of its tokens, and
-        for a translation at 0.8, where it keeps about half; which kind a request is showed only
-        once the draft model had paid its prompt's catch-up and drafted at a loss. How sure the
-        target has been of the request's own tokens is known at every sampled step for free."""
-        if sum(self._seen_top) < _SEEN_MIN:
-            return pooled
-        level = self.ctl.target_map(MODEL, self.regime).expected(self._seen_top)
-        return pooled if level is None else level
-
-    def _plan(self, name, V, kmin=1, kmax=None, found=False, ceiling=False) -> planner.Plan:
+    def plan_for(self, name, V, kmin=1, kmax=None, found=False, ceiling=False) -> planner.Plan:
         """Best plan of one drafter over k in [kmin, kmax].
 
         found: given that the drafter returns a first token (a lookup found a match);
         ceiling: as if every draft token were accepted. Cached until V or the drafter's
         estimates change.
         """
-        self._check_table(V)
-        order, cap = 0, self.caps[name]
+        self.cache.check(V)
+        order, cap, at = 0, self.caps[name], self.progress.generated
         kmax = min(kmax or cap, cap)
         if name in self.offers:  # what it would draft now is known
             order, available = self.offers[name]
             found, kmax = True, min(kmax, available)
             if not order or kmax < kmin:
                 return planner.plain(V)._replace(rate=0.0)  # no match: nothing to draft
-            order = self._bucket(name, order, self.generated)
-        opening = not order and name not in FREE and self.generated == 0
+            order = bucket(name, order, at)
+        opening = not order and name not in FREE and at == 0
         key = (kmin, kmax, found, ceiling, OPENING if opening else order)
-        best = self._plans[name].get(key)
+        best = self.cache.plans[name].get(key)
         if best is not None:
             return best
         if ceiling:
             acc = [1.0] * cap
         elif order:
-            acc = self._lookup_rates(name, order)
+            acc = self.est.lookup(name, order)
         elif opening:  # the model's first draft follows the prompt: learnt apart (OPENING)
-            acc = self._rates(name, OPENING, self._opening[name])
+            acc = self.est.rates(name, OPENING, self.est.opening[name])
         else:
-            acc = self._rates(name, 0, self.acc[name])
-        p = self.ctl.prior(name, 0, self.regime)
+            acc = self.est.rates(name, 0, self.est.acc[name])
+        p = self.ctl.prior(name, 0, self.setup.regime)
         # a known match delivers every token up to `available`, which bounds kmax
-        dlv = None if order else self.dlv[name].rates(p[2] / p[3])
+        dlv = None if order else self.est.dlv[name].rates(p[2] / p[3])
         option = planner.Option(name, acc, tuple(self.ctl.draft_coef(name, V)), kmax, kmin, dlv, found)
-        best = self._plans[name][key] = planner.best_length(option, V)
+        best = self.cache.plans[name][key] = planner.best_length(option, V)
         return best
 
     def _hybrid_head(self) -> tuple[str, int, int] | None:
@@ -191,60 +147,57 @@ class AutoPolicy(Learning, Probing, Prefill):
             order, available = self.offers.get(name, (0, 0))
             if name in self.caps and order:
                 # the draft model continues only where the match runs out before the caps
-                bucket = self._bucket(name, order, self.generated)
-                return (name, bucket, available) if available < min(self.caps[name], self.cap) else None
+                b = bucket(name, order, self.progress.generated)
+                return (name, b, available) if available < min(self.caps[name], self.cap) else None
         return None
 
     def _plan_hybrid(self, V) -> planner.Plan | None:
         head = self._hybrid_head()
         if head is None:
             return None
-        name, bucket, m = head
-        self._check_table(V)
-        best = self._plans[HYBRID].get(head)
+        name, b, m = head
+        self.cache.check(V)
+        best = self.cache.plans[HYBRID].get(head)
         if best is None:
-            p = self.ctl.prior(MODEL, 0, self.regime)
+            p = self.ctl.prior(MODEL, 0, self.setup.regime)
             jmax = min(self.caps[MODEL], self.cap - m)
-            option = planner.Option(HYBRID, self._rates(MODEL, 0, self.acc[MODEL]),
+            option = planner.Option(HYBRID, self.est.rates(MODEL, 0, self.est.acc[MODEL]),
                                     tuple(self.ctl.draft_coef(MODEL, V)), jmax, 1,
-                                    self.dlv[MODEL].rates(p[2] / p[3]), False,
-                                    self._lookup_rates(name, bucket)[:m])
-            best = self._plans[HYBRID][head] = planner.best_length(option, V)
+                                    self.est.dlv[MODEL].rates(p[2] / p[3]), False, self.est.lookup(name, b)[:m])
+            best = self.cache.plans[HYBRID][head] = planner.best_length(option, V)
         return best
 
-    def _best(self, V) -> tuple[str | None, planner.Plan, float]:
+    def best(self, V) -> tuple[str | None, planner.Plan, float]:
         """(drafter, plan, rate after catch-up) of the best choice this step. A draft model's
-        prompt catch-up is spread over the tokens it may draft for, not the lookups' (_uncovered)."""
-        uncovered = self._uncovered()
-        plans = [(n, self._plan(n, V, kmin=self.kmin[n]), self._catchup(n, V, uncovered)) for n in self.names]
+        prompt catch-up is spread over the tokens it may draft for, not the lookups' (prefill.py)."""
+        uncovered, kmin = self.prefills.uncovered(), self.setup.kmin
+        plans = [(n, self.plan_for(n, V, kmin=kmin[n]), self.lags.catchup(n, V, uncovered)) for n in self.names]
         if self.hybrid:
             hybrid = self._plan_hybrid(V)
             if hybrid is not None:
-                plans.append((HYBRID, hybrid, self._catchup(MODEL, V, uncovered)))
-        return planner.pick(V, plans, self._horizon())
+                plans.append((HYBRID, hybrid, self.lags.catchup(MODEL, V, uncovered)))
+        return planner.pick(V, plans, self.prefills.horizon())
 
     def _stop_rule(self, name: str, plan: planner.Plan, V) -> planner.ConfidenceStop | None:
         """The draft model's confidence stop for this step's plan (None: it does not draft)."""
         if name == HYBRID:
             m = plan.m
-            head = self._lookup_rates(self._step_head[0], self._step_head[1])[:m]
+            head = self.est.lookup(self._step_head[0], self._step_head[1])[:m]
             tokens, chain = 1.0, 1.0
             for x in head:
                 chain *= x
                 tokens += chain
             kmin = 0
         elif name == MODEL:
-            m, tokens, chain, kmin = 0, 1.0, 1.0, self.kmin[MODEL]
+            m, tokens, chain, kmin = 0, 1.0, 1.0, self.setup.kmin[MODEL]
         else:
             return None
         a, b, c = self.ctl.draft_coef(MODEL, V)
-        costs = self._costs.get((m, plan.k))
-        if costs is None:
-            costs = self._costs[m, plan.k] = planner.step_costs(V, b, m, plan.k - m)
-        table = self.ctl.confidence_map(MODEL, self.regime).table()
+        costs = self.cache.step_costs(V, b, m, plan.k)
+        table = self.ctl.confidence_map(MODEL, self.setup.regime).table()
         return planner.ConfidenceStop(table, ConfidenceMap.EDGES, costs, tokens, a + c * m + V[m + 1], chain, kmin)
 
-    # --- the engine's calls (observe, prefill, prefilled, finish: learning.py, prefill.py) ------
+    # --- the engine's calls ---------------------------------------------------------------------
 
     def see(self, name: str, offer: tuple[int, int]) -> None:
         """What a lookup drafter would draft this step: its match length (0: none), tokens available."""
@@ -256,35 +209,36 @@ class AutoPolicy(Learning, Probing, Prefill):
         plan before any pass was measured. What choose returns unless a probe is due."""
         with self.ctl.lock:
             V = self.ctl.verify.table(self.cap + 1)
-            return (None, None) if V is None else self._best(V)[:2]
+            return (None, None) if V is None else self.best(V)[:2]
 
     def choose(self) -> Choice:
         with self.ctl.lock:
             return self._choose()
 
     def _choose(self) -> Choice:
-        self.step += 1
-        self.probing = None
+        probes = self.probes
+        self.progress.step += 1
+        probes.probing = None
         self._step_plan = (None, None)
         self._step_offers = dict(self.offers)
-        self._step_at = self.generated  # at the request's first step its lookups match the prompt's end
+        self._step_at = self.progress.generated  # at the request's first step its lookups match the prompt's end
         self._step_head = self._hybrid_head() if self.hybrid else None
         # the grammar's forced run is drafted first whatever the plan: free to draft, kept by construction
         forced = self.offers.get(FORCED, (0, 0))[1]
         V = self.ctl.verify.table(self.cap + 1)  # [cap + 2] seconds per pass over n tokens
         if V is None:  # the first step of a fresh engine measures a plain pass (or the forced run's)
             return Choice(FORCED, forced) if forced else OFF
-        name, plan, rate = self._best(V)
-        pending, self.pending = self.pending, None
+        name, plan, rate = self.best(V)
+        pending, probes.pending = probes.pending, None
         # the same request again is copied, never displaced by a probe: while the copy holds, nothing a
         # probe shows would be used (a probe's budget had let a repeat's first step go to the draft model)
-        copying = name == SuffixDrafter.name and self._repeating()
+        copying = name == SuffixDrafter.name and self.prefills.repeating()
         for other in self.names:
             if other == name or copying:
                 continue
-            probe = pending[1] if pending and pending[0] == other and not plan.k else self._probe(other, V, rate)
+            probe = pending[1] if pending and pending[0] == other and not plan.k else probes.due(other, V, rate)
             if probe:
-                self.probing = (other, plan.k > 0, probe)
+                probes.probing = (other, plan.k > 0, probe)
                 name, plan = other, probe
                 break
         self.pred_tokens += plan.tokens
@@ -294,6 +248,27 @@ class AutoPolicy(Learning, Probing, Prefill):
             return Choice(FORCED, forced) if forced else OFF
         # the drafter's own k after the forced run (drafters.forced.ForcedThen); learning.py parts them
         return Choice(name, plan.k + forced, self._stop_rule(name, plan, V))
+
+    def observe(self, o: Outcome) -> None:
+        with self.ctl.lock:
+            self._trace(o)
+            self.learner.observe(o, self._step_offers, self._step_at, self._step_head)
+
+    def prefill(self, name: str, n_missing: int, max_tokens: int) -> bool:
+        """Whether a model drafter should take the prompt before the first step (prefill.py)."""
+        return self.prefills.prefill(name, n_missing, max_tokens)
+
+    def prefilled(self, name: str, n_tokens: int, seconds: float) -> None:
+        self.prefills.prefilled(name, n_tokens, seconds)
+
+    def finish(self) -> None:
+        """The request ended: what it learnt goes to the engine (Estimates.report), with its length
+        and the share of it the lookups covered."""
+        with self.ctl.lock:
+            self.est.report()
+            self.ctl.learn_length(self.progress.generated)
+            if self.setup.has_lookups:
+                self.ctl.learn_lookup_share(self.setup.regime, self.progress.covered, self.progress.generated)
 
     def _trace(self, o: Outcome) -> None:
         """The step as planned and as it went, for SPECSERVE_LOG=debug."""
@@ -305,16 +280,37 @@ class AutoPolicy(Learning, Probing, Prefill):
         lookup = self._step_head[0] if name == HYBRID and self._step_head else name
         if lookup in self._step_offers:  # what the lookup matched: its length, and the tokens it had
             planned += " (match %d, %d available)" % self._step_offers[lookup]
-        probe = f" probe of {self.probing[0]}" if self.probing else ""
+        probing = self.probes.probing
+        probe = f" probe of {probing[0]}" if probing else ""
         offers = " ".join(f"{d}:{o[0]}/{o[1]}" for d, o in self._step_offers.items())
         rates = " ".join(f"{d}:{r.rate:.2f}" for d, r in self.acc.items() if r.rate is not None)
         trace.debug("step %d T%s: planned %s%s; ran %s k=%d drafted %d accepted %d; draft %.3f s verify %.3f s; "
-                    "lags %s; acceptance so far %s; offers %s", self.step, self.regime, planned, probe,
+                    "lags %s; acceptance so far %s; offers %s", self.progress.step, self.setup.regime, planned, probe,
                     o.choice.drafter if o.choice.k else "plain", o.choice.k, o.n_drafted, o.n_accepted,
                     o.t_draft, o.t_verify, dict(self.lag), rates or "-", offers or "-")
 
-    def _forget_plans(self, *names: str) -> None:
-        """Their estimates changed: their cached plans, and the hybrid's, are stale."""
-        for name in names:
-            self._plans[name].clear()
-        self._plans[HYBRID].clear()
+    # --- what the tests of its parts call -------------------------------------------------------
+
+    def _rates(self, name, bucket_, rates):
+        return self.est.rates(name, bucket_, rates)
+
+    def _lookup_rates(self, name, bucket_):
+        return self.est.lookup(name, bucket_)
+
+    def _catchup(self, name, V, uncovered=1.0):
+        return self.lags.catchup(name, V, uncovered)
+
+    def _uncovered(self):
+        return self.prefills.uncovered()
+
+    def _prefill_horizon(self):
+        return self.prefills.prefill_horizon()
+
+    def _probe(self, name, V, best_rate):
+        return self.probes.due(name, V, best_rate)
+
+    def _explore(self, name, V):
+        return self.probes.explore(name, V)
+
+    def _observe_shadow(self, shadow, used):
+        self.learner.shadow(shadow, used, self._step_head, self._step_offers, self._step_at)

@@ -81,11 +81,16 @@ class Context(Protocol):
 
 
 class Model(Protocol):
+    """Weights and vocabulary, shared by its contexts. A backend's model class subclasses this Protocol
+    to take the defaults of the optional abilities (can_rollback, weights_bytes, new_shared_context,
+    grammar_tokenizer), so the engine and server ask for them by name, never with getattr."""
+
     path: str
     vocab: VocabInfo
     n_ctx_train: int
     metadata: dict[str, str]
-    can_rollback: bool  # whether truncate() is cheap; False for recurrent and hybrid memories
+    can_rollback: bool = True  # whether truncate() is cheap; False for recurrent and hybrid memories
+    weights_bytes: int = 0  # bytes its weights take as loaded (0: unknown)
 
     def new_context(self, n_ctx: int) -> Context: ...
 
@@ -96,6 +101,17 @@ class Model(Protocol):
         ...
 
     def detokenize(self, tokens: Sequence[int]) -> bytes: ...
+
+    def new_shared_context(self, n_ctx: int, n_seq: int, n_batch: int = 512):
+        """n_seq sequences of n_ctx tokens in one context (its `.seqs`, each a Context) whose passes can
+        be batched, at most n_batch tokens a pass; None where the backend cannot (each server slot then
+        has contexts of its own)."""
+        return None
+
+    def grammar_tokenizer(self):
+        """The tokenizer a grammar is compiled against (llguidance's), built once and kept; None where
+        the backend cannot constrain generation."""
+        return None
 
     def close(self) -> None: ...
 

@@ -28,7 +28,7 @@ import numpy as np
 
 import llama_cpp as C
 
-from .base import MemoryUse, VocabInfo, common_prefix
+from .base import MemoryUse, Model, VocabInfo, common_prefix
 from .cache_reuse import reuse_chunks
 from .llama_cpp_batch import SharedContext
 from .llama_native import DecodeThreads, LoadLog, NativeContext, init_backend, mib_sum, use_extra_buffers
@@ -37,7 +37,7 @@ _VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6:
 _ATTR_CONTROL = 1 << 3  # llama_token_attr: LLAMA_TOKEN_ATTR_CONTROL
 
 
-class LlamaCppModel:
+class LlamaCppModel(Model):
     """A GGUF model loaded by llama.cpp: weights and vocabulary, shared by its contexts."""
 
     def __init__(self, path: str, n_gpu_layers: int = 0, n_threads: int | None = None):

@@ -15,7 +15,7 @@ it; `SharedContext.decode` is the batched verb.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -23,16 +23,13 @@ import llama_cpp as C
 
 from .base import MemoryUse, common_prefix
 from .cache_reuse import reuse_chunks
-from .llama_native import DecodeThreads, NativeContext
-
-if TYPE_CHECKING:
-    from .llama_cpp import LlamaCppModel  # the model builds these contexts (new_shared_context)
+from .llama_native import DecodeThreads, NativeContext, NativeModel
 
 
 class SharedContext(NativeContext):
     """n_seq sequences of up to n_ctx tokens each, at most n_batch tokens per decode."""
 
-    def __init__(self, model: "LlamaCppModel", n_ctx: int, n_seq: int, n_batch: int = 512):
+    def __init__(self, model: NativeModel, n_ctx: int, n_seq: int, n_batch: int = 512):
         if n_seq < 1:
             raise ValueError(f"need at least one sequence, got {n_seq}")
         self.model = model

@@ -3,8 +3,8 @@ while a model or context is created (the sizes it allocated are only in its log)
 passes, whether the CPU's "extra" weight buffers are safe, and a native context with its decode batch.
 
 `llama_cpp.py` (the model, and one sequence a context) and `llama_cpp_batch.py` (many sequences in one
-context) build on this module. The model creates either kind of context; `llama_cpp_batch.py` imports
-nothing from `llama_cpp.py` (its type only, for annotations).
+context) build on this module. The model creates either kind of context; neither this module nor
+`llama_cpp_batch.py` imports `llama_cpp.py`: a context sees its model as a `NativeModel`.
 """
 from __future__ import annotations
 
@@ -13,12 +13,11 @@ import logging
 import os
 import re
 import threading
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import llama_cpp as C
 
-if TYPE_CHECKING:
-    from .llama_cpp import LlamaCppModel
+from .base import VocabInfo
 
 
 class LoadLog:
@@ -132,11 +131,23 @@ def mib_sum(pattern: str, log: str) -> int:
     return int(sum(float(m) for m in re.findall(pattern + r"[^\n]*?=\s*([0-9.]+) MiB", log)) * 1024 * 1024)
 
 
+class NativeModel(Protocol):
+    """What a context needs of the model that creates it (llama_cpp.LlamaCppModel): a Protocol, so that
+    the contexts here and in llama_cpp_batch.py do not import the model's module, which imports them."""
+
+    path: str
+    handle: object  # llama.cpp's model pointer
+    n_threads: int
+    vocab: VocabInfo
+    can_rollback: bool
+    weights_bytes: int
+
+
 class NativeContext:
     """A llama.cpp context with its decode batch: created, measured and freed the same way by the
     single-sequence context (llama_cpp.LlamaCppContext) and the shared one (llama_cpp_batch.SharedContext)."""
 
-    def _open_native(self, model: "LlamaCppModel", n_ctx: int, n_batch: int, n_seq: int, what: str) -> None:
+    def _open_native(self, model: NativeModel, n_ctx: int, n_batch: int, n_seq: int, what: str) -> None:
         params = C.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = params.n_ubatch = n_batch  # one micro-batch per decode

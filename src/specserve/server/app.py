@@ -59,8 +59,8 @@ def create_app(engine: Engine, settings: ServerSettings) -> Starlette:
         for adapter in ADAPTERS:
             if hasattr(adapter, "prepare"):
                 await anyio.to_thread.run_sync(adapter.prepare, engine.target)
-        if hasattr(engine.target, "grammar_tokenizer"):  # built now, not by the first constrained request
-            await anyio.to_thread.run_sync(engine.target.grammar_tokenizer)
+        # built now, not by the first constrained request (None where the backend cannot constrain)
+        await anyio.to_thread.run_sync(engine.target.grammar_tokenizer)
         try:
             yield
         finally:

@@ -107,9 +107,8 @@ class Job:
         """All the text and tokens, or None if the client went away (generation is then stopped);
         `until(chunk)` true: the answer ends with that chunk (answer.py: a repeated tool call).
 
-        Whether the client is still there is asked at most every DISCONNECT_CHECK_S: Starlette's
-        check costs ~0.3 ms of the event loop, which at every token of 4 streams took a sixth of a
-        core from llama.cpp's threads on a 2-core machine."""
+        Whether the client is still there is asked at most every DISCONNECT_CHECK_S: the check costs
+        the event loop time that llama.cpp's threads need (measured: docs/serving.md)."""
         parts, tokens = [], []
         next_check = time.monotonic() + DISCONNECT_CHECK_S
         async for chunk in self.chunks():
