@@ -145,24 +145,35 @@ def validate_messages(messages) -> list[dict]:
 
 
 def render(messages, template: str | None, bos_token: str = "", eos_token: str = "",
-           add_generation_prompt: bool = True, tools: list | None = None) -> str:
+           add_generation_prompt: bool = True, tools: list | None = None, continue_final: bool = False) -> str:
     """Render messages with the model's template (ChatML when it has none); `tools` (OpenAI's
-    request field) go to the template as Hugging Face passes them."""
+    request field) go to the template as Hugging Face passes them. `continue_final`: the last message
+    (the assistant's) is continued, not closed: the text ends where its content ends (llama-server's
+    assistant prefill, vLLM's continue_final_message)."""
     msgs = validate_messages(messages)
     extra = {"tools": tools} if tools else {}
     try:
-        return _compile(template or CHATML).render(
-            messages=msgs, add_generation_prompt=add_generation_prompt, bos_token=bos_token, eos_token=eos_token,
-            **extra)
+        text = _compile(template or CHATML).render(
+            messages=msgs, add_generation_prompt=add_generation_prompt and not continue_final, bos_token=bos_token,
+            eos_token=eos_token, **extra)
     except ChatTemplateError:
         raise
     except jinja2.TemplateError as e:
         raise ChatTemplateError(f"the model's chat template failed: {e}") from e
+    if continue_final:
+        content = msgs[-1]["content"]
+        end = text.rfind(content) if content else -1
+        if msgs[-1]["role"] != "assistant" or end < 0:
+            raise ChatTemplateError("the last message cannot be continued: it is not the assistant's, or the chat "
+                                    "template does not write its content as it is")
+        text = text[:end + len(content)]
+    return text
 
 
-def render_for(model, messages, tools: list | None = None) -> str:
+def render_for(model, messages, tools: list | None = None, continue_final: bool = False) -> str:
     """Render for a loaded model, using its template and special token texts."""
     v = model.vocab
     bos = v.token_texts[v.bos] if v.bos is not None else ""
     eos = v.token_texts[v.eos] if v.eos is not None else ""
-    return render(messages, model.metadata.get("tokenizer.chat_template"), bos, eos, tools=tools)
+    return render(messages, model.metadata.get("tokenizer.chat_template"), bos, eos, tools=tools,
+                  continue_final=continue_final)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 
 from ..engine import Engine
@@ -9,6 +10,7 @@ from .core.batcher import SLOWDOWN
 from .core.metrics import ServerMetrics
 from .core.profiles import Profile
 from .core.scheduler import Scheduler
+from .core.slot_records import SlotRecords
 
 MAX_BODY_BYTES = 4 << 20
 READ_TIMEOUT_S = 30.0
@@ -40,6 +42,11 @@ class ServerSettings:
     max_connections_per_client: int = MAX_CONNECTIONS_PER_CLIENT  # open connections from one address; 0: no limit
     request_line_timeout: float = REQUEST_LINE_TIMEOUT_S  # seconds a connection may wait before its request line
     webui: bool = True  # the chat page at / (webui.py); --no-webui: off, / is 404
+    aliases: tuple[str, ...] = ()  # other names of the served model (--alias a,b,c), listed in /v1/models
+    tags: tuple[str, ...] = ()  # --tags, listed in /v1/models
+    slots_endpoint: bool = True  # GET /slots (--no-slots: 501, as llama-server)
+    verbose: bool = False  # answers carry `__verbose` (llama-server's --verbose)
+    max_tokens_cap: int | None = None  # -n: the most tokens a request may have generated (llama-server's cap)
 
     def __post_init__(self) -> None:
         if self.model_name not in self.profiles:
@@ -61,6 +68,8 @@ class ServerSettings:
             raise ValueError(f"ubatch must be >= {MIN_UBATCH} (a verification of the longest draft), got {self.ubatch}")
         if not 0 <= self.prefill_slowdown < 1e6 or 0 < self.prefill_slowdown <= 1:
             raise ValueError(f"prefill_slowdown must be > 1 (or 0: off), got {self.prefill_slowdown}")
+        if self.max_tokens_cap is not None and self.max_tokens_cap <= 0:
+            raise ValueError(f"max_tokens_cap must be > 0, got {self.max_tokens_cap}")
         if self.max_connections < self.parallel + self.queue + 1:
             raise ValueError(f"max_connections must exceed parallel + queue ({self.parallel + self.queue}), "
                              f"got {self.max_connections}")
@@ -72,12 +81,14 @@ class ServerState:
     def __init__(self, engine: Engine, settings: ServerSettings):
         self.engine = engine
         self.settings = settings
+        self.t_start = time.time()  # llama-server's Process-Start-Time-Unix (/metrics)
         self.profiles = settings.profiles
         self.metrics = ServerMetrics(busy_slots=lambda: self.scheduler.pool.busy,
                                      queue_depth=lambda: self.scheduler.pool.waiting,
                                      suffix_store=engine.suffix_store)
         self.scheduler = Scheduler(engine, settings.parallel, settings.queue, settings.ubatch,
                                    on_pass=self.metrics.target_pass, prefill_slowdown=settings.prefill_slowdown)
+        self.slot_records = SlotRecords(settings.parallel)  # GET /slots
 
     def health(self) -> dict:
         pool = self.scheduler.pool

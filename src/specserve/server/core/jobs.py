@@ -25,7 +25,7 @@ from ...prompt import chat_tokens
 from ...stats import GenerationStats
 from ..http.errors import ApiError, bad_request
 from .metrics import log_request
-from .request import GenRequest, check_context
+from .request import GenRequest, fit_context
 from .scheduler import QueueFull, SlotPool, draining, queue_full, stopping
 from .trace import Tracer
 from .warm import warm_steps
@@ -40,7 +40,8 @@ def prompt_ids(model, req: GenRequest) -> list[int]:
     """Tokenize the prompt or render and tokenize the chat. Raises ApiError(400)."""
     if req.messages is not None:
         try:
-            return chat_tokens(model, req.messages, req.tools.tools if req.tools is not None else None)
+            return chat_tokens(model, req.messages, req.tools.tools if req.tools is not None else None,
+                               req.continue_final)
         except (ChatTemplateError, ValueError) as e:
             raise bad_request(str(e), "messages") from None
     if isinstance(req.prompt, str):
@@ -57,7 +58,9 @@ class Job:
 
     def __init__(self, state, req: GenRequest, slot, tokens: list[int], t_arrival: float, queue_s: float):
         self.state, self.req, self.slot = state, req, slot
+        self.prompt_tokens = tokens
         self.id_slot = state.scheduler.pool.slots.index(slot)  # which slot runs it (llama-server's id_slot)
+        state.slot_records.started(self.id_slot, self)
         self.stats = GenerationStats()
         self.queue_s = queue_s
         self.t_arrival = t_arrival
@@ -138,6 +141,7 @@ class Job:
                     state.scheduler.worker.cancel(self._run)
                 self._gen.close()
                 state.metrics.observe(req.endpoint, stats, queue_s, time.perf_counter() - self.t_arrival)
+                state.slot_records.finished(self.id_slot, stats)
                 log_request(req.endpoint, req.model, req.spec.mode, stats, queue_s)
             except Exception:
                 log.exception("while closing a request")
@@ -221,11 +225,7 @@ async def start(state, req: GenRequest, request: Request | None = None) -> Job:
         tokens = await anyio.to_thread.run_sync(prompt_ids, engine.target, req)
         if not tokens:
             raise bad_request("the prompt is empty after tokenization", "prompt")
-        if len(tokens) >= engine.n_ctx:
-            raise bad_request(f"the prompt is {len(tokens)} tokens but the context holds {engine.n_ctx} "
-                              f"(it must leave room for at least one generated token)", "prompt",
-                              "context_length_exceeded")
-        check_context(req, len(tokens), engine.n_ctx)  # prompt + max_tokens must fit, or 400
+        req = fit_context(req, len(tokens), engine.n_ctx)  # a prompt that leaves no room: 400
         t_queued = time.perf_counter()
         slot = await _acquire(scheduler.pool, tokens, request, req.id_slot)
     except QueueFull:

@@ -11,6 +11,7 @@ import logging
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from ...stats import GenerationStats
+from .llama_metrics import LlamaTotals
 
 log = logging.getLogger("specserve.server")
 
@@ -28,6 +29,8 @@ class ServerMetrics:
     content_type = CONTENT_TYPE_LATEST
 
     def __init__(self, busy_slots=lambda: 0, queue_depth=lambda: 0, suffix_store=None):
+        self._busy_slots, self._queue_depth = busy_slots, queue_depth
+        self.llama = LlamaTotals()  # llama-server's `llamacpp:` series, written after ours
         r = self.registry = CollectorRegistry()
         self.requests = Counter(P + "requests", "Generation requests finished, by endpoint and finish reason",
                                 ["endpoint", "finish_reason"], registry=r)
@@ -83,6 +86,7 @@ class ServerMetrics:
         """One target forward pass (the engine thread calls this)."""
         self.batch_seqs.observe(n_seqs)
         self.batch_tokens.observe(n_tokens)
+        self.llama.target_pass(n_seqs)
         if n_seqs > 1:
             self.batched_passes.inc()
 
@@ -92,6 +96,7 @@ class ServerMetrics:
     def observe(self, endpoint: str, stats: GenerationStats, queue_s: float, latency_s: float) -> None:
         """Account one finished (or cancelled) generation."""
         self.requests.labels(endpoint, stats.finish_reason or "cancelled").inc()
+        self.llama.observe(stats)
         self.prompt_tokens.inc(stats.n_prompt)
         self.prompt_tokens_cached.inc(stats.n_cached)
         self.tokens_predicted.inc(stats.n_generated)
@@ -113,7 +118,7 @@ class ServerMetrics:
         self.queue_time.observe(queue_s)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self.registry) + self.llama.render(self._busy_slots(), self._queue_depth()).encode()
 
 
 def log_request(endpoint: str, model: str, mode: str, stats: GenerationStats, queue_s: float) -> None:

@@ -33,6 +33,7 @@ _SAMPLER_CHARS = {"k": "top_k", "p": "top_p", "m": "min_p", "t": "temperature",
                   "e": None, "d": None, "y": None, "x": None, "s": None}
 _SAMPLER_OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0}  # a sampler left out of the chain is not applied
 SAMPLER_ORDER = ("temperature", "top_k", "top_p", "min_p")  # ours (sampling.py)
+MAX_TOKENS = 2**31 - 1  # llama-server's bound on n_predict; more than a context holds is cut to what fits
 
 
 @dataclass(frozen=True)
@@ -68,10 +69,18 @@ def _samplers(value: str | list[str], kw: dict) -> None:
     for name, off in _SAMPLER_OFF.items():
         if name not in chain:
             kw[name] = off
+    temperature = kw.get("temperature", _SAMPLING_DEFAULTS["temperature"])
+    if "min_p" in chain and chain.index("min_p") < chain.index("temperature") and 0 < kw.get("min_p", 0.0) < 1 \
+            and temperature >= GREEDY_TEMPERATURE and temperature != 1:
+        # min-p keeps the tokens whose probability is at least min_p x the top one's: a bound on the logit
+        # gap, which temperature T scales by 1/T. So min-p p before temperature is min-p p**(1/T) just after
+        # it (llama.vim's instruct chain: min_p, temperature)
+        kw["min_p"] = kw["min_p"] ** (1 / temperature)
+        chain.remove("min_p")
+        chain.insert(chain.index("temperature") + 1, "min_p")
     # What must come before what for the values asked: top-k commutes with the rest (it keeps a rank
     # prefix) and so does min-p with top-k; top-p must precede min-p; temperature must precede both,
     # unless it is greedy (all of them keep the argmax) or 1.
-    temperature = kw.get("temperature", _SAMPLING_DEFAULTS["temperature"])
     if temperature < GREEDY_TEMPERATURE:
         return
     active = {"top_p": kw.get("top_p", 1.0) < 1, "min_p": kw.get("min_p", 0.0) > 0, "temperature": temperature != 1}
@@ -116,10 +125,9 @@ def sampling_params(profile: Profile, n_ctx: int, asked: dict, *, limit: Limit |
             kw.pop("max_tokens", None)
             described = None
         else:
-            if limit.n > n_ctx:
-                raise bad_request(f"{limit.field}={limit.n} is more than the context size ({n_ctx} tokens)",
-                                  limit.field, "context_length_exceeded")
-            kw["max_tokens"] = limit.n
+            if limit.n > MAX_TOKENS:
+                raise bad_request(f"{limit.field} must be at most {MAX_TOKENS}, got {limit.n}", limit.field)
+            kw["max_tokens"] = limit.n  # past the context: cut to what fits (request.fit_context)
             described = f"{limit.field}={limit.n}"
     _check_pinned(profile, kw, asked, limit)
     if "max_tokens" not in kw and default is not None:
