@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from ..config import ModelConfig
 from .common import CliError, add_model_args, add_spec_args, load_engine, model_config, spec_params
+from .llama_flags import add_llama_args, aliases, chat_template, default_sampling, llama_overrides
 
 if TYPE_CHECKING:
     from ..server import ServerSettings
@@ -44,7 +45,8 @@ def add_parser(sub) -> None:
                         "'KEY scope=NAME' confines that key's requests to cross-request scope NAME, whatever "
                         "their profile or speculative.cross_request_scope says (one asking for another gets 400): "
                         "tenants with keys of their own scopes never draft from each other's text")
-    g.add_argument("--alias", metavar="NAME", help="the served model's name (default: the target file's stem)")
+    g.add_argument("-a", "--alias", metavar="NAME", help="the served model's name (default: the target file's stem); "
+                   "several comma-separated names are all served, the first in sorted order named in answers")
     g.add_argument("--profile", action="append", default=[], metavar="NAME=OPTIONS",
                    help="a named preset requests select with 'model': e.g. code=spec=draft,draft_max=8 or "
                         "prose=spec=none,temperature=0.8 (repeatable). Options: spec, draft_max, draft_min, "
@@ -120,6 +122,7 @@ def add_parser(sub) -> None:
                    help="autoscale: seconds of load above target before adding a replica (default 30)")
     r.add_argument("--downscale-delay", type=float, default=300.0, metavar="S",
                    help="autoscale: seconds of load below target before removing one (default 300)")
+    add_llama_args(p)
     p.set_defaults(run=run)
 
 
@@ -196,11 +199,13 @@ def settings_from(args, target_path: str):
         raise CliError(f"--port must be in [0, 65535], got {args.port}", 2)
     if not args.cross_request_mib > 0:
         raise CliError(f"--cross-request-mib must be > 0, got {args.cross_request_mib}", 2)
-    name = args.alias or _model_name(args.model, target_path, getattr(args, "pair", "qwen"))
+    names = aliases(args.alias)
+    name = names[0] if names else _model_name(args.model, target_path, getattr(args, "pair", "qwen"))
     spec = {k: v for k, v in dataclasses.asdict(spec_params(args)).items() if k != "trace"}  # per request only
     keys, key_scopes = api_keys(args)
     try:
-        profiles = build_profiles(Profile(name, spec=spec, verify=args.verify), args.profile)
+        profiles = build_profiles(Profile(name, spec=spec, sampling=default_sampling(args), verify=args.verify),
+                                  args.profile)
         return ServerSettings(model_name=name, profiles=profiles, parallel=args.parallel, queue=args.queue,
                               ubatch=args.ubatch_size, prefill_slowdown=args.prefill_slowdown,
                               api_keys=keys, key_scopes=key_scopes, max_body=int(args.max_body_mib * (1 << 20)),
@@ -209,13 +214,17 @@ def settings_from(args, target_path: str):
                               read_timeout=args.read_timeout, drain_timeout=args.drain_timeout,
                               max_connections=args.max_connections,
                               max_connections_per_client=args.max_connections_per_client,
-                              request_line_timeout=args.request_line_timeout, webui=not args.no_webui)
+                              request_line_timeout=args.request_line_timeout, webui=not args.no_webui,
+                              aliases=names[1:], tags=tuple(t.strip() for t in (args.tags or "").split(",") if t.strip()),
+                              slots_endpoint=args.slots, verbose=args.verbose,
+                              max_tokens_cap=args.n_predict if args.n_predict and args.n_predict > 0 else None)
     except ValueError as e:
         raise CliError(str(e), 2) from None
 
 
 def configs(args) -> tuple[ModelConfig, ServerSettings]:
     """What one engine loads and how it serves, from the flags; raises CliError before any model loads."""
+    llama_overrides(args)
     cfg = model_config(args)
     settings = settings_from(args, cfg.target_path)
     if args.cache_reuse < 0:
@@ -255,7 +264,10 @@ def run(args) -> int:
 
     logsafe.install()  # clients' strings reach log lines: escape them
     cfg, settings = configs(args)
+    template = chat_template(args)
     engine = load_engine(cfg)
+    if template is not None:  # the chat template every chat is rendered with (and its tools read by)
+        engine.target.metadata["tokenizer.chat_template"] = template
     app = None
     try:
         if engine.draft is None:
