@@ -128,7 +128,7 @@ def test_openai_suffix_heals_the_cursor_line_as_infill_does(fim_server):
     ({"input_extra": "x"}, "input_extra"),
     ({"input_prefix": 5}, "input_prefix"),
     ({"n_indent": -1}, "n_indent"),
-    ({"id_slot": 7}, "id_slot"),
+    ({"id_slot": -7}, "id_slot"),  # a slot number counts round the slots (llama-server), a negative is refused
     ({"n_cmpl": 2, "temperature": 0.7, "samplers": ["top_k", "temperature"]}, "n_cmpl"),
     ({"samplers": ["top_k", "mirostat"]}, "samplers"),
 ])

@@ -15,7 +15,6 @@ import logging
 import anyio
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -23,13 +22,14 @@ from starlette.routing import Route
 from ..engine import Engine
 from ..memory import fmt_bytes
 from . import webui
-from .apis import infill, llama, openai_chat, openai_completions
+from .apis import aliases, infill, llama, llama_extra, openai_chat, openai_completions, props
 from .http.endpoint import Endpoint
 from .http.errors import OPENAI_SHAPES, CatchAll, ErrorShapes, install_handlers
 from .http.guard import OPEN_PATHS, ApiKeyMiddleware, HostOriginGuard
 from .state import ServerSettings, ServerState
 
-ADAPTERS = (openai_completions, openai_chat, llama, infill)  # one module per API (or per part of one)
+ADAPTERS = (openai_completions, openai_chat, llama, infill,  # one module per API (or per part of one)
+            props, llama_extra, aliases)
 
 log = logging.getLogger("specserve.server")
 
@@ -40,8 +40,10 @@ async def health(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
-    m = request.app.state.server.metrics
-    return Response(m.render(), headers={"Content-Type": m.content_type})
+    state = request.app.state.server
+    m = state.metrics
+    return Response(m.render(), headers={"Content-Type": m.content_type,
+                                         "Process-Start-Time-Unix": str(int(state.t_start))})
 
 
 def create_app(engine: Engine, settings: ServerSettings) -> Starlette:
@@ -64,7 +66,7 @@ def create_app(engine: Engine, settings: ServerSettings) -> Starlette:
             state.scheduler.close()
 
     routes = [*(e.route() for e in endpoints),
-              Route("/health", health, methods=["GET"]),
+              Route("/health", health, methods=["GET"]), Route("/v1/health", health, methods=["GET"]),
               Route("/metrics", metrics, methods=["GET"]),
               *(webui.routes() if settings.webui else [])]
     middleware = access_middleware(settings, state.metrics.error, shapes)
@@ -76,15 +78,11 @@ def create_app(engine: Engine, settings: ServerSettings) -> Starlette:
 
 def access_middleware(settings: ServerSettings, on_error, shapes: ErrorShapes = OPENAI_SHAPES) -> list[Middleware]:
     """The checks in front of every route: bugs answered cleanly (outermost), then who may call
-    (a CORS preflight carries no key), each refusal in the shape of its path's API. Shared with the
-    replica ingress (specserve.cluster)."""
+    (the guard answers an allowed origin's CORS preflight, which carries no key), each refusal in the shape
+    of its path's API. Shared with the replica ingress (specserve.cluster)."""
     middleware = [Middleware(CatchAll, on_error=on_error, shapes=shapes),
                   Middleware(HostOriginGuard, allowed_hosts=settings.allowed_hosts,
                              cors_origins=settings.cors_origins, on_error=on_error, shapes=shapes)]
-    if settings.cors_origins:
-        middleware.append(Middleware(CORSMiddleware, allow_origins=sorted(settings.cors_origins),
-                                     allow_methods=["GET", "POST"],
-                                     allow_headers=["Authorization", "Content-Type", "X-Api-Key"], max_age=600))
     if settings.api_keys:
         middleware.append(Middleware(ApiKeyMiddleware, keys=settings.api_keys, on_error=on_error,
                                      scopes=settings.key_scopes, shapes=shapes,

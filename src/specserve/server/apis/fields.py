@@ -4,6 +4,7 @@ this server refuses rather than ignore.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any, Callable
 
@@ -41,9 +42,8 @@ _UNSUPPORTED: dict[str, Callable[[object], bool]] = {
     "repeat_penalty": _one_of(1), "typical_p": _one_of(1), "mirostat": _off, "dry_multiplier": _off,
     "xtc_probability": _off, "dynatemp_range": _off, "top_n_sigma": lambda v: _one_of(-1)(v) or not v,
     "lora": _off,
-    # llama-server fields for its slots and context shift, which this server does not have
-    # (id_slot: /completion and /infill implement it and skip this entry)
-    "id_slot": _one_of(-1), "n_keep": _one_of(0, -1), "t_max_predict_ms": _off,
+    # llama-server's fields for its context shift, which this server does not have
+    "n_keep": _one_of(0, -1), "t_max_predict_ms": _off,
 }
 
 
@@ -104,6 +104,7 @@ class Generation(ConstraintFields):
     stop: tuple[str, ...] = ()
     stream: bool | None = None
     cache_prompt: bool | None = None
+    id_slot: int | None = None  # llama-server's: run on this slot (slot_id)
     speculative: Speculative | None = None
 
     @field_validator("samplers", mode="before")
@@ -148,6 +149,9 @@ def params_of(state, fields: Generation, profile: Profile, key_scope: str | None
     spec: the speculative fields asked for, where the API spells them its own way (else `speculative`)."""
     sampling, described = sampling_params(profile, state.engine.n_ctx, fields.sampling_asked(random_seed),
                                           limit=limit, default=default, samplers=fields.samplers, stop=fields.stop)
+    cap = state.settings.max_tokens_cap
+    if cap is not None and sampling.max_tokens > cap:  # -n: the most a request gets, as llama-server's
+        sampling = dataclasses.replace(sampling, max_tokens=cap)
     if spec is None:
         spec = fields.speculative.asked() if fields.speculative is not None else {}
     spec_p, verify = spec_params(spec, profile, state.engine.draft is not None, key_scope)
@@ -178,6 +182,15 @@ def prompt_value(value: Any, key: str = "prompt") -> str | list[int] | None:
             raise bad_request(f"{key} is empty", key)
         return list(value)
     raise bad_request(f"{key} must be a string or an array of token ids (one prompt per request)", key)
+
+
+def slot_id(id_slot: int | None, n_slots: int) -> int:
+    """llama-server's `id_slot`: -1 (any), or a slot of this server, counted round the slots as llama-server
+    does (llama.vim sends its request number); 400 for another negative."""
+    id_slot = -1 if id_slot is None else id_slot
+    if id_slot < -1:
+        raise bad_request(f"id_slot must be -1 (any slot) or a slot number, got {id_slot}", "id_slot")
+    return id_slot if id_slot < 0 else id_slot % n_slots
 
 
 def required(value, key: str):

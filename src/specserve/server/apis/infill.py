@@ -33,7 +33,8 @@ from ..http.body import read_json
 from ..http.endpoint import Endpoint
 from ..http.errors import bad_request
 from .infill_rules import LineRules, fim_prompt, select_fields
-from .llama import final, llama_request
+from .llama import llama_request
+from .llama_answer import final
 from .openai_common import key_scope, stream
 from .validation import Fields, parse
 

@@ -14,17 +14,21 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ...chat import MessageError, validate_messages
-from ..core.answer import answer, events
+from ..core.answer import events
 from ..core.events import CallStart, Event, Finish, Text
 from ..core.jobs import Job, start
+from ..core.params import Limit
 from ..core.request import GenRequest
 from ..http.body import read_json
 from ..http.endpoint import Endpoint
 from ..http.errors import bad_request
+from . import several
 from .constraint_fields import output_grammar
-from .fields import check_unsupported, first_limit, params_of, resolve_profile
-from .openai_common import OpenAIGeneration, head, key_scope, respond, stream, stream_end, traced
+from .fields import check_unsupported, first_limit, params_of, resolve_profile, slot_id
+from .llama_extra import prefilled
+from .openai_common import OpenAIGeneration, head, key_scope, respond, stream, stream_end, traced, verbose
 from .openai_tools import Tool, openai_tools
+from .timings import timings
 from .validation import parse
 
 _CONTENT_PARTS = ("text",)  # chat content part types understood; images, audio and files are not
@@ -34,9 +38,12 @@ class ChatRequest(OpenAIGeneration):
     messages: list | None = None
     max_completion_tokens: int | None = None
     max_tokens: int | None = None
+    n_predict: int | None = None  # llama-server's name (-1: no limit; 0: only put the prompt in a slot's cache)
     tools: list[Tool] | None = None
     tool_choice: Any = None  # "none", "auto", "required" or {"type": "function", ...}: openai_tools.py
     parallel_tool_calls: bool | None = None
+    add_generation_prompt: bool | None = None  # llama-server's and vLLM's
+    continue_final_message: bool | None = None  # the last (assistant) message is continued (llama_extra.prefilled)
 
 
 def routes() -> list[Endpoint]:
@@ -72,12 +79,18 @@ async def chat_request(request: Request) -> tuple[GenRequest, ChatRequest]:
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
     fields = parse(ChatRequest, body)
     profile = resolve_profile(fields.model, state.profiles, state.settings.model_name)
-    check_unsupported(body)
-    sampling, limit, spec, verify = params_of(state, fields, profile, key_scope(request),
-                                              first_limit(fields, ("max_completion_tokens", "max_tokens")))
+    check_unsupported(body, handled=("n",))
+    warm = fields.n_predict == 0  # llama.vim warms a slot so while its user types: nothing is sampled
+    if warm:
+        fields = fields.model_copy(update={"samplers": None, "n_predict": 1})
+    limit = first_limit(fields, ("max_completion_tokens", "max_tokens", "n_predict"))
+    if limit is not None and limit.field == "n_predict" and limit.n == -1:
+        limit = Limit("n_predict", None)
+    sampling, limit, spec, verify = params_of(state, fields, profile, key_scope(request), limit)
     if not fields.messages:
         raise bad_request("messages must be a non-empty array", "messages")
     check_messages(fields.messages)
+    cont = prefilled(validate_messages(fields.messages), fields.add_generation_prompt, fields.continue_final_message)
     tools = openai_tools(body.get("tools"), fields.tools, fields.tool_choice, fields.parallel_tool_calls,
                          fields.messages, state.engine.target)
     grammar = await output_grammar(state.engine, fields, tools)
@@ -85,7 +98,8 @@ async def chat_request(request: Request) -> tuple[GenRequest, ChatRequest]:
         sampling = dataclasses.replace(sampling, grammar=grammar)
     req = GenRequest("chat", profile.name, sampling, spec, verify, stream=bool(fields.stream),
                      messages=fields.messages, cache_prompt=fields.cache_prompt is not False, limit=limit,
-                     tools=tools)
+                     tools=tools, id_slot=slot_id(fields.id_slot, len(state.scheduler.pool.slots)),
+                     continue_final=cont, warm=warm)
     return req, fields
 
 
@@ -100,24 +114,33 @@ def delta(event: Event) -> dict:
 
 
 async def chat_completions(request: Request) -> Response:
+    state = request.app.state.server
     req, fields = await chat_request(request)
-    job = await start(request.app.state.server, req, request)
+    n = several.count(fields.n, len(state.scheduler.pool.slots))
     if req.stream:
-        return stream(request, job, _chunks(job, head("chat.completion.chunk", req), fields.include_usage))
-    out = await answer(job, request)
-    return respond(job, None if out is None else {**head("chat.completion", req), "choices": [traced({
-        "index": 0, "message": out.message, "logprobs": None, "finish_reason": out.reason, **out.detail},
-        out.trace)]})
+        if n > 1:
+            raise bad_request("n > 1 is not supported with stream", "n", "unsupported_parameter")
+        job = await start(state, req, request)
+        return stream(request, job, _chunks(job, head("chat.completion.chunk", req), fields))
+    outs = await several.answers(state, several.variants(req, n), request)
+    if outs is None:
+        return respond([], None)
+    jobs = [job for job, _ in outs]
+    choices = [(job, out) for job, out in outs for _ in range(n // len(outs))]  # greedy: one answer, n times
+    return respond(jobs, {**head("chat.completion", req), "choices": [traced({
+        "index": i, "message": out.message, "logprobs": None, "finish_reason": out.reason, **out.detail}, out.trace)
+        for i, (_, out) in enumerate(choices)], **verbose(state, fields, *outs[0])})
 
 
-async def _chunks(job: Job, head: dict, include_usage: bool):
+async def _chunks(job: Job, head: dict, fields):
     """The stream: the role, then a chunk per event, the finish, usage and [DONE]."""
 
     def choice(delta: dict, finish: str | None = None, detail: dict | None = None) -> dict:
-        return {**head, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish,
-                                     **(detail or {})}]}
+        c = {**head, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish,
+                                  **(detail or {})}]}
+        return {**c, "timings": timings(job)} if fields.timings_per_token and delta.get("role") is None else c
 
-    yield choice({"role": "assistant", "content": ""})
+    yield choice({"role": "assistant", "content": None})  # llama-server's: no text yet
     async for event in events(job):
         if type(event) is Text:
             if event.text:
@@ -129,5 +152,5 @@ async def _chunks(job: Job, head: dict, include_usage: bool):
             last = choice({}, event.reason, event.detail)
         else:
             yield choice(delta(event))
-    async for chunk in stream_end(head, last, job, include_usage):
+    async for chunk in stream_end(head, last, job, fields.include_usage):
         yield chunk
