@@ -1,6 +1,7 @@
 """Chat messages -> prompt text, with the chat template stored in the GGUF metadata."""
 from __future__ import annotations
 
+import datetime
 import json
 from functools import lru_cache
 
@@ -49,6 +50,8 @@ def _tojson(value, ensure_ascii: bool = False, indent=None, separators=None, sor
 def _compile(source: str) -> jinja2.Template:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise
+    # Hugging Face's: templates that write today's date (Llama 3.x) call it
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
     env.filters["tojson"] = _tojson
     return env.from_string(source)
 
@@ -121,7 +124,7 @@ def validate_messages(messages) -> list[dict]:
                 raise MessageError(f"Missing required parameter: 'messages[{i}].content'",
                                    f"messages[{i}].content", "missing_required_parameter")
             content = ""
-        if isinstance(content, list):  # OpenAI content parts: keep the text ones
+        if isinstance(content, list):  # OpenAI content parts: the text ones, a line each (llama-server's, vLLM's)
             texts = []
             for j, p in enumerate(content):
                 if isinstance(p, dict) and p.get("type") == "text":
@@ -129,7 +132,7 @@ def validate_messages(messages) -> list[dict]:
                         raise MessageError(f"messages[{i}].content[{j}].text must be a string",
                                            f"messages[{i}].content[{j}].text")
                     texts.append(p["text"])
-            content = "".join(texts)
+            content = "\n".join(texts)
         if not isinstance(content, str):
             raise MessageError(f"messages[{i}].content must be a string or an array of content parts",
                                f"messages[{i}].content")

@@ -157,7 +157,9 @@ def test_max_tokens_past_the_context_is_cut_to_what_fits(http):
     r = http.post("/completion", json={"prompt": prompt, "n_predict": 4096, "ignore_eos": True}).json()
     assert r["truncated"] is True and r["stop_type"] == "limit" and r["tokens_predicted"] == N_CTX - n_prompt
     r = http.post("/completion", json={"prompt": "the", "n_predict": 4096, "ignore_eos": True}).json()
-    assert r["tokens_predicted"] == 64 and r["truncated"] is False  # -n 64: the most a request gets
+    assert r["tokens_predicted"] + r["tokens_evaluated"] == N_CTX and r["truncated"] is True  # -n: not a cap
+    r = http.post("/completion", json={"prompt": "the", "ignore_eos": True}).json()
+    assert r["tokens_predicted"] == 64 and r["truncated"] is False  # -n 64: the default
 
 
 def test_n_gives_distinct_seeded_samples_and_greedy_copies(http):
@@ -229,15 +231,25 @@ def test_llama_server_flags_it_cannot_honour_are_refused_with_the_reason(tiny_mo
     assert r.returncode == 2 and why in r.stderr, r.stderr
 
 
-def test_no_slots_answers_501_and_a_template_file_is_read(tiny_models_dir, tmp_path):
+def test_no_slots_answers_501_a_template_file_is_read_and_vertex_predicts(tiny_models_dir, tmp_path):
     template = tmp_path / "t.jinja"
     template.write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}")
     srv = ServerProcess(serve_args(tiny_models_dir, "-c", "128", "--no-slots", "--chat-template-file", str(template)),
-                        tmp_path / "serve.log")
+                        tmp_path / "serve.log", env={"AIP_MODE": "PREDICTION"})
     try:
         with srv.client() as c:
             assert c.get("/slots").status_code == 501
             p = c.post("/apply-template", json={"messages": [{"role": "user", "content": "hi"}]}).json()["prompt"]
             assert p == "[user] hi\n"
+            out = c.post("/predict", json={"instances": [
+                {"@requestFormat": "chatCompletions", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]},
+                {"@requestFormat": "completion", "prompt": "the cat", "n_predict": 2, "stream": True},
+                {"max_tokens": 3}]}).json()["predictions"]
+            assert out[0]["object"] == "chat.completion" and out[1]["tokens_predicted"] == 2
+            assert out[2]["error"]["param"] == "instances[2]"
     finally:
         assert srv.stop() == 0
+
+
+def test_predict_is_404_outside_vertex(http):
+    assert http.post("/predict", json={"instances": []}).status_code == 404

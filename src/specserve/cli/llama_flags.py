@@ -59,9 +59,8 @@ _REFUSED = {
     "--grp-attn-w": "self-extend (group attention) is not supported", "-gaw": "self-extend is not supported",
 }
 # llama-server's --spec-type names -> --spec modes
-_SPEC_TYPES = {"none": "none", "draft": "draft", "draft-simple": "draft", "draft-eagle3": None,
-               "ngram-simple": "ngram", "ngram-map-k": "ngram", "ngram-map-k4v": "ngram", "ngram-mod": "ngram",
-               "ngram-cache": "suffix", "auto": "auto"}
+_SPEC_TYPES = {"none": "none", "draft-simple": "draft", "ngram-simple": "ngram", "ngram-map-k": "ngram",
+               "ngram-map-k4v": "ngram", "ngram-mod": "ngram", "ngram-cache": "suffix"}
 
 
 def add_llama_args(p: argparse.ArgumentParser) -> None:
@@ -78,8 +77,8 @@ def add_llama_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("-s", "--seed", dest="default_seed", type=int, default=None, metavar="S",
                    help="requests' default seed (-1 or absent: a random one per request)")
     g.add_argument("-n", "--n-predict", "--predict", dest="n_predict", type=int, default=None, metavar="N",
-                   help="requests' default limit on generated tokens, and the most one may ask for, as in "
-                        "llama-server (default: until the context is full; -1: the same)")
+                   help="requests' default limit on generated tokens (default: until the context is full; -1: "
+                        "the same)")
     g.add_argument("--chat-template", metavar="NAME|JINJA",
                    help="the chat template to render chats with instead of the GGUF's: a built-in name (chatml, "
                         "hermes: ChatML with Qwen/Hermes tool calls, llama3, command-r, gemma, phi3, zephyr) "
@@ -93,7 +92,7 @@ def add_llama_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--webui", "--ui", dest="no_webui", action="store_false", help="serve the chat page (default)")
     g.add_argument("--cors-origins", metavar="A,B", help="the same as --cors-origin for each comma-separated origin")
     g.add_argument("--spec-type", metavar="TYPE", help="llama-server's speculation type, as --spec: none, "
-                   "draft(-simple) -> draft, ngram-* -> ngram, ngram-cache -> suffix")
+                   "draft-simple -> draft, ngram-* -> ngram, ngram-cache -> suffix")
     g.add_argument("-v", "--verbose", action="store_true",
                    help="answers carry `__verbose` (the prompt as rendered), as llama-server's")
     for flag, why in _ACCEPTED_BOOL.items():
@@ -119,8 +118,9 @@ def llama_overrides(args) -> None:
     if args.spec_type:
         modes = {_SPEC_TYPES.get(t.strip().lower(), None) for t in args.spec_type.split(",")}
         if None in modes or len(modes) != 1:
-            raise CliError(f"--spec-type {args.spec_type}: known types are {', '.join(k for k, v in _SPEC_TYPES.items() if v)}"
-                           " (one speculation mode)", 2)
+            raise CliError(f"--spec-type {args.spec_type}: the types served are {', '.join(_SPEC_TYPES)} (one "
+                       "speculation mode; draft-eagle3, draft-mtp and the like need model heads this server does not "
+                       "run)", 2)
         args.spec = modes.pop()
     if args.n_predict is not None and args.n_predict < -1 or args.n_predict == 0:
         raise CliError(f"-n must be > 0 (or -1: no limit), got {args.n_predict}", 2)

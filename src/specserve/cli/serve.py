@@ -35,7 +35,8 @@ def add_parser(sub) -> None:
     add_model_args(p)
     add_spec_args(p)
     g = p.add_argument_group("server")
-    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1); several, "
+                   "comma-separated, are each listened on")
     g.add_argument("--port", type=int, default=8080, help="port (default 8080)")
     g.add_argument("--api-key", metavar="KEY", default=os.environ.get(API_KEY_ENV),
                    help=f"require 'Authorization: Bearer KEY' or 'X-Api-Key: KEY' (not on /health); default: "
@@ -179,10 +180,11 @@ def api_keys(args) -> tuple[tuple[str, ...], dict[str, str]]:
 def allowed_hosts(bind: str, extra: list[str]) -> frozenset[str]:
     """Host names the server answers to besides IP addresses and localhost: the bound name and --allowed-host."""
     names = {h.strip().lower().rstrip(".") for h in extra if h.strip()}
-    try:
-        ipaddress.ip_address(bind)
-    except ValueError:
-        names.add(bind.lower())
+    for address in filter(None, (b.strip().strip("[]") for b in bind.split(","))):  # --host A,B: each
+        try:
+            ipaddress.ip_address(address)
+        except ValueError:
+            names.add(address.lower())
     return frozenset(names)
 
 
@@ -217,7 +219,7 @@ def settings_from(args, target_path: str):
                               request_line_timeout=args.request_line_timeout, webui=not args.no_webui,
                               aliases=names[1:], tags=tuple(t.strip() for t in (args.tags or "").split(",") if t.strip()),
                               slots_endpoint=args.slots, verbose=args.verbose,
-                              max_tokens_cap=args.n_predict if args.n_predict and args.n_predict > 0 else None)
+                              gcp_predict=os.environ.get("AIP_MODE") == "PREDICTION")
     except ValueError as e:
         raise CliError(str(e), 2) from None
 
@@ -274,7 +276,7 @@ def run(args) -> int:
             for p in settings.profiles.values():
                 if p.spec.get("mode") == "draft":
                     raise CliError(f"profile {p.name} uses spec=draft but there is no draft model (-md)", 2)
-        if args.host not in _LOOPBACK and not settings.api_keys:
+        if any(h.strip().strip("[]") not in _LOOPBACK for h in args.host.split(",")) and not settings.api_keys:
             log.warning("listening on %s without --api-key: anyone who can reach it can use it", args.host)
         app = create_app(engine, settings)
         serve(app, args.host, args.port, settings)

@@ -22,14 +22,14 @@ from starlette.routing import Route
 from ..engine import Engine
 from ..memory import fmt_bytes
 from . import webui
-from .apis import aliases, infill, llama, llama_extra, openai_chat, openai_completions, props
+from .apis import aliases, gcp, infill, llama, llama_extra, openai_chat, openai_completions, props
 from .http.endpoint import Endpoint
 from .http.errors import OPENAI_SHAPES, CatchAll, ErrorShapes, install_handlers
 from .http.guard import OPEN_PATHS, ApiKeyMiddleware, HostOriginGuard
 from .state import ServerSettings, ServerState
 
 ADAPTERS = (openai_completions, openai_chat, llama, infill,  # one module per API (or per part of one)
-            props, llama_extra, aliases)
+            props, llama_extra, aliases, gcp)
 
 log = logging.getLogger("specserve.server")
 
@@ -42,8 +42,10 @@ async def health(request: Request) -> Response:
 async def metrics(request: Request) -> Response:
     state = request.app.state.server
     m = state.metrics
-    return Response(m.render(), headers={"Content-Type": m.content_type,
-                                         "Process-Start-Time-Unix": str(int(state.t_start))})
+    response = Response(m.render(), headers={"Content-Type": m.content_type})
+    # llama-server's header, in its own case: clients that read headers into a plain dict look it up so
+    response.raw_headers.append((b"Process-Start-Time-Unix", str(int(state.t_start)).encode()))
+    return response
 
 
 def create_app(engine: Engine, settings: ServerSettings) -> Starlette:

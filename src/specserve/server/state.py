@@ -46,7 +46,7 @@ class ServerSettings:
     tags: tuple[str, ...] = ()  # --tags, listed in /v1/models
     slots_endpoint: bool = True  # GET /slots (--no-slots: 501, as llama-server)
     verbose: bool = False  # answers carry `__verbose` (llama-server's --verbose)
-    max_tokens_cap: int | None = None  # -n: the most tokens a request may have generated (llama-server's cap)
+    gcp_predict: bool = False  # POST /predict, Vertex AI's route (llama-server's, with AIP_MODE=PREDICTION)
 
     def __post_init__(self) -> None:
         if self.model_name not in self.profiles:
@@ -68,8 +68,6 @@ class ServerSettings:
             raise ValueError(f"ubatch must be >= {MIN_UBATCH} (a verification of the longest draft), got {self.ubatch}")
         if not 0 <= self.prefill_slowdown < 1e6 or 0 < self.prefill_slowdown <= 1:
             raise ValueError(f"prefill_slowdown must be > 1 (or 0: off), got {self.prefill_slowdown}")
-        if self.max_tokens_cap is not None and self.max_tokens_cap <= 0:
-            raise ValueError(f"max_tokens_cap must be > 0, got {self.max_tokens_cap}")
         if self.max_connections < self.parallel + self.queue + 1:
             raise ValueError(f"max_connections must exceed parallel + queue ({self.parallel + self.queue}), "
                              f"got {self.max_connections}")

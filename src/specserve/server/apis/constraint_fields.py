@@ -30,6 +30,7 @@ class JsonSchemaFormat(StrictModel):
 class ResponseFormat(StrictModel):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
+    schema_: dict | None = Field(None, alias="schema")  # llama-server's: json_object with a schema
 
 
 class ConstraintFields(Fields):
@@ -42,7 +43,8 @@ class ConstraintFields(Fields):
     def requested(self) -> list[str]:
         """The fields set to something that constrains (`{"type": "text"}` and `""` do not)."""
         rf = self.response_format
-        out = [] if rf is None or rf.type == "text" and rf.json_schema is None else ["response_format"]
+        out = [] if rf is None or rf.type == "text" and rf.json_schema is None and rf.schema_ is None \
+            else ["response_format"]
         if self.grammar:  # llama-server's default "": no grammar
             out.append("grammar")
         if self.json_schema is not None:
@@ -64,11 +66,15 @@ def refuse_tools(body: dict) -> None:
 
 
 def _response_format(fmt: ResponseFormat) -> str | None:
+    if fmt.type == "text" and fmt.schema_ is not None:
+        raise bad_request("response_format.schema goes with type 'json_object'", "response_format.schema")
     if fmt.type == "text":
         if fmt.json_schema is not None:
             raise bad_request("response_format.json_schema goes with type 'json_schema', not 'text'",
                               "response_format.json_schema")
         return None
+    if fmt.type == "json_object" and fmt.schema_ is not None:
+        return schema_grammar(fmt.schema_, "response_format.schema")
     if fmt.type == "json_object":
         return json_object()
     if fmt.json_schema is None or fmt.json_schema.schema_ is None:

@@ -4,7 +4,6 @@ this server refuses rather than ignore.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import Any, Callable
 
@@ -149,9 +148,6 @@ def params_of(state, fields: Generation, profile: Profile, key_scope: str | None
     spec: the speculative fields asked for, where the API spells them its own way (else `speculative`)."""
     sampling, described = sampling_params(profile, state.engine.n_ctx, fields.sampling_asked(random_seed),
                                           limit=limit, default=default, samplers=fields.samplers, stop=fields.stop)
-    cap = state.settings.max_tokens_cap
-    if cap is not None and sampling.max_tokens > cap:  # -n: the most a request gets, as llama-server's
-        sampling = dataclasses.replace(sampling, max_tokens=cap)
     if spec is None:
         spec = fields.speculative.asked() if fields.speculative is not None else {}
     spec_p, verify = spec_params(spec, profile, state.engine.draft is not None, key_scope)

@@ -38,6 +38,7 @@ from .infill_rules import select_fields
 from .llama_extra import tokenize_mixed
 from .llama_answer import final
 from .openai_common import key_scope, stream, traced
+from .progress import progress_events
 from .timings import timings
 from .validation import parse
 
@@ -48,6 +49,7 @@ class LlamaRequest(Generation):
     max_tokens: int | None = None
     return_tokens: bool | None = None
     timings_per_token: bool | None = None
+    return_progress: bool | None = None  # the stream opens with `prompt_progress` events (progress.py)
     n_cmpl: int | None = None
     n: int | None = None  # n_cmpl's other name (OpenAI's)
     response_fields: list[str] | None = None  # only these fields of the answer (infill_rules.select_fields)
@@ -164,6 +166,11 @@ async def _one(request: Request, state, req: GenRequest, fields: LlamaRequest) -
 
 async def _chunks(job: Job, fields: LlamaRequest):
     new_line = False
+    if fields.return_progress:
+        for progress, times in progress_events(job):
+            yield {"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": job.id_slot,
+                   "tokens_predicted": 0, "tokens_evaluated": job.stats.n_prompt, "prompt_progress": progress,
+                   **({"timings": times} if fields.timings_per_token else {})}
     async for event in events(job):
         if event.__class__ is Text:
             new_line = new_line or "\n" in event.text

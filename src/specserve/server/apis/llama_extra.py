@@ -110,6 +110,9 @@ def prefilled(msgs: list[dict], add_generation_prompt: bool | None, continue_fin
         raise bad_request("add_generation_prompt and continue_final_message cannot both be true",
                           "continue_final_message")
     last = msgs[-1]["role"] == "assistant" and not msgs[-1].get("tool_calls") and bool(msgs[-1]["content"])
+    if last and continue_final is not False and len(msgs) > 1 and msgs[-2]["role"] == "assistant":
+        raise bad_request("a chat cannot end with two assistant messages: the last is continued, so the one "
+                          "before it would have no turn after it", f"messages[{len(msgs) - 1}]")
     if continue_final and not last:
         raise bad_request("continue_final_message needs a last message from the assistant", "continue_final_message")
     return bool(continue_final) or (continue_final is None and last)

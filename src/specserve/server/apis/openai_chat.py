@@ -28,6 +28,7 @@ from .fields import check_unsupported, first_limit, params_of, resolve_profile, 
 from .llama_extra import prefilled
 from .openai_common import OpenAIGeneration, head, key_scope, respond, stream, stream_end, traced, verbose
 from .openai_tools import Tool, openai_tools
+from .progress import progress_events
 from .timings import timings
 from .validation import parse
 
@@ -140,7 +141,12 @@ async def _chunks(job: Job, head: dict, fields):
                                   **(detail or {})}]}
         return {**c, "timings": timings(job)} if fields.timings_per_token and delta.get("role") is None else c
 
-    yield choice({"role": "assistant", "content": None})  # llama-server's: no text yet
+    if fields.return_progress:
+        for progress, times in progress_events(job):
+            yield {**choice({"role": "assistant", "content": None}), "prompt_progress": progress,
+                   **({"timings": times} if fields.timings_per_token else {})}
+    else:
+        yield choice({"role": "assistant", "content": None})  # llama-server's: no text yet
     async for event in events(job):
         if type(event) is Text:
             if event.text:

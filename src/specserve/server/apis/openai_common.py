@@ -36,6 +36,7 @@ class OpenAIGeneration(Generation):
     n: int | None = None
     verbose: bool | None = None  # the answer carries `__verbose` (also with the server's --verbose)
     timings_per_token: bool | None = None  # each streamed chunk carries `timings`
+    return_progress: bool | None = None  # a stream opens with `prompt_progress` events (progress.py)
 
     @property
     def include_usage(self) -> bool:

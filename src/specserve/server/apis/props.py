@@ -76,8 +76,7 @@ def _defaults(state) -> dict:
     """The served model's defaults, as a request that sets nothing gets them."""
     profile = state.profiles[state.settings.model_name]
     sampling, _ = sampling_params(profile, state.engine.n_ctx, {})
-    cap = state.settings.max_tokens_cap
-    n_predict = cap if cap is not None else profile.sampling.get("max_tokens")
+    n_predict = profile.sampling.get("max_tokens")  # -n, or a profile's max_tokens
     spec = SpecParams(**profile.spec)
     return generation_settings(sampling, spec, eog=state.engine.target.vocab.eog, n_predict=n_predict,
                                verify=profile.verify)

@@ -76,7 +76,7 @@ class ToolRequest:
     choice: str  # "none", "auto", "required", or the one function's name
     parallel: bool
     form: CallForm
-    grammar: str
+    grammar: str | None  # None: tool_choice "none" on a template whose call form is not known here
 
 
 def call_form(model) -> CallForm | None:
@@ -113,6 +113,8 @@ def tool_request(model, template_tools: list[dict], specs: list[ToolSpec], choic
             raise bad_request(f"{spec.name_param}: {spec.name!r} is given twice", spec.name_param)
     form = call_form(model)
     if form is None:
+        if choice == "none":  # rendered for the template; no call is asked for or read back
+            return ToolRequest(list(template_tools), names, choice, parallel, CallForm(), None)
         raise no_tool_support()
     schemas = [arguments_schema(s.parameters, s.parameters_param) for s in specs]
     lark = tools_lark(form, names, schemas, choice, parallel)
