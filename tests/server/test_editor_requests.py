@@ -89,6 +89,7 @@ def test_continue_openai_autocomplete_and_llama_cpp_autocomplete(http):
     assert chunks[-1]["stop"] is True and chunks[-1]["stop_type"] in ("eos", "word", "limit")
     mirostat = http.post("/completion", json={"prompt": CODE, "n_predict": 8, "mirostat": 2})
     assert mirostat.status_code == 400 and mirostat.json()["error"]["param"] == "mirostat"
+    assert "verifying a draft" in mirostat.json()["error"]["message"]
 
 
 def test_the_openai_sdk_with_its_own_model_name_n_and_a_stream(server):

@@ -18,7 +18,7 @@ from server_fixtures import ServerProcess, serve_args, tiny_models_dir  # noqa: 
 from specserve.chat_templates import HERMES  # noqa: E402
 
 KEY = "k-llama"
-N_CTX = 256
+N_CTX = 1024
 # llama-server's own command line, as its test suite starts it (the sampling defaults, a cap on tokens,
 # flags for what this server always does)
 LLAMA_FLAGS = ("-c", str(N_CTX), "-np", "2", "--temp", "0.8", "--seed", "42", "-n", "64", "--alias", "tiny-2,fim,code",
@@ -105,6 +105,19 @@ def test_apply_template_renders_tools_prefill_and_the_generation_prompt(http):
         "messages": msgs}).json()["prompt"]}).json()["tokens"])
 
 
+def test_the_hermes_template_brings_tool_calls_to_a_model_whose_template_has_none(http):
+    """The tiny model's own template is plain ChatML; --chat-template hermes gives it Qwen2.5's tool calls."""
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"]}}}
+    body = {"messages": [{"role": "user", "content": "weather in Paris?"}], "tools": [tool], "tool_choice": "required",
+            "parallel_tool_calls": False, "max_tokens": 200}
+    r = http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    calls = r.json()["choices"][0]["message"]["tool_calls"]
+    assert r.json()["choices"][0]["finish_reason"] == "tool_calls" and calls[0]["function"]["name"] == "get_weather"
+    assert json.loads(calls[0]["function"]["arguments"])["city"] in ("Paris", "Rome")
+
+
 def test_the_unprefixed_paths_answer_as_llama_server_routes_them(server, http):
     chat = http.post("/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
     assert chat.status_code == 200 and chat.json()["object"] == "chat.completion", chat.text
@@ -140,7 +153,7 @@ def test_other_origins_are_still_refused(server, origin):
 
 
 def test_a_prompt_the_context_cannot_hold_is_exceed_context_size_error(http):
-    long = [{"role": "user", "content": " the" * 400}]
+    long = [{"role": "user", "content": " the" * (N_CTX + 100)}]
     for body in ({"messages": long}, {"messages": long, "stream": True}):
         err = http.post("/v1/chat/completions", json=body).json()["error"]
         assert err["type"] == "exceed_context_size_error" and err["code"] == "context_length_exceeded"
@@ -148,7 +161,7 @@ def test_a_prompt_the_context_cannot_hold_is_exceed_context_size_error(http):
 
 
 def test_max_tokens_past_the_context_is_cut_to_what_fits(http):
-    prompt = " the" * 230
+    prompt = " the" * (N_CTX - 30)
     n_prompt = len(http.post("/tokenize", json={"content": prompt, "add_special": True}).json()["tokens"])
     r = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 4096, "ignore_eos": True})
     assert r.status_code == 200, r.text

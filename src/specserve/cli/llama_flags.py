@@ -7,7 +7,8 @@ Three kinds (docs/llama-server-compat.md lists them all):
 - flags for what this server always does, or for how llama.cpp arranges its own work, accepted and
   logged (--jinja, --metrics, --cont-batching, --kv-unified, -b, -tb, -fa, --offline, ...);
 - flags for what it does not do, refused with the reason: --context-shift (generation ends at the
-  context, finish_reason "length", rather than dropping the oldest tokens), -ctk/-ctv.
+  context, finish_reason "length", rather than dropping the oldest tokens), -ctk/-ctv, self-extend,
+  --sleep-idle-seconds, the synthetic acceptance of --spec-synth-len/--spec-synth-rates.
 
 Default temperature: llama-server samples at 0.8 unless told otherwise; specserve stays greedy
 (temperature 0). Greedy output is the target's own text whatever speculation did, reproduces without
@@ -46,7 +47,6 @@ _ACCEPTED_VALUE = {
     "--threads-http": "the HTTP server is asynchronous", "-cd": "the draft model's context is -c",
     "--ctx-size-draft": "the draft model's context is -c", "--keep": "no context shift",
     "--n-keep": "no context shift", "-to": "see --read-timeout", "--timeout": "see --read-timeout",
-    "--sleep-idle-seconds": "the models stay loaded",
 }
 _REFUSED = {
     "--context-shift": "context shift drops the oldest tokens of a full context and goes on; specserve ends the "
@@ -57,6 +57,9 @@ _REFUSED = {
     "--cache-type-v": "the KV cache is kept in llama.cpp's default type (f16)",
     "--grp-attn-n": "self-extend (group attention) is not supported", "-gan": "self-extend is not supported",
     "--grp-attn-w": "self-extend (group attention) is not supported", "-gaw": "self-extend is not supported",
+    "--sleep-idle-seconds": "the models stay loaded while the server is idle (it does not unload and reload them)",
+    "--spec-synth-len": "synthetic acceptance (a llama-server benchmark mode) makes the output invalid",
+    "--spec-synth-rates": "synthetic acceptance (a llama-server benchmark mode) makes the output invalid",
 }
 # llama-server's --spec-type names -> --spec modes
 _SPEC_TYPES = {"none": "none", "draft-simple": "draft", "ngram-simple": "ngram", "ngram-map-k": "ngram",

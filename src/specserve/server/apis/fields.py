@@ -46,6 +46,11 @@ _UNSUPPORTED: dict[str, Callable[[object], bool]] = {
 }
 
 
+# why, where the field's name alone does not say it
+_WHY = {"mirostat": "its state follows the surprise of each sampled token, which verifying a draft cannot reproduce; "
+                    "use temperature, top_k, top_p, min_p"}
+
+
 def check_unsupported(body: dict, handled: tuple[str, ...] = ()) -> None:
     """400 `unsupported_parameter` for the first field we do not implement that is set to a non-neutral
     value (`handled`: fields of that list the endpoint does implement)."""
@@ -53,7 +58,8 @@ def check_unsupported(body: dict, handled: tuple[str, ...] = ()) -> None:
         value = body.get(key) if key not in handled else None
         if value is None or neutral(value):
             continue
-        raise bad_request(f"{key}={json.dumps(value)[:40]} is not supported by this server", key,
+        why = f": {_WHY[key]}" if key in _WHY else ""
+        raise bad_request(f"{key}={json.dumps(value)[:40]} is not supported by this server{why}", key,
                           "unsupported_parameter")
 
 
