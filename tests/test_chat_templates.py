@@ -55,3 +55,15 @@ def test_hermes_renders_tools_calls_and_results_as_qwen_does():
     assert text.endswith("<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n"
                          "<|im_start|>assistant\n")
     assert render(CHAT, HERMES) == LLAMA_SERVER["chatml"]  # without tools: ChatML
+
+
+def test_templates_get_today_and_loop_controls_as_llama_server_and_hugging_face_give_them():
+    """llama-server passes date_string and datetime; Hugging Face's renderer has strftime_now and
+    {% break %} (Command R7B's template)."""
+    import datetime
+
+    today = datetime.date.today()
+    text = render([{"role": "user", "content": "hi"}],
+                  "{{ date_string }}|{{ datetime }}|{{ strftime_now('%Y') }}|"
+                  "{% for m in messages %}{{ m.content }}{% break %}{% endfor %}")
+    assert text == f"{today.strftime('%d %b %Y')}|{today.strftime('%b %d %Y')}|{today.year}|hi"

@@ -48,7 +48,8 @@ def _tojson(value, ensure_ascii: bool = False, indent=None, separators=None, sor
 
 @lru_cache(maxsize=8)
 def _compile(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    # loopcontrols: {% break %} and {% continue %}, which Hugging Face's renderer takes too (Command R7B's template)
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.globals["raise_exception"] = _raise
     # Hugging Face's: templates that write today's date (Llama 3.x) call it
     env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
@@ -155,6 +156,9 @@ def render(messages, template: str | None, bos_token: str = "", eos_token: str =
     assistant prefill, vLLM's continue_final_message)."""
     msgs = validate_messages(messages)
     extra = {"tools": tools} if tools else {}
+    # today, as llama-server gives it to every template (Llama 3.x's write it; firefunction's reads `datetime`)
+    now = datetime.datetime.now()
+    extra.update(date_string=now.strftime("%d %b %Y"), datetime=now.strftime("%b %d %Y"))
     try:
         text = _compile(template or CHATML).render(
             messages=msgs, add_generation_prompt=add_generation_prompt and not continue_final, bos_token=bos_token,
