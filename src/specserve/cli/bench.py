@@ -59,12 +59,13 @@ def add_parser(sub) -> None:
                    help="prompt lookup's draft lengths, where they should differ from --draft-max")
     g.add_argument("--workload", nargs="+", action="extend", metavar="NAME|FILE.jsonl",
                    help=f"built-in ({', '.join(BUILTIN_WORKLOADS)}, fim-replay: editor completion through /infill, "
-                        "docs/infill.md) or a JSONL file of "
+                        "docs/infill.md; agent-loop[:messages|:chat]: an agent's tool loop through /v1/messages and "
+                        "/v1/chat/completions, docs/agents.md) or a JSONL file of "
                         "{prompt|messages, temperature, max_tokens, category}; NAME:twice sends each prompt, then "
                         "the same request again (default: code-edit spec-bench)")
     g.add_argument("--prompts-per-workload", type=int, default=10, metavar="P",
                    help="prompts per workload (default 10; multi-turn: requests, 4 a conversation; fim-replay: cut "
-                        "points, 3 requests each)")
+                        "points, 3 requests each; agent-loop: conversations, 3 turns each, at most 10)")
     g.add_argument("--temp", type=float, nargs="+", default=None, metavar="T",
                    help="temperature(s); each runs everything (default: the workload's own, else 0)")
     g.add_argument("-n", "--n-predict", type=int, default=None, metavar="N",
@@ -170,7 +171,8 @@ def run(args) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per endpoint request otherwise
     try:
         workloads = args.workload or _DEFAULT_WORKLOADS
-        prompts = [p for w in workloads if w != "fim-replay" for p in load_workload(w, args.prompts_per_workload)]
+        prompts = [p for w in workloads if w != "fim-replay" and not w.startswith("agent-loop")
+                   for p in load_workload(w, args.prompts_per_workload)]
     except ValueError as e:
         raise CliError(str(e), 2) from None
     target_path, draft_paths = _model_paths(args)
@@ -180,6 +182,9 @@ def run(args) -> int:
     if "fim-replay" in workloads:  # editor completion through /infill: a run of its own (bench_fim.py)
         from . import bench_fim
         return bench_fim.run(args, target_path, draft_paths, specs)
+    if any(w.startswith("agent-loop") for w in workloads):  # an agent's tool loop through its APIs (bench_agent.py)
+        from . import bench_agent
+        return bench_agent.run(args, target_path, draft_paths, specs)
     try:
         configs = plan_configs(specs, list(draft_paths), args.draft_max, args.endpoint, args.ngram_max,
                                tuple(args.via), args.endpoint_baseline)

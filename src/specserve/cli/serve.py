@@ -91,9 +91,13 @@ def add_parser(sub) -> None:
                    help="connections served at once; requests on more get 503, except /health, which is always "
                         "answered (default 256)")
     g.add_argument("--max-connections-per-client", type=int, default=32, metavar="N",
-                   help="open connections from one client address (loopback included); more are answered 503 and "
-                        "closed at once (default 32; 0: no limit). Behind a reverse proxy every client has the "
-                        "proxy's address: raise it or set 0 there")
+                   help="open connections from one client address (loopback included); one more may ask for "
+                        "/health, anything else gets 503 and it is closed (default 32; 0: no limit). Behind a "
+                        "reverse proxy every client has the proxy's address: name it with --trusted-proxy")
+    g.add_argument("--trusted-proxy", action="append", default=[], metavar="ADDR",
+                   help="a reverse proxy's address or network (repeatable): its connections are not limited per "
+                        "client; each request on them counts, as requests in flight, against the client its "
+                        "X-Forwarded-For names (the rightmost address that is not a trusted proxy)")
     g.add_argument("--drain-timeout", type=float, default=20.0, metavar="S",
                    help="on SIGTERM, seconds the requests in flight may take to finish before streams end with "
                         "an error event and queued requests get 503 (default 20)")
@@ -216,6 +220,7 @@ def settings_from(args, target_path: str):
                               read_timeout=args.read_timeout, drain_timeout=args.drain_timeout,
                               max_connections=args.max_connections,
                               max_connections_per_client=args.max_connections_per_client,
+                              trusted_proxies=tuple(args.trusted_proxy),
                               request_line_timeout=args.request_line_timeout, webui=not args.no_webui,
                               aliases=names[1:], tags=tuple(t.strip() for t in (args.tags or "").split(",") if t.strip()),
                               slots_endpoint=args.slots, verbose=args.verbose,

@@ -17,6 +17,7 @@ import numpy as np
 import llguidance
 import llguidance.numpy as llg_np
 
+from .compiled import CompiledGrammar
 from .healing import TokenHealing, vocab_of
 from .sources import GrammarError
 
@@ -25,8 +26,12 @@ _ROWS = 65  # mask rows kept ready: a draft of up to 64 tokens and the bonus row
 
 class Constraint:
     def __init__(self, tokenizer: llguidance.LLTokenizer, grammar: str):
+        """grammar: a CompiledGrammar (compiled.py) is copied, any other text compiled here."""
         t = time.perf_counter()
-        self.matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        if isinstance(grammar, CompiledGrammar):
+            self.matcher = grammar.matcher()
+        else:
+            self.matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
         self.n_vocab = tokenizer.vocab_size
         self._bits = llg_np.allocate_token_bitmask(_ROWS, self.n_vocab)
         self._row0_at = -1  # the committed length whose row-0 mask _bits[0] holds; -1: none
@@ -156,7 +161,8 @@ class Ahead:
 
 def for_request(grammar: str | None, heal: bytes, tokenizer, model) -> "Constraint | TokenHealing | None":
     """A request's constraint: its grammar's matcher (tokenizer(): the target's llguidance
-    tokenizer), else its token healing over the model's vocabulary, else None."""
+    tokenizer; a CompiledGrammar's matcher is copied, not compiled again), else its token healing
+    over the model's vocabulary, else None."""
     if grammar is not None:
         constraint = Constraint(tokenizer(), grammar)
         if constraint.error:

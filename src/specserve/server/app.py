@@ -22,13 +22,13 @@ from starlette.routing import Route
 from ..engine import Engine
 from ..memory import fmt_bytes
 from . import webui
-from .apis import aliases, gcp, infill, llama, llama_extra, openai_chat, openai_completions, props
+from .apis import aliases, anthropic, gcp, infill, llama, llama_extra, openai_chat, openai_completions, props, responses
 from .http.endpoint import Endpoint
 from .http.errors import OPENAI_SHAPES, CatchAll, ErrorShapes, install_handlers
-from .http.guard import OPEN_PATHS, ApiKeyMiddleware, HostOriginGuard
+from .http.guard import KEY_SCOPE, OPEN_PATHS, ApiKeyMiddleware, HostOriginGuard
 from .state import ServerSettings, ServerState
 
-ADAPTERS = (openai_completions, openai_chat, llama, infill,  # one module per API (or per part of one)
+ADAPTERS = (openai_completions, openai_chat, llama, infill, anthropic, responses,  # one module per API (or part of one)
             props, llama_extra, aliases, gcp)
 
 log = logging.getLogger("specserve.server")
@@ -40,9 +40,10 @@ async def health(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
+    """The whole server's metrics, or, for a key confined to a scope, that scope's requests alone."""
     state = request.app.state.server
     m = state.metrics
-    response = Response(m.render(), headers={"Content-Type": m.content_type})
+    response = Response(m.render(request.scope.get(KEY_SCOPE)), headers={"Content-Type": m.content_type})
     # llama-server's header, in its own case: clients that read headers into a plain dict look it up so
     response.raw_headers.append((b"Process-Start-Time-Unix", str(int(state.t_start)).encode()))
     return response
@@ -62,9 +63,12 @@ def create_app(engine: Engine, settings: ServerSettings) -> Starlette:
         for adapter in ADAPTERS:
             if hasattr(adapter, "prepare"):
                 await anyio.to_thread.run_sync(adapter.prepare, engine.target)
+        if hasattr(engine.target, "grammar_tokenizer"):  # built now, not by the first constrained request
+            await anyio.to_thread.run_sync(engine.target.grammar_tokenizer)
         try:
             yield
         finally:
+            state.grammars.close()
             state.scheduler.close()
 
     routes = [*(e.route() for e in endpoints),

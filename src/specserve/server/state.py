@@ -6,11 +6,13 @@ import time
 from dataclasses import dataclass, field
 
 from ..engine import Engine
+from ..grammar import GrammarWorker
 from .core.batcher import SLOWDOWN
 from .core.metrics import ServerMetrics
 from .core.profiles import Profile
 from .core.scheduler import Scheduler
 from .core.slot_records import SlotRecords
+from .http.proxies import networks
 
 MAX_BODY_BYTES = 4 << 20
 READ_TIMEOUT_S = 30.0
@@ -40,6 +42,7 @@ class ServerSettings:
     drain_timeout: float = DRAIN_TIMEOUT_S  # seconds a drain waits before it ends the requests in flight
     max_connections: int = MAX_CONNECTIONS  # connections served at once; requests on more get 503
     max_connections_per_client: int = MAX_CONNECTIONS_PER_CLIENT  # open connections from one address; 0: no limit
+    trusted_proxies: tuple[str, ...] = ()  # addresses or networks whose X-Forwarded-For is believed (http/proxies.py)
     request_line_timeout: float = REQUEST_LINE_TIMEOUT_S  # seconds a connection may wait before its request line
     webui: bool = True  # the chat page at / (webui.py); --no-webui: off, / is 404
     aliases: tuple[str, ...] = ()  # other names of the served model (--alias a,b,c), listed in /v1/models
@@ -57,6 +60,7 @@ class ServerSettings:
             raise ValueError("an API key must be non-empty and have no surrounding whitespace")
         if any(k not in self.api_keys or not s or len(s) > 128 for k, s in self.key_scopes.items()):
             raise ValueError("a key scope must belong to a listed API key and be 1 to 128 characters")
+        networks(self.trusted_proxies)  # ValueError naming a bad one
         if self.max_connections_per_client < 0:
             raise ValueError(f"max_connections_per_client must be >= 0 (0: no limit), "
                              f"got {self.max_connections_per_client}")
@@ -83,10 +87,11 @@ class ServerState:
         self.profiles = settings.profiles
         self.metrics = ServerMetrics(busy_slots=lambda: self.scheduler.pool.busy,
                                      queue_depth=lambda: self.scheduler.pool.waiting,
-                                     suffix_store=engine.suffix_store)
+                                     suffix_store=engine.suffix_store, scopes=set(settings.key_scopes.values()))
         self.scheduler = Scheduler(engine, settings.parallel, settings.queue, settings.ubatch,
                                    on_pass=self.metrics.target_pass, prefill_slowdown=settings.prefill_slowdown)
         self.slot_records = SlotRecords(settings.parallel)  # GET /slots
+        self.grammars = GrammarWorker()  # compiles grammars off the event loop (core/constraints/compiling.py)
 
     def health(self) -> dict:
         pool = self.scheduler.pool

@@ -61,6 +61,10 @@ def check_unsupported(body: dict, handled: tuple[str, ...] = ()) -> None:
         why = f": {_WHY[key]}" if key in _WHY else ""
         raise bad_request(f"{key}={json.dumps(value)[:40]} is not supported by this server{why}", key,
                           "unsupported_parameter")
+    for key in SPEC_FIELDS:  # a speculation field sent at the top level would otherwise be ignored
+        if body.get(key) is not None:
+            raise bad_request(f"{key} is a field of the speculative object: send "
+                              f'"speculative": {{"{key}": {json.dumps(body[key])[:40]}}}', key, "unsupported_parameter")
 
 
 class Speculative(Fields):

@@ -129,7 +129,7 @@ async def completion(request: Request) -> Response:
     prompts = await anyio.to_thread.run_sync(llama_prompts, state.engine.target, body.get("prompt"))
     req, fields = llama_request(body, state, key_scope(request), prompt=prompts[0])
     refuse_tools(body)
-    grammar = await output_grammar(state.engine, fields)  # grammar, json_schema, response_format
+    grammar = await output_grammar(state, fields)  # grammar, json_schema, response_format
     if grammar is not None:
         req = dataclasses.replace(req, sampling=dataclasses.replace(req.sampling, grammar=grammar))
     n = several.count(fields.n_cmpl if fields.n_cmpl is not None else fields.n, len(state.scheduler.pool.slots),

@@ -94,7 +94,7 @@ async def chat_request(request: Request) -> tuple[GenRequest, ChatRequest]:
     cont = prefilled(validate_messages(fields.messages), fields.add_generation_prompt, fields.continue_final_message)
     tools = openai_tools(body.get("tools"), fields.tools, fields.tool_choice, fields.parallel_tool_calls,
                          fields.messages, state.engine.target)
-    grammar = await output_grammar(state.engine, fields, tools)
+    grammar = await output_grammar(state, fields, tools)
     if grammar is not None:
         sampling = dataclasses.replace(sampling, grammar=grammar)
     req = GenRequest("chat", profile.name, sampling, spec, verify, stream=bool(fields.stream),

@@ -48,7 +48,7 @@ async def completion_request(request: Request) -> tuple[GenRequest, CompletionRe
     sampling, limit, spec, verify = params_of(state, fields, profile, key_scope(request),
                                               first_limit(fields, ("max_tokens",)), default=DEFAULT_MAX_TOKENS)
     refuse_tools(body)
-    grammar = await output_grammar(state.engine, fields)
+    grammar = await output_grammar(state, fields)
     if grammar is not None:
         sampling = dataclasses.replace(sampling, grammar=grammar)
     prompt = required(prompt_value(fields.prompt), "prompt")

@@ -73,7 +73,8 @@ async def answer(job: Job, request: Request) -> Answer | None:
 
 def finish_detail(stats: GenerationStats, cut: str | None = None) -> dict:
     """The answer's `finish_detail` (a specserve extension), where the finish reason alone would not
-    say why the answer ended as it did: a grammar with no way forward, a tool call cut short."""
+    say why the answer ended as it did: a tool call cut short; a grammar with no way forward, which
+    a server's answer never ends with (jobs.dead_end makes that an error before the Finish)."""
     if stats.grammar_error:
         return {"finish_detail": f"the output constraint allowed no further token: {stats.grammar_error}"}
     if cut and stats.finish_reason == "length":

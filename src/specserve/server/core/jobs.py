@@ -93,6 +93,8 @@ class Job:
             self._run = self.state.scheduler.worker.start(self._gen)
         chunk = await self._run.next()
         self._done = chunk is None
+        if self._done and self.stats.grammar_error:
+            raise dead_end(self.req, self.stats)
         return chunk
 
     async def chunks(self) -> AsyncIterator[Chunk]:
@@ -140,7 +142,8 @@ class Job:
                 if self._run is not None:
                     state.scheduler.worker.cancel(self._run)
                 self._gen.close()
-                state.metrics.observe(req.endpoint, stats, queue_s, time.perf_counter() - self.t_arrival)
+                state.metrics.observe(req.endpoint, stats, queue_s, time.perf_counter() - self.t_arrival,
+                                      req.spec.cross_request_scope)
                 state.slot_records.finished(self.id_slot, stats)
                 log_request(req.endpoint, req.model, req.spec.mode, stats, queue_s)
             except Exception:
@@ -178,18 +181,28 @@ async def _room_soon(pool, grace: float = ADMIT_GRACE_S) -> bool:
     return not pool.full
 
 
+def dead_end(req: GenRequest, stats: GenerationStats) -> ApiError:
+    """What a request gets whose output constraint allowed no further token before its text was complete
+    (a schema no finite text satisfies, a grammar past llguidance's limits at some step): an error, never
+    a 200 carrying text the schema does not accept. A stream gets it as its last event, with no [DONE]."""
+    param = getattr(req.sampling.grammar, "param", "grammar")
+    return bad_request(f"{param}: the output constraint allowed no further token after {stats.n_generated} generated "
+                       f"tokens, so no text valid under it can be given ({stats.grammar_error})", param,
+                       "grammar_dead_end")
+
+
 async def _disconnected(request: Request) -> None:
     """Return once the client has gone. Only after the body is read: later messages are disconnects."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
 
 
-async def _acquire(pool: SlotPool, tokens: list[int], request: Request | None, id_slot: int = -1):
+async def _acquire(pool: SlotPool, tokens: list[int], request: Request | None, id_slot: int = -1, scope: str = ""):
     """A slot; while waiting for one, ApiError(CLIENT_GONE) as soon as the client hangs up,
     so that a client that gave up neither holds a queue place nor later runs its prompt."""
     if request is None or pool.available(id_slot):
-        return await pool.acquire(tokens, id_slot)
-    acquire = asyncio.ensure_future(pool.acquire(tokens, id_slot))
+        return await pool.acquire(tokens, id_slot, scope)
+    acquire = asyncio.ensure_future(pool.acquire(tokens, id_slot, scope))
     gone = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait((acquire, gone), return_when=asyncio.FIRST_COMPLETED)
@@ -227,7 +240,7 @@ async def start(state, req: GenRequest, request: Request | None = None) -> Job:
             raise bad_request("the prompt is empty after tokenization", "prompt")
         req = fit_context(req, len(tokens), engine.n_ctx)  # a prompt that leaves no room: 400
         t_queued = time.perf_counter()
-        slot = await _acquire(scheduler.pool, tokens, request, req.id_slot)
+        slot = await _acquire(scheduler.pool, tokens, request, req.id_slot, req.spec.cross_request_scope)
     except QueueFull:
         scheduler.leave()
         raise queue_full(scheduler.pool) from None
@@ -236,7 +249,8 @@ async def start(state, req: GenRequest, request: Request | None = None) -> Job:
         raise
     job = Job(state, req, slot, tokens, t_arrival, time.perf_counter() - t_queued)
     try:
-        if not req.cache_prompt:
+        # another scope's cache is forgotten as if cache_prompt were false (scheduler.SlotPool.claim)
+        if scheduler.pool.claim(slot, req.spec.cross_request_scope) or not req.cache_prompt:
             await scheduler.worker.run(_forget_cache, slot)
         first = await job.step()
     except ValueError as e:  # bad sampling/speculation values the checks above did not catch

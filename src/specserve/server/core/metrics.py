@@ -23,19 +23,13 @@ _SEQS_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 _TOKENS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 
 
-class ServerMetrics:
-    """Counters, histograms and gauges for one server."""
+class RequestMetrics:
+    """The families a finished request feeds, on one registry: the whole server's, or one scope's."""
 
-    content_type = CONTENT_TYPE_LATEST
-
-    def __init__(self, busy_slots=lambda: 0, queue_depth=lambda: 0, suffix_store=None):
-        self._busy_slots, self._queue_depth = busy_slots, queue_depth
-        self.llama = LlamaTotals()  # llama-server's `llamacpp:` series, written after ours
-        r = self.registry = CollectorRegistry()
+    def __init__(self, r: CollectorRegistry):
+        self.registry = r
         self.requests = Counter(P + "requests", "Generation requests finished, by endpoint and finish reason",
                                 ["endpoint", "finish_reason"], registry=r)
-        self.errors = Counter(P + "request_errors", "Requests answered with an error, by HTTP status",
-                              ["status"], registry=r)
         self.prompt_tokens = Counter(P + "prompt_tokens", "Prompt tokens received", registry=r)
         self.prompt_tokens_cached = Counter(P + "prompt_tokens_cached", "Prompt tokens found in a slot's cache",
                                             registry=r)
@@ -63,6 +57,46 @@ class ServerMetrics:
         self.tpot = Histogram(P + "time_per_output_token_seconds",
                               "Per request: seconds per generated token after the first",
                               buckets=_TPOT_BUCKETS, registry=r)
+
+    def observe(self, endpoint: str, stats: GenerationStats, queue_s: float, latency_s: float) -> None:
+        """Account one finished (or cancelled) generation."""
+        self.requests.labels(endpoint, stats.finish_reason or "cancelled").inc()
+        self.prompt_tokens.inc(stats.n_prompt)
+        self.prompt_tokens_cached.inc(stats.n_cached)
+        self.tokens_predicted.inc(stats.n_generated)
+        self.n_decode.inc(stats.n_passes)
+        self.drafts.inc(stats.n_passes - stats.drafter_steps.get("none", 0))
+        self.draft_tokens.inc(stats.n_drafted)
+        self.accepted_tokens.inc(stats.n_accepted)
+        for pos, (d, a) in enumerate(zip(stats.drafted_by_position, stats.accepted_by_position)):
+            self.draft_per_pos.labels(str(pos)).inc(d)
+            self.accepted_per_pos.labels(str(pos)).inc(a)
+        for drafter, n in stats.drafter_steps.items():
+            self.drafter_steps.labels(drafter).inc(n)
+        if stats.n_generated:
+            self.tokens_per_s.observe(stats.tokens_per_s)
+            self.ttft.observe(queue_s + stats.t_first_token)
+        if stats.n_generated > 1:
+            self.tpot.observe((stats.t_total - stats.t_first_token) / (stats.n_generated - 1))
+        self.latency.labels(endpoint).observe(latency_s)
+        self.queue_time.observe(queue_s)
+
+
+class ServerMetrics:
+    """Counters, histograms and gauges for one server; and, for each scope an API key confines to,
+    that scope's requests alone: what a scoped key's /metrics shows (no other tenant's traffic,
+    no server-wide gauges). An unscoped key, or none, sees the whole server."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, busy_slots=lambda: 0, queue_depth=lambda: 0, suffix_store=None, scopes=()):
+        self._busy_slots, self._queue_depth = busy_slots, queue_depth
+        self.llama = LlamaTotals()  # llama-server's `llamacpp:` series, written after ours (whole server only)
+        r = self.registry = CollectorRegistry()
+        self.whole = RequestMetrics(r)
+        self.scoped = {scope: RequestMetrics(CollectorRegistry()) for scope in scopes}
+        self.errors = Counter(P + "request_errors", "Requests answered with an error, by HTTP status",
+                              ["status"], registry=r)
         self.batch_seqs = Histogram(P + "batch_sequences", "Sequences (slots) in each target forward pass",
                                     buckets=_SEQS_BUCKETS, registry=r)
         self.batch_tokens = Histogram(P + "batch_tokens", "Tokens in each target forward pass",
@@ -93,33 +127,19 @@ class ServerMetrics:
     def error(self, status: int) -> None:
         self.errors.labels(str(status)).inc()
 
-    def observe(self, endpoint: str, stats: GenerationStats, queue_s: float, latency_s: float) -> None:
-        """Account one finished (or cancelled) generation."""
-        self.requests.labels(endpoint, stats.finish_reason or "cancelled").inc()
+    def observe(self, endpoint: str, stats: GenerationStats, queue_s: float, latency_s: float,
+                scope: str = "") -> None:
+        """Account one finished (or cancelled) generation, in the whole and in its scope's."""
+        self.whole.observe(endpoint, stats, queue_s, latency_s)
         self.llama.observe(stats)
-        self.prompt_tokens.inc(stats.n_prompt)
-        self.prompt_tokens_cached.inc(stats.n_cached)
-        self.tokens_predicted.inc(stats.n_generated)
-        self.n_decode.inc(stats.n_passes)
-        self.drafts.inc(stats.n_passes - stats.drafter_steps.get("none", 0))
-        self.draft_tokens.inc(stats.n_drafted)
-        self.accepted_tokens.inc(stats.n_accepted)
-        for pos, (d, a) in enumerate(zip(stats.drafted_by_position, stats.accepted_by_position)):
-            self.draft_per_pos.labels(str(pos)).inc(d)
-            self.accepted_per_pos.labels(str(pos)).inc(a)
-        for drafter, n in stats.drafter_steps.items():
-            self.drafter_steps.labels(drafter).inc(n)
-        if stats.n_generated:
-            self.tokens_per_s.observe(stats.tokens_per_s)
-            self.ttft.observe(queue_s + stats.t_first_token)
-        if stats.n_generated > 1:
-            self.tpot.observe((stats.t_total - stats.t_first_token) / (stats.n_generated - 1))
-        self.latency.labels(endpoint).observe(latency_s)
-        self.queue_time.observe(queue_s)
+        if scope in self.scoped:
+            self.scoped[scope].observe(endpoint, stats, queue_s, latency_s)
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry) + self.llama.render(self._busy_slots(), self._queue_depth()).encode()
-
+    def render(self, key_scope: str | None = None) -> bytes:
+        """The exposition for a caller whose API key confines it to `key_scope` (None: all of it)."""
+        if key_scope is None:
+            return generate_latest(self.registry) + self.llama.render(self._busy_slots(), self._queue_depth()).encode()
+        return generate_latest(self.scoped.setdefault(key_scope, RequestMetrics(CollectorRegistry())).registry)
 
 def log_request(endpoint: str, model: str, mode: str, stats: GenerationStats, queue_s: float) -> None:
     """The one line per request: sizes, speed, what speculation did, time in queue."""

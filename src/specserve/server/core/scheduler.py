@@ -8,6 +8,12 @@ Requests beyond the slots wait in a bounded FIFO queue; beyond that they are ref
 A slot being given back (its request ended, its cache not yet closed on the engine
 thread) counts as free for that bound, so a client that drops a stream and at once
 sends its next request is queued, not refused.
+
+A slot's cached prompt belongs to the scope of the request that left it (its
+cross_request_scope, which a scoped API key sets: a cache salt, as vLLM's `cache_salt`).
+A request of another scope finds no prefix there: slot choice counts that cache as empty,
+and the request empties it before its prompt runs (`claim`), so it never reuses, reports
+or times another scope's prompt.
 """
 from __future__ import annotations
 
@@ -50,6 +56,7 @@ class SlotPool:
         self.max_waiting = max_waiting
         self.releasing = 0  # slots whose request has ended, on their way back
         self._free = list(slots)
+        self._scope = [""] * len(self.slots)  # the scope whose prompt each slot's cache holds
         self._waiters: collections.deque[tuple[asyncio.Future, int]] = collections.deque()  # (future, id_slot)
 
     @property
@@ -76,12 +83,27 @@ class SlotPool:
     def _fits(self, slot: Slot, id_slot: int) -> bool:
         return id_slot < 0 or self.slots[id_slot] is slot
 
-    async def acquire(self, tokens: Sequence[int], id_slot: int = -1) -> Slot:
-        """A free slot (slot `id_slot`; for -1 the one whose cache `tokens` can use most of: its
-        prefix, and runs that moved under --cache-reuse), or wait for one."""
+    def reusable(self, slot: Slot, tokens: Sequence[int], scope: str) -> int:
+        """How many of `tokens` the slot's cache can give (its prefix, and runs that moved under
+        --cache-reuse); 0 where the cache is another scope's."""
+        if self._scope[self.slots.index(slot)] != scope:
+            return 0
+        return plan_reuse(slot.ctx.tokens, tokens, slot.engine.cache_reuse)[0]
+
+    def claim(self, slot: Slot, scope: str) -> bool:
+        """Record that the slot's cache is now `scope`'s; True where it held another scope's prompt,
+        which the caller must then empty before running anything."""
+        i = self.slots.index(slot)
+        stale = self._scope[i] != scope
+        self._scope[i] = scope
+        return stale
+
+    async def acquire(self, tokens: Sequence[int], id_slot: int = -1, scope: str = "") -> Slot:
+        """A free slot (slot `id_slot`; for -1 the one whose cache `tokens` can use most of, among
+        caches of `scope`: `reusable`), or wait for one."""
         fitting = [s for s in self._free if self._fits(s, id_slot)]
         if fitting:
-            best = max(fitting, key=lambda s: plan_reuse(s.ctx.tokens, tokens, s.engine.cache_reuse)[0])
+            best = max(fitting, key=lambda s: self.reusable(s, tokens, scope))
             self._free.remove(best)
             return best
         if len(self._waiters) >= self.max_waiting + self.releasing:

@@ -7,10 +7,13 @@
   of opening, or of its previous response, or it is closed (uvicorn has no such limit:
   a slowloris client that never ends its headers would hold its connection for ever).
   The body gets the same time again, checked where it is read (408).
-- Connections: one client address may hold `max_connections_per_client` open at once; one
-  more is answered 503 and closed at once. `max_connections` are served at once; a request
-  on one more gets 503, except /health, which is answered however many are open (a load
-  balancer that sees 503 there would take a busy server for a dead one).
+- Connections: one client address may hold `max_connections_per_client` open at once; a
+  connection past that may ask for /health only (answered, then closed): anything else, or
+  nothing within REFUSED_LINGER_S, is answered 503 and closed. `max_connections` are served at
+  once; a request on one more gets 503, except /health. A load balancer that sees 503 there
+  would take a busy server for a dead one, and behind a proxy on the same host every client
+  has its address. Connections from a `--trusted-proxy` are not counted; their requests count,
+  as requests in flight, against the client their X-Forwarded-For names (proxies.py).
 - Draining: the first SIGTERM/SIGINT stops new requests (503) and lets those in flight
   finish, for at most `drain_timeout` seconds; then queued requests get 503, streams end
   with an error event, and the process exits 0. A second signal ends the drain at once;
@@ -28,9 +31,10 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .errors import ApiError, error_body, error_response
 from .guard import OPEN_PATHS
+from .proxies import TrustedProxies
 
 log = logging.getLogger("specserve.server")
-REFUSED_LINGER_S = 1.0  # a refused connection is closed this long after its 503, once the client has read it
+REFUSED_LINGER_S = 1.0  # a connection past the per-client limit: time to ask for /health before its 503
 
 
 def _too_many(message: str) -> ApiError:
@@ -48,25 +52,46 @@ def guarded_protocol(base: type[asyncio.Protocol], settings, on_error=lambda sta
     limits of the module docstring, from `settings` (ServerSettings). `on_error(503)` counts refusals."""
     line_timeout, header_timeout = settings.request_line_timeout, settings.read_timeout
     per_client, most = settings.max_connections_per_client, settings.max_connections
+    proxies = TrustedProxies(settings.trusted_proxies)
     per_client_message = (f"this client address has {per_client} connections open, the most it may; "
                           "close some or reuse them")
     refusal = _raw_503(per_client_message)
     open_by_client: dict[str, int] = {}
-    refused_open = [0]  # refused connections not yet closed: they do not count against max_connections
+    in_flight_by_client: dict[str, int] = {}  # behind a trusted proxy: requests in flight per forwarded client
+    refused_open = [0]  # connections past the per-client limit not yet closed: they take no place of max_connections
 
     class Guarded(base):
         def __init__(self, *args, **kw) -> None:
             super().__init__(*args, **kw)
             inner = self.app
 
-            async def app(scope, receive, send) -> None:  # the global limit, checked per request
-                served = len(self.connections) - refused_open[0]
-                if scope["type"] == "http" and served > most and scope["path"] not in OPEN_PATHS:
-                    on_error(503)
-                    await error_response(_too_many(f"the server has {most} connections open, the most it serves; "
-                                                   "retry later"))(scope, receive, send)
+            async def app(scope, receive, send) -> None:  # the limits checked per request
+                if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+                    await inner(scope, receive, send)
                     return
-                await inner(scope, receive, send)
+                served = len(self.connections) - refused_open[0]
+                if self._refused or served > most:
+                    on_error(503)
+                    message = per_client_message if self._refused else \
+                        f"the server has {most} connections open, the most it serves; retry later"
+                    await error_response(_too_many(message))(scope, receive, send)
+                    return
+                client = proxies.client(scope["headers"]) if self._proxy and per_client else None
+                if client is None:
+                    await inner(scope, receive, send)
+                    return
+                if in_flight_by_client.get(client, 0) >= per_client:
+                    on_error(503)
+                    await error_response(_too_many(f"this client has {per_client} requests in flight through the "
+                                                   "proxy, the most it may"))(scope, receive, send)
+                    return
+                in_flight_by_client[client] = in_flight_by_client.get(client, 0) + 1
+                try:
+                    await inner(scope, receive, send)
+                finally:
+                    left = in_flight_by_client.pop(client) - 1
+                    if left:
+                        in_flight_by_client[client] = left
 
             self.app = app
 
@@ -75,22 +100,29 @@ def guarded_protocol(base: type[asyncio.Protocol], settings, on_error=lambda sta
             self._client_key = None
             self._refused = False
             host = self.client[0] if self.client else None
-            if per_client and host is not None:
+            self._proxy = proxies.trusts(host)
+            if per_client and host is not None and not self._proxy:
                 if open_by_client.get(host, 0) >= per_client:
-                    self._refused = True
+                    self._refused = True  # it may ask for /health; anything else gets the 503
                     refused_open[0] += 1
-                    on_error(503)
-                    transport.write(refusal)
-                    if transport.can_write_eof():
-                        transport.write_eof()
-                    self._linger = self.loop.call_later(REFUSED_LINGER_S, transport.close)
+                    self._linger = self.loop.call_later(REFUSED_LINGER_S, self._refuse)
+                    self._arm_deadlines()
                     return
                 open_by_client[host] = open_by_client.get(host, 0) + 1
                 self._client_key = host
             self._arm_deadlines()
 
+        def _refuse(self) -> None:
+            """A connection past the per-client limit that has not asked for anything: 503, closed."""
+            if self.cycle is None and not self.transport.is_closing():
+                on_error(503)
+                self.transport.write(refusal)
+                if self.transport.can_write_eof():
+                    self.transport.write_eof()
+                self._linger = self.loop.call_later(REFUSED_LINGER_S, self.transport.close)
+
         def data_received(self, data: bytes) -> None:
-            if self._refused:
+            if self._refused and self.transport.is_closing():
                 return  # answered already; nothing it sends is read
             if not self._line_seen and b"\n" in data:
                 self._line_seen = True
@@ -99,6 +131,9 @@ def guarded_protocol(base: type[asyncio.Protocol], settings, on_error=lambda sta
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
+            if self._refused:  # one answer (/health, or the 503) and it is closed
+                self.transport.close()
+                return
             self._arm_deadlines()
 
         def connection_lost(self, exc) -> None:

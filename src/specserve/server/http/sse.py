@@ -43,7 +43,7 @@ def sse_response(events: AsyncIterator, job: Finishing, on_error: Callable[[int]
             async for obj in events:
                 yield write(obj)
             await job.finished()  # the stream's end means the request is accounted for
-        except ApiError as e:  # a refusal mid-stream: the drain's deadline
+        except ApiError as e:  # a refusal mid-stream: the drain's deadline, a grammar's dead end
             on_error(e.status)
             log.info("%d %s mid-stream: %s", e.status, where, e.message)
             yield write(render(e))

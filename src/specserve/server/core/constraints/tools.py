@@ -15,7 +15,10 @@ The choice: "none" -> text without a call; "auto" -> text, or text then calls; "
 -> one or more calls; a function's name -> exactly one call of it. Not parallel -> at most one call.
 Each API's adapter reads its own spelling of tools into `ToolSpec`s (OpenAI's
 `{"type": "function", "function": {...}}`, Anthropic's `{"name", "input_schema"}`); errors name
-the field by the path the adapter gives.
+the field by the path the adapter gives. `tool_request` checks on the event loop what is cheap to
+check (how many tools, their names, the call form); `tools_grammar` reads the parameters' schemas
+against the limits and writes the grammar, on a grammar worker with the compile (compiling.py):
+reading 5,000 properties takes 0.1 s, which the event loop does not wait for.
 """
 from __future__ import annotations
 
@@ -24,8 +27,10 @@ import re
 from dataclasses import dataclass
 
 from ....grammar import GrammarError, from_json_schema, from_lark
+from ....grammar.limits import MAX_TOOLS, check_schema, limit_error
 from ....grammar.sources import JSON_LAYOUT
 from ...http.errors import ApiError, bad_request
+from .structured import grammar_error
 
 NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names (Anthropic's too)
 _TEMPLATE_KEY = "tokenizer.chat_template"
@@ -75,8 +80,8 @@ class ToolRequest:
     names: tuple[str, ...]
     choice: str  # "none", "auto", "required", or the one function's name
     parallel: bool
-    form: CallForm
-    grammar: str | None  # None: tool_choice "none" on a template whose call form is not known here
+    form: CallForm | None  # None: tool_choice "none" on a template whose call form is not known here
+    specs: tuple[ToolSpec, ...]  # their parameters, which tools_grammar reads
 
 
 def call_form(model) -> CallForm | None:
@@ -105,8 +110,11 @@ def no_tool_support(param: str = "tools") -> ApiError:
 
 def tool_request(model, template_tools: list[dict], specs: list[ToolSpec], choice: str,
                  parallel: bool) -> ToolRequest:
-    """The tools as a ToolRequest: the template's call form and the grammar of the calls `choice`
-    allows (a name in `specs`, or "none", "auto", "required"). Raises ApiError(400) naming the field."""
+    """The tools as a ToolRequest: the template's call form and the calls `choice` allows (a name in
+    `specs`, or "none", "auto", "required"); their grammar is `tools_grammar`'s. Raises ApiError(400)
+    naming the field."""
+    if len(specs) > MAX_TOOLS:
+        raise grammar_error(limit_error("tools", f"holds {len(specs):,}", MAX_TOOLS, "tools in a request"), "tools")
     names = tuple(s.name for s in specs)
     for i, spec in enumerate(specs):
         if spec.name in names[:i]:
@@ -114,15 +122,34 @@ def tool_request(model, template_tools: list[dict], specs: list[ToolSpec], choic
     form = call_form(model)
     if form is None:
         if choice == "none":  # rendered for the template; no call is asked for or read back
-            return ToolRequest(list(template_tools), names, choice, parallel, CallForm(), None)
+            return ToolRequest(list(template_tools), names, choice, parallel, None, tuple(specs))
         raise no_tool_support()
-    schemas = [arguments_schema(s.parameters, s.parameters_param) for s in specs]
-    lark = tools_lark(form, names, schemas, choice, parallel)
+    return ToolRequest(list(template_tools), names, choice, parallel, form, tuple(specs))
+
+
+def tools_grammar(tools: ToolRequest) -> str | None:
+    """The grammar of the calls the tools' choice allows, each tool's parameters checked against the
+    limits (a 400 naming the tool) and all of them together; not compiled: that is done once, for the
+    target (structured.compiled). None where no call form is known (tool_choice "none"). Raises ApiError(400)."""
+    if tools.form is None:
+        return None
+    schemas = [arguments_schema(s.parameters, s.parameters_param) for s in tools.specs]
     try:
-        grammar = from_lark(lark)
+        check_schema({"anyOf": schemas}, "the tools' parameters together")  # each was checked on its own
     except GrammarError as e:
-        raise bad_request(f"tools: {e}", "tools", "invalid_grammar") from None
-    return ToolRequest(list(template_tools), names, choice, parallel, form, grammar)
+        raise grammar_error(e, "tools") from None
+    lark = tools_lark(tools.form, tools.names, schemas, tools.choice, tools.parallel)
+    return from_lark(lark, validate=False, limit=False)  # written here around checked schemas
+
+
+def name_the_tool(tools: ToolRequest) -> None:
+    """400 naming the tool whose parameters llguidance refuses (asked only once the tools' grammar
+    failed to compile: each schema is then compiled on its own)."""
+    for spec in tools.specs:
+        try:
+            from_json_schema(arguments_schema(spec.parameters, spec.parameters_param))
+        except GrammarError as e:
+            raise bad_request(f"{spec.parameters_param}: {e}", spec.parameters_param, "invalid_grammar") from None
 
 
 def arguments_schema(parameters: dict | None, param: str) -> dict:
@@ -133,7 +160,7 @@ def arguments_schema(parameters: dict | None, param: str) -> dict:
         raise bad_request(f"{param}: a function's parameters must be a JSON Schema of type 'object', got "
                           f"{json.dumps(schema.get('type'))[:40]}", param, "invalid_value")
     try:
-        from_json_schema(schema)
+        from_json_schema(schema, validate=False)  # the limits; llguidance's own check comes with the compile
     except GrammarError as e:
         raise bad_request(f"{param}: {e}", param, "invalid_grammar") from None
     # %json takes no defaults: the layout goes into the schema. The template renders arguments with
