@@ -226,6 +226,14 @@ def test_completion_takes_batches_mixed_prompts_and_shapes_its_answer(http):
     assert media.status_code == 400
 
 
+def test_json_object_takes_llama_servers_schema(http):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+            "response_format": {"type": "json_object", "schema": {"const": "42"}}}
+    assert http.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"] == '"42"'
+    bad = http.post("/v1/chat/completions", json={**body, "response_format": {"type": "json_object", "schema": 7}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "response_format.schema"
+
+
 def test_a_chat_stream_opens_with_the_role_and_no_text(http):
     with http.stream("POST", "/v1/chat/completions", json={
             "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True,
