@@ -25,6 +25,25 @@ DEFAULT_VERIFY = "gumbel"
 
 
 @dataclass(frozen=True)
+class Reasoning:
+    """A reasoning block at the start of the answer (`<think>...</think>`, or a template's own markers):
+    the tags that open and close it, whether the prompt already opened it (the template starts the
+    assistant turn inside it), and its budget in tokens: -1 unlimited; n >= 0 closes it after n
+    tokens of reasoning, the close tag then forced (grammar/reasoning.py)."""
+
+    open: str = "<think>"
+    close: str = "</think>"
+    inside: bool = False
+    budget: int = -1
+
+    def __post_init__(self) -> None:
+        if not self.open or not self.close:
+            raise ValueError("a reasoning block needs its open and close tags")
+        if self.budget < -1:
+            raise ValueError(f"the reasoning budget must be -1 (unlimited) or >= 0, got {self.budget}")
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """Token selection for one request. temperature < GREEDY_TEMPERATURE (0 included) means greedy."""
 
@@ -38,6 +57,7 @@ class SamplingParams:
     ignore_eos: bool = False
     grammar: str | None = None  # an llguidance grammar (specserve.grammar builds them); None: unconstrained
     heal: bytes = b""  # the answer must begin with these bytes, which are not sent (grammar.healing)
+    reasoning: Reasoning | None = None  # the answer may begin with a reasoning block; its budget (None: no rule)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and 0 <= self.temperature <= MAX_TEMPERATURE):

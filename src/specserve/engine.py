@@ -243,7 +243,7 @@ class Slot:
             raise ValueError("empty prompt")
         if len(seq) >= engine.n_ctx:
             raise ContextOverflow(f"prompt is {len(seq)} tokens but the context holds {engine.n_ctx}")
-        constraint = for_request(params.grammar, params.heal, engine.grammar_tokenizer, engine.target)
+        constraint = for_request(params, engine.grammar_tokenizer, engine.target)
         policy = engine.policy_for(spec, params.temperature, grammar=params.grammar is not None)
         req = _Request(Sampler(params, verify_method), StreamDecoder(engine.target.token_bytes, params.stop,
                                                                      skip=len(params.heal)),

@@ -80,6 +80,13 @@ def add_parser(sub) -> None:
                    help="largest request body; bigger ones get 413 (default 4)")
     g.add_argument("--no-webui", action="store_true",
                    help="no chat page at / (it answers 404), as llama-server's flag (docs/webui.md)")
+    g.add_argument("--reasoning-format", choices=("none", "deepseek", "auto"), default="auto",
+                   help="as llama-server's: a reasoning model's <think> block in a chat's answer is parted from it "
+                        "(reasoning_content) with deepseek; auto (default): the same, with the markers the chat "
+                        "template spells; none: the raw text. A request's reasoning_format overrides it")
+    g.add_argument("--reasoning-budget", type=int, default=-1, metavar="N",
+                   help="as llama-server's: a chat's reasoning block is closed after N tokens (its close tag forced, "
+                        "then the answer); -1 (default): unlimited, 0: closed at once. Per request: reasoning_budget")
     g = p.add_argument_group("connections and browsers")
     g.add_argument("--read-timeout", type=float, default=30.0, metavar="S",
                    help="seconds a client has to send a request's headers (else the connection is closed), "
@@ -224,7 +231,8 @@ def settings_from(args, target_path: str):
                               request_line_timeout=args.request_line_timeout, webui=not args.no_webui,
                               aliases=names[1:], tags=tuple(t.strip() for t in (args.tags or "").split(",") if t.strip()),
                               slots_endpoint=args.slots, verbose=args.verbose,
-                              gcp_predict=os.environ.get("AIP_MODE") == "PREDICTION")
+                              gcp_predict=os.environ.get("AIP_MODE") == "PREDICTION",
+                              reasoning_format=args.reasoning_format, reasoning_budget=args.reasoning_budget)
     except ValueError as e:
         raise CliError(str(e), 2) from None
 

@@ -10,6 +10,7 @@ from ..grammar import GrammarWorker
 from .core.batcher import SLOWDOWN
 from .core.metrics import ServerMetrics
 from .core.profiles import Profile
+from .core.reasoning import FORMATS as REASONING_FORMATS
 from .core.scheduler import Scheduler
 from .core.slot_records import SlotRecords
 from .http.proxies import networks
@@ -50,6 +51,8 @@ class ServerSettings:
     slots_endpoint: bool = True  # GET /slots (--no-slots: 501, as llama-server)
     verbose: bool = False  # answers carry `__verbose` (llama-server's --verbose)
     gcp_predict: bool = False  # POST /predict, Vertex AI's route (llama-server's, with AIP_MODE=PREDICTION)
+    reasoning_format: str = "auto"  # how a chat's reasoning block is parted from its answer (core/reasoning.py)
+    reasoning_budget: int = -1  # a chat's reasoning budget in tokens unless it gives one; -1: unlimited
 
     def __post_init__(self) -> None:
         if self.model_name not in self.profiles:
@@ -68,6 +71,11 @@ class ServerSettings:
                             ("request_line_timeout", self.request_line_timeout)):
             if not 0 < value < 1e6:  # also refuses NaN
                 raise ValueError(f"{name} must be > 0 seconds, got {value}")
+        if self.reasoning_format not in REASONING_FORMATS:
+            raise ValueError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got "
+                             f"{self.reasoning_format!r}")
+        if self.reasoning_budget < -1:
+            raise ValueError(f"reasoning_budget must be -1 (unlimited) or >= 0, got {self.reasoning_budget}")
         if self.ubatch < MIN_UBATCH:
             raise ValueError(f"ubatch must be >= {MIN_UBATCH} (a verification of the longest draft), got {self.ubatch}")
         if not 0 <= self.prefill_slowdown < 1e6 or 0 < self.prefill_slowdown <= 1:

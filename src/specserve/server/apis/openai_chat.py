@@ -2,7 +2,9 @@
 
 The body is checked by `ChatRequest`, turned into the one GenRequest, and the answer's events
 (core/answer.py) are shaped as OpenAI's chat.completion, or chat.completion.chunk deltas with
-`tool_calls` fragments as the calls are read back.
+`tool_calls` as the calls are read back. A reasoning model's block comes as `reasoning_content`
+(DeepSeek's and llama-server's field), whole and in deltas; `reasoning_format` and the budget
+(`reasoning_budget`, llama-server's; `thinking_budget_tokens`, Continue's) are per request.
 """
 from __future__ import annotations
 
@@ -15,9 +17,10 @@ from starlette.responses import Response
 
 from ...chat import MessageError, validate_messages
 from ..core.answer import events
-from ..core.events import CallStart, Event, Finish, Text
+from ..core.events import CallStart, Event, Finish, Reasoning, Text
 from ..core.jobs import Job, start
 from ..core.params import Limit
+from ..core.reasoning import FORMATS
 from ..core.request import GenRequest
 from ..http.body import read_json
 from ..http.endpoint import Endpoint
@@ -45,6 +48,25 @@ class ChatRequest(OpenAIGeneration):
     parallel_tool_calls: bool | None = None
     add_generation_prompt: bool | None = None  # llama-server's and vLLM's
     continue_final_message: bool | None = None  # the last (assistant) message is continued (llama_extra.prefilled)
+    reasoning_format: str | None = None  # llama-server's: "none", "deepseek", "auto" (core/reasoning.py)
+    reasoning_budget: int | None = None  # llama-server's: -1 unlimited, 0 no reasoning, n tokens
+    thinking_budget_tokens: int | None = None  # Continue's name for it
+
+    def reasoning(self) -> tuple[str | None, int | None]:
+        """(reasoning_format, budget) asked for, or 400 naming the field."""
+        if self.reasoning_format is not None and self.reasoning_format not in FORMATS:
+            raise bad_request(f"reasoning_format must be one of {', '.join(FORMATS)}, got "
+                              f"{self.reasoning_format[:40]!r}", "reasoning_format", "invalid_value")
+        budgets = [(k, v) for k, v in (("reasoning_budget", self.reasoning_budget),
+                                       ("thinking_budget_tokens", self.thinking_budget_tokens)) if v is not None]
+        for key, v in budgets:
+            if v < -1:
+                raise bad_request(f"{key} must be -1 (unlimited), 0 (no reasoning) or a number of tokens, got {v}",
+                                  key, "invalid_value")
+        if len(budgets) == 2 and budgets[0][1] != budgets[1][1]:
+            raise bad_request("reasoning_budget and thinking_budget_tokens differ: give one of them",
+                              "thinking_budget_tokens", "conflicting_parameters")
+        return self.reasoning_format, budgets[0][1] if budgets else None
 
 
 def routes() -> list[Endpoint]:
@@ -97,17 +119,21 @@ async def chat_request(request: Request) -> tuple[GenRequest, ChatRequest]:
     grammar = await output_grammar(state, fields, tools)
     if grammar is not None:
         sampling = dataclasses.replace(sampling, grammar=grammar)
+    reasoning_format, reasoning_budget = fields.reasoning()
     req = GenRequest("chat", profile.name, sampling, spec, verify, stream=bool(fields.stream),
                      messages=fields.messages, cache_prompt=fields.cache_prompt is not False, limit=limit,
                      tools=tools, id_slot=slot_id(fields.id_slot, len(state.scheduler.pool.slots)),
-                     continue_final=cont, warm=warm)
+                     continue_final=cont, warm=warm, reasoning_format=reasoning_format,
+                     reasoning_budget=reasoning_budget)
     return req, fields
 
 
 def delta(event: Event) -> dict:
-    """A Text or tool-call event as the `delta` of an OpenAI chat.completion.chunk."""
+    """A Text, Reasoning or tool-call event as the `delta` of an OpenAI chat.completion.chunk."""
     if type(event) is Text:
         return {"content": event.text}
+    if type(event) is Reasoning:
+        return {"reasoning_content": event.text}
     if type(event) is CallStart:
         return {"tool_calls": [{"index": event.index, "id": event.id, "type": "function",
                                 "function": {"name": event.name, "arguments": ""}}]}
@@ -148,9 +174,9 @@ async def _chunks(job: Job, head: dict, fields):
     else:
         yield choice({"role": "assistant", "content": None})  # llama-server's: no text yet
     async for event in events(job):
-        if type(event) is Text:
+        if type(event) in (Text, Reasoning):
             if event.text:
-                c = choice({"content": event.text})
+                c = choice(delta(event))
                 if event.trace is not None:
                     c["choices"][0]["speculative_trace"] = event.trace
                 yield c

@@ -75,4 +75,7 @@ def openai_tools(raw: list[dict] | None, tools: list[Tool] | None, choice: Any, 
     names = tuple(t.function.name for t in tools)
     specs = [ToolSpec(t.function.name, t.function.parameters, f"tools[{i}].function.name",
                       f"tools[{i}].function.parameters") for i, t in enumerate(tools)]
-    return tool_request(model, raw, specs, _choice(choice, names), True if parallel is None else parallel)
+    # parallel_tool_calls left out: one call, as llama-server's default (OpenAI's is true). Small local
+    # models given room for more go on calling (the same function again, or with other arguments) until
+    # max_tokens; an agent that wants several calls in one turn says so
+    return tool_request(model, raw, specs, _choice(choice, names), bool(parallel))

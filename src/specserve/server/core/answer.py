@@ -1,10 +1,11 @@
 """A running Job's answer, as every adapter consumes it: a stream of events, or the whole answer.
 
-`events(job)` for a streamed answer (events.py: Text, CallStart, CallArguments, then Finish);
-`answer(job, request)` for a whole one. Where the request's tools are read back (GenRequest.reads_calls),
-the text goes through the CallReader once, here, for every API. `speculative_usage` is what
-speculation did for the request, the `speculative` object every API's usage carries; `finish_detail`
-says why an answer ended where the finish reason alone would not.
+`events(job)` for a streamed answer (events.py: Reasoning, Text, CallStart, CallArguments, then
+Finish); `answer(job, request)` for a whole one. Where the answer is read (a reasoning block to part:
+GenRequest.reasoning_format; tools to read back: GenRequest.reads_calls), the text goes through one
+AnswerReader (reading.py), here, for every API; a tool call that repeats one ends the answer there.
+`speculative_usage` is what speculation did for the request, the `speculative` object every API's
+usage carries; `finish_detail` says why an answer ended where the finish reason alone would not.
 """
 from __future__ import annotations
 
@@ -14,18 +15,20 @@ from typing import AsyncIterator
 from starlette.requests import Request
 
 from ...stats import GenerationStats
-from .constraints.toolcalls import Call, CallReader, finish
+from .constraints.toolcalls import Call
 from .events import Event, Finish, Text
 from .jobs import Job
+from .reading import AnswerReader
 from .trace import target_alone_tokens_per_s
 
 
 @dataclass
 class Answer:
     """A whole answer. `message`: the assistant message in the chat form templates take (OpenAI's:
-    content, and tool_calls where calls were read back); `content`: the text outside tool calls
-    (all of `text` when none are read); `reason`, `detail`: as in events.Finish; `trace`: the runs
-    of the whole text by producer (speculative.trace), else None."""
+    content, reasoning_content where the answer reasoned, and tool_calls where calls were read back);
+    `content`: the answer's text outside reasoning and tool calls (all of `text` when neither is read);
+    `reasoning`: the reasoning block's text ("" without one); `reason`, `detail`: as in events.Finish;
+    `trace`: the runs of the whole text by producer (speculative.trace), else None."""
 
     text: str
     tokens: list[int]
@@ -35,40 +38,63 @@ class Answer:
     content: str
     calls: list[Call]
     trace: list[dict] | None
+    reasoning: str = ""
+
+
+def reader_for(job: Job) -> AnswerReader | None:
+    """The job's answer reader, or None where its text is handed out as it comes."""
+    if job.parting is None and not job.req.reads_calls:
+        return None
+    return AnswerReader(job.parting, job.req.tools if job.req.reads_calls else None)
 
 
 async def events(job: Job) -> AsyncIterator[Event]:
     """The answer's events as its tokens are committed; the last is Finish."""
-    if not job.req.reads_calls:
-        tracer = job.tracer
+    tracer, reader = job.tracer, reader_for(job)
+    if reader is None:
         while (chunk := await job.step()) is not None:  # per token: one event, nothing more
             yield Text(chunk.text, chunk.tokens, tracer.feed(chunk) if tracer is not None else None)
         yield Finish(job.finish_reason, finish_detail(job.stats), job.stats)
         return
-    reader = CallReader(job.req.tools.form)
-    async for chunk in job.chunks():
-        for event in reader.feed(chunk.text):
+    while (chunk := await job.step()) is not None:
+        for event in reader.feed(chunk.text, chunk.tokens, tracer.feed(chunk) if tracer is not None else None):
             yield event
+        if reader.ended:
+            _stop(job)
+            break
     for event in reader.close():
         yield event
-    yield Finish(finish(reader, job.finish_reason), finish_detail(job.stats, reader.cut()), job.stats)
+    yield Finish(reader.finish(job.finish_reason), finish_detail(job.stats, reader.cut()), job.stats)
+
+
+def _stop(job: Job) -> None:
+    """End generation where a repeated tool call ended the answer (it ended on its calls, not cancelled)."""
+    job.stats.finish_reason = "stop"
+    job.finish()
 
 
 async def answer(job: Job, request: Request) -> Answer | None:
     """The whole answer once generation has ended and the slot is back; None if the client left."""
-    out = await job.run_to_end(request)
+    reader = reader_for(job)
+
+    def ended(chunk) -> bool:
+        reader.feed(chunk.text)
+        if reader.ended:
+            job.stats.finish_reason = "stop"
+        return reader.ended
+
+    out = await job.run_to_end(request, ended if reader is not None else None)
     if out is None:
         return None
     text, tokens = out
     trace = job.tracer.entries if job.tracer is not None else None
-    if not job.req.reads_calls:
+    if reader is None:
         return Answer(text, tokens, job.finish_reason, finish_detail(job.stats), {"role": "assistant", "content": text},
                       text, [], trace)
-    reader = CallReader(job.req.tools.form)
-    reader.feed(text)
     reader.close()
-    return Answer(text, tokens, finish(reader, job.finish_reason), finish_detail(job.stats, reader.cut()),
-                  reader.message(), reader.content, reader.calls, trace)
+    calls = reader.calls.calls if reader.calls is not None else []
+    return Answer(text, tokens, reader.finish(job.finish_reason), finish_detail(job.stats, reader.cut()),
+                  reader.message(), reader.content, calls, trace, reader.reasoning)
 
 
 def finish_detail(stats: GenerationStats, cut: str | None = None) -> dict:

@@ -25,6 +25,7 @@ from ...prompt import chat_tokens
 from ...stats import GenerationStats
 from ..http.errors import ApiError, bad_request
 from .metrics import log_request
+from .reasoning import Parting, resolve
 from .request import GenRequest, fit_context
 from .scheduler import QueueFull, SlotPool, draining, queue_full, stopping
 from .trace import Tracer
@@ -56,9 +57,11 @@ def prompt_ids(model, req: GenRequest) -> list[int]:
 class Job:
     """A running generation holding a slot. Drive it with `chunks()`; end it with `finish()`."""
 
-    def __init__(self, state, req: GenRequest, slot, tokens: list[int], t_arrival: float, queue_s: float):
+    def __init__(self, state, req: GenRequest, slot, tokens: list[int], t_arrival: float, queue_s: float,
+                 parting: Parting | None = None):
         self.state, self.req, self.slot = state, req, slot
         self.prompt_tokens = tokens
+        self.parting = parting  # how the answer's reasoning block is parted from it (core/reasoning.py), if at all
         self.id_slot = state.scheduler.pool.slots.index(slot)  # which slot runs it (llama-server's id_slot)
         state.slot_records.started(self.id_slot, self)
         self.stats = GenerationStats()
@@ -103,8 +106,9 @@ class Job:
                 self.tracer.feed(chunk)
             yield chunk
 
-    async def collect(self, request: Request) -> tuple[str, list[int]] | None:
-        """All the text and tokens, or None if the client went away (generation is then stopped).
+    async def collect(self, request: Request, until=None) -> tuple[str, list[int]] | None:
+        """All the text and tokens, or None if the client went away (generation is then stopped);
+        `until(chunk)` true: the answer ends with that chunk (answer.py: a repeated tool call).
 
         Whether the client is still there is asked at most every DISCONNECT_CHECK_S: Starlette's
         check costs ~0.3 ms of the event loop, which at every token of 4 streams took a sixth of a
@@ -114,6 +118,8 @@ class Job:
         async for chunk in self.chunks():
             parts.append(chunk.text)
             tokens.extend(chunk.tokens)
+            if until is not None and until(chunk):
+                break
             if time.monotonic() >= next_check:
                 if await request.is_disconnected():
                     self.finish()
@@ -121,10 +127,11 @@ class Job:
                 next_check = time.monotonic() + DISCONNECT_CHECK_S
         return "".join(parts), tokens
 
-    async def run_to_end(self, request: Request) -> tuple[str, list[int]] | None:
-        """Collect everything, then finish and wait until the slot is back; None if the client left."""
+    async def run_to_end(self, request: Request, until=None) -> tuple[str, list[int]] | None:
+        """Collect everything (or until `until`: collect), then finish and wait until the slot is back;
+        None if the client left."""
         try:
-            out = await self.collect(request)
+            out = await self.collect(request, until)
         finally:
             self.finish()
         await self.finished()
@@ -239,6 +246,8 @@ async def start(state, req: GenRequest, request: Request | None = None) -> Job:
         if not tokens:
             raise bad_request("the prompt is empty after tokenization", "prompt")
         req = fit_context(req, len(tokens), engine.n_ctx)  # a prompt that leaves no room: 400
+        req, parting = resolve(req, engine.target, tokens, state.settings.reasoning_format,
+                               state.settings.reasoning_budget)
         t_queued = time.perf_counter()
         slot = await _acquire(scheduler.pool, tokens, request, req.id_slot, req.spec.cross_request_scope)
     except QueueFull:
@@ -247,7 +256,7 @@ async def start(state, req: GenRequest, request: Request | None = None) -> Job:
     except BaseException:
         scheduler.leave()
         raise
-    job = Job(state, req, slot, tokens, t_arrival, time.perf_counter() - t_queued)
+    job = Job(state, req, slot, tokens, t_arrival, time.perf_counter() - t_queued, parting)
     try:
         # another scope's cache is forgotten as if cache_prompt were false (scheduler.SlotPool.claim)
         if scheduler.pool.claim(slot, req.spec.cross_request_scope) or not req.cache_prompt:

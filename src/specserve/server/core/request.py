@@ -35,6 +35,13 @@ class GenRequest:
     tools: ToolRequest | None = None  # passed to the template; the answer's calls are read back (answer.py)
     id_slot: int = -1  # run on this slot, waiting for it if busy; -1: the free one whose cache fits best
     warm: bool = False  # only put the prompt into the slot's caches (target and draft), generate nothing
+    # a reasoning model's block (core/reasoning.py): how it is parted from the answer ("none", "deepseek",
+    # "auto"; None: the server's --reasoning-format for a chat, "none" for a prompt), and its budget in
+    # tokens (-1: unlimited; 0: closed at once; None: the server's --reasoning-budget for a chat, else
+    # unlimited). Every API's field maps here: llama-server's reasoning_budget, Continue's
+    # thinking_budget_tokens, Anthropic's thinking.budget_tokens
+    reasoning_format: str | None = None
+    reasoning_budget: int | None = None
 
     @property
     def reads_calls(self) -> bool:

@@ -1,21 +1,31 @@
-"""Generated text in a template's call form -> tool calls, whole or as stream events.
+"""Generated text -> tool calls, whole or as stream events.
 
-The grammar (tools.py) makes the text `[content] <tool_call>\\n{"name": "N", "arguments":
-ARGS}\\n</tool_call>` (calls joined by newlines), so reading it back is a small state machine:
-content until the open tag, the name up to its closing quote, then the arguments until the
-suffix `}\\n</tool_call>`. It reads text as it streams, holding back only what might still turn
-out to be a tag or the suffix, so that each event (events.py) is final: the content before a call,
-a call's id and name once the name is complete, then its arguments in fragments. A whole answer
-reads back as an assistant message in the chat form the templates take (OpenAI's, which
-`GenRequest.messages` holds).
+Calls come in two spellings. The template's: the grammar (tools.py) makes the text `[content]
+<tool_call>\\n{"name": "N", "arguments": ARGS}\\n</tool_call>` (calls joined by newlines), read
+as the open tag, the name up to its closing quote, the arguments up to the suffix
+`}\\n</tool_call>`. And a declared tool's call written as JSON at a line's start, bare or fenced
+(textcalls.py), which small models write under tool_choice "auto".
+
+The reader reads text as it streams and gives back events (events.py) that are final: content
+as soon as it cannot be a call's start (text that may be one waits), and each call whole, once it
+is complete (CallStart with its id and name, then CallArguments with all its arguments). So a call
+cut by max_tokens is never handed out: it is dropped, and `cut()` says so (the answer's
+`finish_detail`). A call identical to one already made (same function, same arguments) ends the
+calls, as does a second call where the request allows one (`parallel_tool_calls: false`): `ended`
+is set, and the answer (answer.py) stops generating. A whole answer reads back as an assistant
+message in the chat form the templates take (OpenAI's, which `GenRequest.messages` holds).
 """
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass, field
 
 from ..events import CallArguments, CallStart, Event, Text
+from .textcalls import CALL, NO, PARTIAL, match
 from .tools import CallForm
+
+_BLANKS = " \t\r\n"
 
 
 def call_id() -> str:
@@ -27,7 +37,6 @@ class Call:
     id: str
     name: str
     arguments: str = ""
-    complete: bool = False
 
     def message(self) -> dict:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
@@ -41,116 +50,175 @@ def _held(buffer: str, marker: str) -> int:
     return 0
 
 
+def _canonical(arguments: str) -> str:
+    try:
+        return json.dumps(json.loads(arguments), sort_keys=True)
+    except ValueError:
+        return arguments
+
+
 @dataclass
 class CallReader:
-    """Feed text as it comes; get back events: Text for content, CallStart when a call's name is
-    known, CallArguments for each fragment of its arguments."""
+    """Feed text as it comes; get back events: Text for content, CallStart + CallArguments per
+    complete call. `names`: the declared tools (calls written as JSON name one); `parallel`: more
+    than one call allowed."""
 
     form: CallForm
+    names: tuple[str, ...] = ()
+    parallel: bool = True
     calls: list[Call] = field(default_factory=list)
-    content: str = ""  # the content so far (before the first call)
+    content: str = ""  # the text outside calls
+    ended: bool = False  # a repeated call (or one too many) ended the calls: read nothing more
     _buf: str = ""
-    _state: str = "content"  # content, prefix, name, arguments, between
+    _tag: bool = False  # the buffer starts with the open tag: a call in the template's form
+    _line_start: bool = True  # the buffer starts a line (or the answer)
+    _after_call: bool = False  # only blanks since the last call
+    _cut: str | None = None
+
+    @classmethod
+    def for_tools(cls, tools) -> "CallReader":
+        """The reader of a request's ToolRequest (tools.py)."""
+        return cls(tools.form, tools.names, tools.parallel)
 
     def feed(self, text: str) -> list[Event]:
-        self._buf += text
         out: list[Event] = []
-        while self._step(out):
+        if self.ended or self._cut:
+            return out
+        self._buf += text
+        while not self.ended and self._step(out, False):
             pass
         return out
 
-    def _step(self, out: list[Event]) -> bool:
-        """Advance one state if the buffer allows; False when it must wait for more text."""
-        f, buf = self.form, self._buf
-        if self._state in ("content", "between"):
-            at = buf.find(f.open)
-            if at > 0 and not f.special and self._state == "content" or not f.special and self.content:
-                at = -1  # a plain-text tag is a call only at the start (the grammar's rule); later it is text
-            if at < 0:
-                keep = _held(buf, f.open)
-                if self._state == "content":
-                    self._content(buf[:len(buf) - keep], out)
-                self._buf = buf[len(buf) - keep:]
+    def close(self) -> list[Event]:
+        """At the end of generation: what still waited is content, or a call cut short (dropped)."""
+        out: list[Event] = []
+        while not self.ended and not self._cut and self._step(out, True):
+            pass
+        if not self.ended and not self._cut and self._buf:
+            self._content(self._buf, out)
+        self._buf = ""
+        return out
+
+    def _step(self, out: list[Event], final: bool) -> bool:
+        """Advance if the buffer allows; False when it must wait for more text (or, final, is done)."""
+        return self._in_tag(out, final) if self._tag else self._in_content(out, final)
+
+    def _in_content(self, out: list[Event], final: bool) -> bool:
+        buf, f = self._buf, self.form
+        if self._after_call:  # blanks between calls are not content
+            buf = self._buf = buf.lstrip(_BLANKS)
+            if not buf:
                 return False
-            if self._state == "content":
-                self._content(buf[:at], out)
-            self._buf, self._state = buf[at + len(f.open):], "prefix"
-            return True
-        if self._state == "prefix":
-            if len(buf) < len(f.prefix):
-                return False
-            self._buf, self._state = buf[len(f.prefix):], "name"
-            return True
-        if self._state == "name":
-            end = buf.find(f.middle)
-            if end < 0:
-                return False
-            self.calls.append(Call(call_id(), buf[:end]))
-            out.append(CallStart(len(self.calls) - 1, self.calls[-1].id, self.calls[-1].name))
-            self._buf, self._state = buf[end + len(f.middle):], "arguments"
-            return True
-        # arguments: everything up to the suffix, holding back what may be its start
-        call, index = self.calls[-1], len(self.calls) - 1
-        end = buf.find(f.suffix)
-        if end < 0:
-            keep = _held(buf, f.suffix)
-            self._arguments(call, index, buf[:len(buf) - keep], out)
-            self._buf = buf[len(buf) - keep:]
+            self._after_call = False
+        if f.special:
+            at, held = buf.find(f.open), _held(buf, f.open)
+        elif not self.content and not self.calls:  # a plain-text tag opens a call only at the start (the grammar's)
+            at, held = (0 if buf.startswith(f.open) else -1), (len(buf) if f.open.startswith(buf) else 0)
+        else:
+            at, held = -1, 0
+        stop = at if at >= 0 else len(buf) - (0 if final else held)
+        starts = ([0] if self._line_start else []) + [i + 1 for i, c in enumerate(buf[:stop]) if c == "\n"]
+        for p in starts:
+            m = match(buf, p, self.names, final) if self.names else None
+            if m is None or m.status == NO or m.status == PARTIAL and final and m.name is None:
+                continue
+            self._content(buf[:p], out)
+            if m.status == CALL:
+                self._buf = buf[m.end:]
+                self._finish(m.name, _layout(m.arguments), out)
+                return True
+            if final:  # a call begun (its name declared and whole) and cut short
+                self._dropped(m.name)
+            self._buf = buf[p:]
             return False
-        self._arguments(call, index, buf[:end], out)
-        call.complete = True
-        self._buf, self._state = buf[end + len(f.suffix):], "between"
+        self._content(buf[:stop], out)
+        self._buf = buf[stop:]
+        if at >= 0:
+            self._tag = True
+            return True
+        return False
+
+    def _in_tag(self, out: list[Event], final: bool) -> bool:
+        f, rest = self.form, self._buf[len(self.form.open):]
+        if not rest.startswith(f.prefix):
+            return self._wait(None, final)
+        end = rest.find(f.middle, len(f.prefix))
+        if end < 0:
+            return self._wait(None, final)
+        name, start = rest[len(f.prefix):end], end + len(f.middle)
+        close = rest.find(f.suffix, start)
+        if close < 0:
+            return self._wait(name, final)
+        self._buf, self._tag = rest[close + len(f.suffix):], False
+        self._finish(name, rest[start:close], out)
         return True
+
+    def _wait(self, name: str | None, final: bool) -> bool:
+        if final:
+            self._dropped(name)
+        return False
+
+    def _dropped(self, name: str | None) -> None:
+        n = len(self.calls)
+        self._cut = (f"tool call {n} ({name}) was cut before its arguments were complete and is left out"
+                     if name else f"tool call {n} was cut before its function name was complete and is left out")
+        self._buf = ""
+
+    def _finish(self, name: str, arguments: str, out: list[Event]) -> None:
+        """A complete call: handed out, unless it repeats one (or one call is all that is allowed)."""
+        key = (name, _canonical(arguments))
+        if any((c.name, _canonical(c.arguments)) == key for c in self.calls) or self.calls and not self.parallel:
+            self.ended, self._buf = True, ""
+            return
+        self.calls.append(Call(call_id(), name, arguments))
+        index = len(self.calls) - 1
+        out += [CallStart(index, self.calls[-1].id, name), CallArguments(index, arguments)]
+        self._after_call, self._line_start = True, True
 
     def _content(self, text: str, out: list[Event]) -> None:
         if text:
             self.content += text
+            self._line_start = text.endswith("\n")
             out.append(Text(text))
 
-    @staticmethod
-    def _arguments(call: Call, index: int, text: str, out: list[Event]) -> None:
-        if text:
-            call.arguments += text
-            out.append(CallArguments(index, text))
-
-    def close(self) -> list[Event]:
-        """At the end of generation: the pieces still held back (a tag's start that never completed
-        in content, an argument fragment that might have been the suffix's start)."""
-        out: list[Event] = []
-        if self._state == "content":
-            self._content(self._buf, out)
-        elif self._state == "arguments":
-            self._arguments(self.calls[-1], len(self.calls) - 1, self._buf, out)
-        self._buf = ""
-        return out
+    @property
+    def on_call(self) -> bool:
+        """Whether the answer ended on calls: nothing but blanks after the last complete one."""
+        return bool(self.calls) and (self.ended or self._after_call and not self._buf.strip(_BLANKS))
 
     def cut(self) -> str | None:
-        """What was left incomplete when generation ended, in words (None if nothing was)."""
-        if self._state in ("content", "between"):
-            return None
-        if self._state in ("prefix", "name"):
-            return f"tool call {len(self.calls)} was cut before its function name was complete"
-        call = self.calls[-1]
-        return (f"tool call {len(self.calls) - 1} ({call.name}) was cut: its arguments are not complete JSON "
-                f"({len(call.arguments)} characters)")
+        """The call cut short when generation ended, in words (None if none was)."""
+        return self._cut
 
     def message(self) -> dict:
         """The assistant message: content (None when empty) and tool_calls (when any)."""
-        content = self.content.rstrip()
+        content = self.content.strip(_BLANKS) if self.calls else self.content.rstrip()
         msg = {"role": "assistant", "content": content or None}
         if self.calls:
             msg["tool_calls"] = [c.message() for c in self.calls]
         return msg
 
 
+def _layout(arguments: str) -> str:
+    """A call written as JSON in the text, its arguments in the layout of the template's form (json.dumps's)."""
+    try:
+        return json.dumps(json.loads(arguments), ensure_ascii=False)
+    except ValueError:
+        return arguments
+
+
 def finish(reader: CallReader, reason: str) -> str:
-    """The finish reason: "tool_calls" when the answer ended on its own after a complete call."""
-    return "tool_calls" if reason == "stop" and reader.calls and reader.cut() is None else reason
+    """The finish reason: "tool_calls" when the answer ended on complete calls (nothing cut, nothing
+    after them; a repeated call ends them too), else the engine's."""
+    if reader.calls and reader.cut() is None and (reason == "stop" or reader.ended) and reader.on_call:
+        return "tool_calls"
+    return reason
 
 
-def answer(form: CallForm, text: str, reason: str) -> tuple[dict, str, str | None]:
+def answer(form: CallForm, text: str, reason: str, names: tuple[str, ...] = (),
+           parallel: bool = True) -> tuple[dict, str, str | None]:
     """A whole answer: the assistant message, the finish_reason, and what was cut (if anything)."""
-    reader = CallReader(form)
+    reader = CallReader(form, names, parallel)
     reader.feed(text)
     reader.close()
     return reader.message(), finish(reader, reason), reader.cut()

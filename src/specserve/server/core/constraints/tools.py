@@ -11,8 +11,9 @@ Hermes) use:
 
 with calls separated by a newline. The arguments are embedded with llguidance's `%json`, so
 they follow that tool's schema; the wrapper and the name are forced (and so drafted for free).
-The choice: "none" -> text without a call; "auto" -> text, or text then calls; "required"
--> one or more calls; a function's name -> exactly one call of it. Not parallel -> at most one call.
+The choice: "none" -> text without a call; "auto" -> text, or text then calls (in the template's
+form, or written as JSON in the text: textcalls.py); "required" -> one or more calls; a function's
+name -> exactly one call of it. Not parallel -> at most one call.
 Each API's adapter reads its own spelling of tools into `ToolSpec`s (OpenAI's
 `{"type": "function", "function": {...}}`, Anthropic's `{"name", "input_schema"}`); errors name
 the field by the path the adapter gives. `tool_request` checks on the event loop what is cheap to
@@ -175,8 +176,36 @@ def _lit(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
+# A call written as JSON in the text (textcalls.py): at a line's start, after an optional fence line,
+# `{"name": "NAME"` with blanks anywhere between; from there the grammar takes over.
+_WS = r"[ \t\r\n]*"
+_LINE = r"((.|\n)*\n)?[ \t]*(```[A-Za-z0-9_+-]*[ \t]*\n[ \t]*)?"
+
+
+def _named(names: str) -> str:
+    """The regex of a text call's start up to the closing quote of one of `names` (a regex)."""
+    return _LINE + r"\{" + _WS + '"name"' + _WS + ":" + _WS + f'"({names})"'
+
+
+def _text_calls(names: tuple[str, ...], schemas: list[dict], tagless: str) -> list[str]:
+    """Rules `tcall` (one call written as JSON in the text, lazily ended at its start by the declared
+    name; the text before it `tagless`, as TEXT) and FENCE (a fenced block's close)."""
+    lines = []
+    for i, (name, schema) in enumerate(zip(names, schemas)):
+        loose = {**schema, "x-guidance": {"whitespace_flexible": True}}  # blanks as the model likes them
+        lines.append(f"tcall_{i}: pre_{i} rest_{i}")
+        lines.append(f"pre_{i}[lazy]: /{_named(re.escape(name))}/{tagless}")
+        lines.append(f'rest_{i}: /{_WS},{_WS}"(arguments|parameters)"{_WS}:{_WS}/ targs_{i} /{_WS}\\}}/')
+        lines.append(f"targs_{i}: %json {json.dumps(loose, ensure_ascii=False)}")
+    lines.append("tcall: " + " | ".join(f"tcall_{i}" for i in range(len(names))))
+    lines.append(f"FENCE: /{_WS}```/")
+    return lines
+
+
 def tools_lark(form: CallForm, names: tuple[str, ...], schemas: list[dict], choice: str, parallel: bool) -> str:
-    """The Lark grammar for these tools in this call form, under this choice."""
+    """The Lark grammar for these tools in this call form, under this choice. Under "auto" a call may
+    also be written as JSON in the text (textcalls.py): from its declared name on, the arguments follow
+    the tool's schema."""
     tag = (lambda t: t) if form.special else _lit  # a special token is named bare: <tool_call>
     lines = []
     for i, (name, schema) in enumerate(zip(names, schemas)):
@@ -185,15 +214,19 @@ def tools_lark(form: CallForm, names: tuple[str, ...], schemas: list[dict], choi
         lines.append(f"args_{i}: %json {json.dumps(schema, ensure_ascii=False)}")
     lines.append("call: " + " | ".join(f"call_{i}" for i in range(len(names))))
     lines.append('calls: call ("\\n" call)*' if parallel else "calls: call")
+    not_a_call = f" & ~/{_named('|'.join(re.escape(n) for n in names))}(.|\\n)*/" if choice == "auto" else ""
     if form.special:  # text is bytes, a special token is not; nor may TEXT spell the open tag in plain
         # tokens, which the reader (toolcalls.py), reading text, would take for a call
-        lines.append(f"TEXT: /(.|\\n)+/ & ~/(.|\\n)*{re.escape(form.open)}(.|\\n)*/")
+        tagless = f" & ~/(.|\\n)*{re.escape(form.open)}(.|\\n)*/"
     else:  # the tags are plain text: a TEXT may not start with the open tag
-        lines.append(f"TEXT: /(.|\\n)+/ & ~/{re.escape(form.open)}(.|\\n)*/")
+        tagless = f" & ~/{re.escape(form.open)}(.|\\n)*/"
+    lines.append(f"TEXT: /(.|\\n)+/{tagless}{not_a_call}")
     if choice == "none":
         start = "TEXT?"
     elif choice == "auto":
-        start = "TEXT | TEXT? calls" if form.special else "TEXT | calls"
+        written = "tcall (FENCE? tcall)* FENCE? TEXT?" if parallel else "tcall FENCE?"
+        start = ("TEXT | TEXT? calls" if form.special else "TEXT | calls") + f" | {written}"
+        lines += _text_calls(names, schemas, tagless)
     elif choice == "required":
         start = "calls"
     else:
