@@ -67,3 +67,11 @@ def test_templates_get_today_and_loop_controls_as_llama_server_and_hugging_face_
                   "{{ date_string }}|{{ datetime }}|{{ strftime_now('%Y') }}|"
                   "{% for m in messages %}{{ m.content }}{% break %}{% endfor %}")
     assert text == f"{today.strftime('%d %b %Y')}|{today.strftime('%b %d %Y')}|{today.year}|hi"
+
+
+def test_template_kwargs_reach_the_template_and_enable_thinking_is_on_unless_turned_off():
+    source = "{{ enable_thinking }}|{{ custom }}|{{ messages | length }}"
+    chat = [{"role": "user", "content": "hi"}]
+    assert render(chat, source) == "True||1"  # llama-server's default (its --reasoning auto)
+    assert render(chat, source, template_kwargs={"enable_thinking": False, "custom": "x"}) == "False|x|1"
+    assert render(chat, source, template_kwargs={"messages": []}) == "True||1"  # the renderer's own stay its own

@@ -13,8 +13,8 @@ flags.  Point that variable at this script and it:
     flags: specserve takes llama-server's command line (cli/llama_flags.py). Two things change on
     the way: the thread count (forced for both), and `-c`, which is the context of all slots
     together in llama-server (each gets -c / -np, unless --kv-unified) and each slot's in specserve,
-    so `-c C -np N` becomes `-c C/N`. Flags listed in DROPPED (another branch's) are left out and
-    logged.
+    so `-c C -np N` becomes `-c C/N`. Flags listed in DROPPED are left out and logged (none now:
+    specserve takes every flag these tests pass, or refuses it with the reason).
 
 Environment:
   PEER_TARGET          llama-server | specserve
@@ -57,11 +57,7 @@ VALUE_FLAGS = {
 }
 
 # llama-server flags not passed to specserve, and why (every other flag is passed on as given)
-DROPPED = {
-    "--reasoning-format": "reasoning is another branch's (not in this build)",
-    "--reasoning": "reasoning is another branch's (not in this build)",
-    "--reasoning-budget": "reasoning is another branch's (not in this build)",
-}
+DROPPED: dict[str, str] = {}  # (none left: specserve takes every flag these tests pass, or refuses it with a reason)
 
 # llama-server flags without a value
 BOOL_FLAGS = {

@@ -22,6 +22,10 @@ TOOL_ROLES = ("function",)
 _RENDERED_ROLE = {"developer": "system"}
 
 
+# what the renderer itself gives a template: template_kwargs cannot replace them
+TEMPLATE_OWN = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
+
+
 class ChatTemplateError(ValueError):
     pass
 
@@ -149,16 +153,21 @@ def validate_messages(messages) -> list[dict]:
 
 
 def render(messages, template: str | None, bos_token: str = "", eos_token: str = "",
-           add_generation_prompt: bool = True, tools: list | None = None, continue_final: bool = False) -> str:
+           add_generation_prompt: bool = True, tools: list | None = None, continue_final: bool = False,
+           template_kwargs: dict | None = None) -> str:
     """Render messages with the model's template (ChatML when it has none); `tools` (OpenAI's
     request field) go to the template as Hugging Face passes them. `continue_final`: the last message
     (the assistant's) is continued, not closed: the text ends where its content ends (llama-server's
-    assistant prefill, vLLM's continue_final_message)."""
+    assistant prefill, vLLM's continue_final_message). `template_kwargs`: more variables for the
+    template (llama-server's and vLLM's chat_template_kwargs: `enable_thinking`, ...)."""
     msgs = validate_messages(messages)
-    extra = {"tools": tools} if tools else {}
-    # today, as llama-server gives it to every template (Llama 3.x's write it; firefunction's reads `datetime`)
+    # what llama-server gives every template: today (Llama 3.x's write it, firefunction's reads `datetime`)
+    # and enable_thinking, true unless turned off (--reasoning off, or chat_template_kwargs)
     now = datetime.datetime.now()
-    extra.update(date_string=now.strftime("%d %b %Y"), datetime=now.strftime("%b %d %Y"))
+    extra = {"date_string": now.strftime("%d %b %Y"), "datetime": now.strftime("%b %d %Y"), "enable_thinking": True,
+             **{k: v for k, v in (template_kwargs or {}).items() if k not in TEMPLATE_OWN}}
+    if tools:
+        extra["tools"] = tools
     try:
         text = _compile(template or CHATML).render(
             messages=msgs, add_generation_prompt=add_generation_prompt and not continue_final, bos_token=bos_token,
@@ -177,10 +186,11 @@ def render(messages, template: str | None, bos_token: str = "", eos_token: str =
     return text
 
 
-def render_for(model, messages, tools: list | None = None, continue_final: bool = False) -> str:
+def render_for(model, messages, tools: list | None = None, continue_final: bool = False,
+               template_kwargs: dict | None = None) -> str:
     """Render for a loaded model, using its template and special token texts."""
     v = model.vocab
     bos = v.token_texts[v.bos] if v.bos is not None else ""
     eos = v.token_texts[v.eos] if v.eos is not None else ""
     return render(messages, model.metadata.get("tokenizer.chat_template"), bos, eos, tools=tools,
-                  continue_final=continue_final)
+                  continue_final=continue_final, template_kwargs=template_kwargs)

@@ -254,14 +254,18 @@ def test_llama_server_flags_it_cannot_honour_are_refused_with_the_reason(tiny_mo
 
 def test_no_slots_answers_501_a_template_file_is_read_and_vertex_predicts(tiny_models_dir, tmp_path):
     template = tmp_path / "t.jinja"
-    template.write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}")
-    srv = ServerProcess(serve_args(tiny_models_dir, "-c", "128", "--no-slots", "--chat-template-file", str(template)),
-                        tmp_path / "serve.log", env={"AIP_MODE": "PREDICTION"})
+    template.write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}think={{ enable_thinking }}")
+    srv = ServerProcess(serve_args(tiny_models_dir, "-c", "128", "--no-slots", "--chat-template-file", str(template),
+                                   "--reasoning", "off"), tmp_path / "serve.log", env={"AIP_MODE": "PREDICTION"})
     try:
         with srv.client() as c:
             assert c.get("/slots").status_code == 501
-            p = c.post("/apply-template", json={"messages": [{"role": "user", "content": "hi"}]}).json()["prompt"]
-            assert p == "[user] hi\n"
+            hi = [{"role": "user", "content": "hi"}]
+            assert c.post("/apply-template", json={"messages": hi}).json()["prompt"] == "[user] hi\nthink=False"
+            on = c.post("/apply-template", json={"messages": hi, "chat_template_kwargs": {"enable_thinking": True}})
+            assert on.json()["prompt"] == "[user] hi\nthink=True"  # the request's over --reasoning off
+            bad = c.post("/v1/chat/completions", json={"messages": hi, "chat_template_kwargs": {"messages": []}})
+            assert bad.status_code == 400 and bad.json()["error"]["param"] == "chat_template_kwargs"
             out = c.post("/predict", json={"instances": [
                 {"@requestFormat": "chatCompletions", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]},
                 {"@requestFormat": "completion", "prompt": "the cat", "n_predict": 2, "stream": True},

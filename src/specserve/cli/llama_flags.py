@@ -87,6 +87,11 @@ def add_llama_args(p: argparse.ArgumentParser) -> None:
                         "hermes: ChatML with Qwen/Hermes tool calls, llama3, command-r, gemma, phi3, zephyr) "
                         "or the Jinja source itself")
     g.add_argument("--chat-template-file", metavar="FILE", help="the chat template's Jinja source, from FILE")
+    g.add_argument("-rea", "--reasoning", choices=("on", "off", "auto"), default=None,
+                   help="whether chat templates are told to let the model reason (their enable_thinking): on, off, "
+                        "auto (default: on, as llama-server's auto). A request's chat_template_kwargs override it")
+    g.add_argument("--chat-template-kwargs", metavar="JSON",
+                   help="more variables for every chat template, a JSON object (e.g. '{\"enable_thinking\": false}')")
     g.add_argument("--tags", metavar="A,B", help="tags listed with the model in /v1/models")
     g.add_argument("--slots", dest="slots", action="store_true", default=True,
                    help="serve GET /slots (default)")
@@ -141,6 +146,26 @@ def default_sampling(args) -> dict:
     if args.n_predict is not None and args.n_predict > 0:
         out["max_tokens"] = args.n_predict
     return out
+
+
+def template_kwargs(args) -> dict:
+    """The chat template variables --chat-template-kwargs and --reasoning give every chat."""
+    import json
+
+    from ..chat import TEMPLATE_OWN
+
+    kwargs = {}
+    if args.chat_template_kwargs:
+        try:
+            kwargs = json.loads(args.chat_template_kwargs)
+        except ValueError as e:
+            raise CliError(f"--chat-template-kwargs is not JSON: {e}", 2) from None
+        if not isinstance(kwargs, dict) or TEMPLATE_OWN & set(kwargs):
+            raise CliError("--chat-template-kwargs must be a JSON object, without "
+                           f"{', '.join(sorted(TEMPLATE_OWN))}", 2)
+    if args.reasoning is not None:
+        kwargs["enable_thinking"] = args.reasoning != "off"
+    return kwargs
 
 
 def aliases(given: str | None) -> tuple[str, ...]:

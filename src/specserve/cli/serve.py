@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from ..config import ModelConfig
 from .common import CliError, add_model_args, add_spec_args, load_engine, model_config, spec_params
-from .llama_flags import add_llama_args, aliases, chat_template, default_sampling, llama_overrides
+from .llama_flags import add_llama_args, aliases, chat_template, default_sampling, llama_overrides, template_kwargs
 
 if TYPE_CHECKING:
     from ..server import ServerSettings
@@ -232,6 +232,7 @@ def settings_from(args, target_path: str):
                               aliases=names[1:], tags=tuple(t.strip() for t in (args.tags or "").split(",") if t.strip()),
                               slots_endpoint=args.slots, verbose=args.verbose,
                               gcp_predict=os.environ.get("AIP_MODE") == "PREDICTION",
+                              template_kwargs=template_kwargs(args),
                               reasoning_format=args.reasoning_format, reasoning_budget=args.reasoning_budget)
     except ValueError as e:
         raise CliError(str(e), 2) from None

@@ -51,6 +51,7 @@ class ServerSettings:
     slots_endpoint: bool = True  # GET /slots (--no-slots: 501, as llama-server)
     verbose: bool = False  # answers carry `__verbose` (llama-server's --verbose)
     gcp_predict: bool = False  # POST /predict, Vertex AI's route (llama-server's, with AIP_MODE=PREDICTION)
+    template_kwargs: dict = field(default_factory=dict)  # chat template variables (--reasoning, --chat-template-kwargs)
     reasoning_format: str = "auto"  # how a chat's reasoning block is parted from its answer (core/reasoning.py)
     reasoning_budget: int = -1  # a chat's reasoning budget in tokens unless it gives one; -1: unlimited
 

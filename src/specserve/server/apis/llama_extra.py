@@ -14,7 +14,7 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ...chat import ChatTemplateError, MessageError, render, validate_messages
+from ...chat import TEMPLATE_OWN, ChatTemplateError, MessageError, render, validate_messages
 from ...prompt import chat_tokens
 from ..http.body import read_json
 from ..http.endpoint import Endpoint
@@ -33,12 +33,22 @@ class DetokenizeRequest(Fields):
     tokens: list[int] = []
 
 
+def template_kwargs_of(value: dict | None, server: dict) -> dict:
+    """A request's `chat_template_kwargs` over the server's (--reasoning, --chat-template-kwargs); 400 for
+    a variable the renderer gives the template itself."""
+    own = TEMPLATE_OWN & set(value or {})
+    if own:
+        raise bad_request(f"chat_template_kwargs cannot set {', '.join(sorted(own))}", "chat_template_kwargs")
+    return {**server, **(value or {})}
+
+
 class TemplateRequest(Fields):
     messages: list | None = None
     tools: list | None = None
     tool_choice: object = None  # accepted: the prompt does not depend on it
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = None
+    chat_template_kwargs: dict | None = None
 
 
 def routes() -> list[Endpoint]:
@@ -119,7 +129,7 @@ def prefilled(msgs: list[dict], add_generation_prompt: bool | None, continue_fin
 
 
 def render_chat(model, messages: list, tools: list | None, add_generation_prompt: bool | None = None,
-                continue_final: bool | None = None) -> str:
+                continue_final: bool | None = None, template_kwargs: dict | None = None) -> str:
     """The prompt text the model's chat template makes of a chat (a continued last message ends the text)."""
     try:
         msgs = validate_messages(messages)
@@ -131,7 +141,8 @@ def render_chat(model, messages: list, tools: list | None, add_generation_prompt
     try:
         return render(msgs, model.metadata.get("tokenizer.chat_template"), bos, eos,
                       add_generation_prompt=add_generation_prompt is not False, tools=tools,
-                      continue_final=prefilled(msgs, add_generation_prompt, continue_final))
+                      continue_final=prefilled(msgs, add_generation_prompt, continue_final),
+                      template_kwargs=template_kwargs)
     except ChatTemplateError as e:
         raise bad_request(str(e), "messages") from None
 
@@ -142,8 +153,9 @@ async def apply_template(request: Request) -> Response:
     fields = parse(TemplateRequest, body)
     if not fields.messages:
         raise bad_request("messages must be a non-empty array", "messages")
+    kwargs = template_kwargs_of(fields.chat_template_kwargs, state.settings.template_kwargs)
     prompt = await anyio.to_thread.run_sync(render_chat, state.engine.target, fields.messages, fields.tools or None,
-                                            fields.add_generation_prompt, fields.continue_final_message)
+                                            fields.add_generation_prompt, fields.continue_final_message, kwargs)
     return JSONResponse({"prompt": prompt})
 
 
@@ -153,10 +165,12 @@ async def input_tokens(request: Request) -> Response:
     fields = parse(TemplateRequest, body)
     if not fields.messages:
         raise bad_request("messages must be a non-empty array", "messages")
+    kwargs = template_kwargs_of(fields.chat_template_kwargs, state.settings.template_kwargs)
 
     def count() -> int:
         try:
-            return len(chat_tokens(state.engine.target, fields.messages, fields.tools or None))
+            return len(chat_tokens(state.engine.target, fields.messages, fields.tools or None,
+                                   template_kwargs=kwargs))
         except MessageError as e:
             raise bad_request(str(e), e.param, e.code) from None
         except (ChatTemplateError, ValueError) as e:

@@ -28,7 +28,7 @@ from ..http.errors import bad_request
 from . import several
 from .constraint_fields import output_grammar
 from .fields import check_unsupported, first_limit, params_of, resolve_profile, slot_id
-from .llama_extra import prefilled
+from .llama_extra import prefilled, template_kwargs_of
 from .openai_common import OpenAIGeneration, head, key_scope, respond, stream, stream_end, traced, verbose
 from .openai_tools import Tool, openai_tools
 from .progress import progress_events
@@ -48,6 +48,7 @@ class ChatRequest(OpenAIGeneration):
     parallel_tool_calls: bool | None = None
     add_generation_prompt: bool | None = None  # llama-server's and vLLM's
     continue_final_message: bool | None = None  # the last (assistant) message is continued (llama_extra.prefilled)
+    chat_template_kwargs: dict | None = None  # more variables for the chat template (llama-server's, vLLM's)
     reasoning_format: str | None = None  # llama-server's: "none", "deepseek", "auto" (core/reasoning.py)
     reasoning_budget: int | None = None  # llama-server's: -1 unlimited, 0 no reasoning, n tokens
     thinking_budget_tokens: int | None = None  # Continue's name for it
@@ -124,7 +125,8 @@ async def chat_request(request: Request) -> tuple[GenRequest, ChatRequest]:
                      messages=fields.messages, cache_prompt=fields.cache_prompt is not False, limit=limit,
                      tools=tools, id_slot=slot_id(fields.id_slot, len(state.scheduler.pool.slots)),
                      continue_final=cont, warm=warm, reasoning_format=reasoning_format,
-                     reasoning_budget=reasoning_budget)
+                     reasoning_budget=reasoning_budget,
+                     template_kwargs=template_kwargs_of(fields.chat_template_kwargs, {}) or None)
     return req, fields
 
 

@@ -37,12 +37,13 @@ DISCONNECT_CHECK_S = 0.25  # how often a non-streamed generation asks whether it
 ADMIT_GRACE_S = 0.1  # how long a request that finds slots and queue full waits for a place before 503
 
 
-def prompt_ids(model, req: GenRequest) -> list[int]:
-    """Tokenize the prompt or render and tokenize the chat. Raises ApiError(400)."""
+def prompt_ids(model, req: GenRequest, template_kwargs: dict | None = None) -> list[int]:
+    """Tokenize the prompt or render and tokenize the chat (`template_kwargs`: the server's variables for
+    the chat template, under the request's own). Raises ApiError(400)."""
     if req.messages is not None:
         try:
             return chat_tokens(model, req.messages, req.tools.tools if req.tools is not None else None,
-                               req.continue_final)
+                               req.continue_final, {**(template_kwargs or {}), **(req.template_kwargs or {})})
         except (ChatTemplateError, ValueError) as e:
             raise bad_request(str(e), "messages") from None
     if isinstance(req.prompt, str):
@@ -242,7 +243,7 @@ async def start(state, req: GenRequest, request: Request | None = None) -> Job:
         raise queue_full(scheduler.pool)
     scheduler.enter()  # from here the request counts as in flight: a drain waits for it
     try:
-        tokens = await anyio.to_thread.run_sync(prompt_ids, engine.target, req)
+        tokens = await anyio.to_thread.run_sync(prompt_ids, engine.target, req, state.settings.template_kwargs)
         if not tokens:
             raise bad_request("the prompt is empty after tokenization", "prompt")
         req = fit_context(req, len(tokens), engine.n_ctx)  # a prompt that leaves no room: 400
