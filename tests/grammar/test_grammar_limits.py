@@ -7,6 +7,7 @@ import threading
 import llguidance
 import pytest
 
+from specserve.config import SamplingParams
 from specserve.grammar import CompiledGrammar, Constraint, GrammarError, GrammarWorker, compile_grammar, \
     for_request, from_gbnf, from_json_schema, from_lark
 from specserve.grammar import limits
@@ -107,8 +108,9 @@ def test_the_engine_copies_the_compiled_matcher_instead_of_compiling(tiny_models
     model = tiny_models["target"]
     compiled = compile_grammar(from_json_schema({"type": "object"}, validate=False), model.grammar_tokenizer())
     monkeypatch.setattr(llguidance, "LLMatcher", None)  # any compile from here on would raise
-    first = for_request(compiled, b"", model.grammar_tokenizer, model)
-    second = for_request(compiled, b"", model.grammar_tokenizer, model)
+    params = SamplingParams(grammar=compiled)
+    first = for_request(params, model.grammar_tokenizer, model)
+    second = for_request(params, model.grammar_tokenizer, model)
     assert isinstance(first, Constraint) and first.matcher is not second.matcher
     first.commit(first.forced(1) or [model.tokenize("{", add_special=False)[0]])
     assert first.n_committed == 1 and second.n_committed == 0

@@ -62,7 +62,8 @@ def add_parser(sub) -> None:
                         "docs/infill.md; agent-loop[:messages|:chat]: an agent's tool loop through /v1/messages and "
                         "/v1/chat/completions, docs/agents.md) or a JSONL file of "
                         "{prompt|messages, temperature, max_tokens, category}; NAME:twice sends each prompt, then "
-                        "the same request again (default: code-edit spec-bench)")
+                        "the same request again; NAME:again sends its prompts, then the other workloads', then its "
+                        "own again (default: code-edit spec-bench)")
     g.add_argument("--prompts-per-workload", type=int, default=10, metavar="P",
                    help="prompts per workload (default 10; multi-turn: requests, 4 a conversation; fim-replay: cut "
                         "points, 3 requests each; agent-loop: conversations, 3 turns each, at most 10)")
@@ -90,9 +91,10 @@ def add_parser(sub) -> None:
     g.add_argument("--endpoint", nargs="+", action="extend", default=[], metavar="URL",
                    help="also run the prompts against OpenAI-compatible server(s), as URL or NAME=URL, e.g. "
                         "llama-ngram=http://127.0.0.1:8081")
-    g.add_argument("--endpoint-baseline", metavar="NAME|URL",
+    g.add_argument("--endpoint-baseline", nargs="+", metavar="NAME|URL|NAME=BASE",
                    help="one of the --endpoint servers that runs its target alone: the endpoints' speedups are "
-                        "paired against it (each server against its own target alone) instead of specserve's")
+                        "paired against it (each server against its own target alone) instead of specserve's; "
+                        "NAME=BASE pairs one endpoint against another (two servers' endpoints in one run)")
     g.add_argument("--endpoint-api-key", metavar="KEY", help="API key sent to the endpoints")
     out = p.add_argument_group("output")
     out.add_argument("--json", metavar="OUT", help="write the full results as JSON")

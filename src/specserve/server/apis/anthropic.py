@@ -74,7 +74,8 @@ async def messages_request(request: Request) -> tuple[GenRequest, MessagesReques
     if grammar is not None:
         sampling = dataclasses.replace(sampling, grammar=grammar)
     req = GenRequest("messages", profile.name, sampling, spec, verify, stream=bool(fields.stream), messages=chat,
-                     cache_prompt=fields.cache_prompt is not False, limit=limit, tools=tools)
+                     cache_prompt=fields.cache_prompt is not False, limit=limit, tools=tools,
+                     reasoning_budget=fields.reasoning_budget())
     return req, fields
 
 
@@ -87,10 +88,9 @@ def head(req: GenRequest, fields: MessagesRequest) -> dict:
 
 
 def content_blocks(out: Answer) -> list[dict]:
-    """The whole answer's content blocks: text (omitted when blank beside tool calls), then each call's
-    tool_use with its arguments as an object (a call cut short by max_tokens: {}). The reasoning
-    parser's thinking block goes first here, once the core has it."""
-    blocks = []
+    """The whole answer's content blocks: its reasoning as a thinking block (signed "": nothing here signs),
+    text (omitted when blank beside tool calls), then each call's tool_use with its arguments as an object."""
+    blocks = [{"type": "thinking", "thinking": out.reasoning, "signature": ""}] if out.reasoning else []
     if out.content and (out.content.strip() or not out.calls):
         blocks.append({"type": "text", "text": out.content})
     for call in out.calls:

@@ -136,9 +136,11 @@ class MessagesRequest(Generation):
         return "output_config.format", schema_grammar(fmt.schema_, "output_config.format.schema")
 
     def reasoning_budget(self) -> int | None:
-        """The thinking budget asked for (None: no budget). The one place it is read: the reasoning
-        parser (issue 48, item 4) takes it into the internal request; until then it is only checked."""
-        return self.thinking.budget_tokens if self.thinking is not None and self.thinking.type == "enabled" else None
+        """The reasoning budget in tokens (GenRequest.reasoning_budget): `enabled`'s budget_tokens, 0 for
+        `disabled` (the block closed at once), else None (the server's --reasoning-budget)."""
+        if self.thinking is None or self.thinking.type in ("adaptive", "between_tools"):
+            return None
+        return self.thinking.budget_tokens if self.thinking.type == "enabled" else 0
 
 
 def system_text(system: str | list | None) -> str | None:

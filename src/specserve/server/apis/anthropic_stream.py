@@ -1,8 +1,9 @@
 """A /v1/messages answer as Anthropic's stream of named server-sent events.
 
     message_start (the message, no content, the prompt's usage)   ping
-    content_block_start (index i, the block)   content_block_delta* (text_delta | input_json_delta)
-    content_block_stop (index i)   ... one block after another: text, then each tool_use
+    content_block_start (index i, the block)   content_block_delta* (thinking_delta | text_delta |
+    input_json_delta)   content_block_stop (index i)   ... one block after another: the reasoning as a
+    thinking block (signed with an empty signature_delta before it stops), text, then each tool_use
     message_delta (stop_reason, stop_sequence, usage with output_tokens and `speculative`)   message_stop
 
 Blocks are numbered from 0 in the order they open; one is open at a time. Where tool calls are read
@@ -16,7 +17,7 @@ import json
 from typing import AsyncIterator
 
 from ..core.answer import events as answer_events, speculative_usage
-from ..core.events import CallArguments, CallStart, Finish, Text
+from ..core.events import CallArguments, CallStart, Finish, Reasoning, Text
 from ..core.jobs import Job
 
 
@@ -90,6 +91,13 @@ async def events(job: Job, head: dict) -> AsyncIterator[dict]:
             if text:
                 extra = {"speculative_trace": event.trace} if event.trace is not None else {}
                 yield blocks.delta({"type": "text_delta", "text": text}, **extra)
+        elif kind is Reasoning:  # the answer's reasoning block comes first: a thinking block
+            if event.text:
+                if blocks.open != "thinking":
+                    for e in blocks.start({"type": "thinking", "thinking": ""}):
+                        yield e
+                extra = {"speculative_trace": event.trace} if event.trace is not None else {}
+                yield blocks.delta({"type": "thinking_delta", "thinking": event.text}, **extra)
         elif kind is CallStart:
             held, calls = "", calls + 1
             for e in blocks.start({"type": "tool_use", "id": event.id, "name": event.name, "input": {}}):
@@ -107,6 +115,4 @@ async def events(job: Job, head: dict) -> AsyncIterator[dict]:
             yield {"type": "message_delta", "delta": {"stop_reason": stop_reason(event.reason, stop_word),
                                                       "stop_sequence": stop_word or None},
                    "usage": usage(job), **event.detail}
-        # A reasoning event (issue 48, item 4) goes here: blocks.start({"type": "thinking", "thinking": ""}),
-        # then blocks.delta({"type": "thinking_delta", "thinking": text}); stop() signs the block.
     yield {"type": "message_stop"}

@@ -31,7 +31,7 @@ from ..http.guard import KEY_SCOPE
 from ..http.sse import sse_response
 from .constraint_fields import output_grammar
 from .fields import check_unsupported, params_of, resolve_profile
-from .responses_output import ResponseHead, call_item, message_item, new_id
+from .responses_output import ResponseHead, call_item, message_item, new_id, reasoning_item
 from .responses_request import ResponsesRequest, chat_messages, check_stateless, tools_of
 from .responses_stream import ResponseStream
 from .validation import parse
@@ -64,15 +64,16 @@ async def responses_request(request: Request) -> tuple[GenRequest, ResponsesRequ
     if grammar is not None:
         sampling = dataclasses.replace(sampling, grammar=grammar)
     req = GenRequest("responses", profile.name, sampling, spec, verify, stream=bool(fields.stream), messages=chat,
-                     cache_prompt=fields.cache_prompt is not False, limit=limit, tools=tools)
+                     cache_prompt=fields.cache_prompt is not False, limit=limit, tools=tools,
+                     reasoning_budget=fields.reasoning_budget())
     return req, fields
 
 
 def output_items(out: Answer) -> list[dict]:
     """The whole answer's items: its text as a message (none when blank beside tool calls), then a
-    function_call per call; the last is "incomplete" where max_output_tokens cut it. The reasoning
-    parser's reasoning item goes first here, once the core has it."""
-    items = []
+    function_call per call, after its reasoning item where it reasoned; the last is "incomplete" where
+    max_output_tokens cut it."""
+    items = [reasoning_item(new_id("rs"), out.reasoning)] if out.reasoning else []
     if out.content and (out.content.strip() or not out.calls):
         items.append(message_item(new_id("msg"), out.content))
     for call in out.calls:

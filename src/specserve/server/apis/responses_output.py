@@ -1,8 +1,8 @@
 """The shapes of a /v1/responses answer, whole or streamed: the `response` object, its output items and usage.
 
 A response's `output` is a list of items: a `message` (one `output_text` part), then a `function_call`
-per tool call read back (`call_id` is the id the client sends back with `function_call_output`), and,
-once the core parts reasoning out, a `reasoning` item first. The status is `completed`, or
+per tool call read back (`call_id` is the id the client sends back with `function_call_output`), after a
+`reasoning` item (its text as one `reasoning_text` part) where the answer reasoned. The status is `completed`, or
 `incomplete` with `incomplete_details.reason` "max_output_tokens" when the limit ended the answer (as
 OpenAI's API says it). `usage` carries `speculative`, as every API's usage does here.
 """
@@ -28,6 +28,11 @@ def message_item(item_id: str, text: str, status: str = "completed") -> dict:
 
 def output_text(text: str) -> dict:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def reasoning_item(item_id: str, text: str, status: str = "completed") -> dict:
+    return {"type": "reasoning", "id": item_id, "status": status, "summary": [], "encrypted_content": None,
+            "content": [{"type": "reasoning_text", "text": text}]}
 
 
 def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str = "completed") -> dict:

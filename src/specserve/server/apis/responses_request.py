@@ -98,9 +98,12 @@ class ResponsesRequest(Generation):
         return "text.format", schema_grammar(fmt.schema_, "text.format.schema")
 
     def reasoning_effort(self) -> str | None:
-        """The reasoning effort asked for. The one place it is read: the reasoning parser (issue 48,
-        item 4) takes it into the internal request; until then it is only checked."""
         return self.reasoning.effort if self.reasoning is not None else None
+
+    def reasoning_budget(self) -> int | None:
+        """The reasoning budget in tokens (GenRequest.reasoning_budget): 0 for effort "none" (the block
+        closed at once), else None (the server's --reasoning-budget: an effort names no token count)."""
+        return 0 if self.reasoning_effort() == "none" else None
 
 
 def check_stateless(fields: ResponsesRequest) -> None:

@@ -1,6 +1,9 @@
 """A /v1/responses answer as OpenAI's stream of Responses events, each with its `sequence_number`.
 
     response.created, response.in_progress (the response, in progress, no output yet)
+    reasoning:  response.output_item.added (reasoning), response.content_part.added,
+                response.reasoning_text.delta*, response.reasoning_text.done, response.content_part.done,
+                response.output_item.done
     a message:  response.output_item.added, response.content_part.added, response.output_text.delta*,
                 response.output_text.done, response.content_part.done, response.output_item.done
     a call:     response.output_item.added (function_call), response.function_call_arguments.delta*,
@@ -16,10 +19,10 @@ from __future__ import annotations
 from typing import AsyncIterator
 
 from ..core.answer import events as answer_events
-from ..core.events import CallArguments, CallStart, Finish, Text
+from ..core.events import CallArguments, CallStart, Finish, Reasoning, Text
 from ..core.jobs import Job
 from ..http.errors import ApiError
-from .responses_output import ResponseHead, call_item, message_item, new_id, output_text
+from .responses_output import ResponseHead, call_item, message_item, new_id, output_text, reasoning_item
 
 
 class ResponseStream:
@@ -45,6 +48,9 @@ class ResponseStream:
         out.append(self._event("response.output_item.added", output_index=len(self.output),
                                item={**item, "status": "in_progress", **({"content": []} if "content" in item
                                                                           else {"arguments": ""})}))
+        if item["type"] == "reasoning":
+            out.append(self._event("response.content_part.added", item_id=item["id"], output_index=len(self.output),
+                                   content_index=0, part={"type": "reasoning_text", "text": ""}))
         if item["type"] == "message":
             out.append(self._event("response.content_part.added", item_id=item["id"], output_index=len(self.output),
                                    content_index=0, part=output_text("")))
@@ -59,6 +65,12 @@ class ResponseStream:
             part = item["content"][0]
             out.append(self._event("response.output_text.done", item_id=item["id"], output_index=index,
                                    content_index=0, text=part["text"], logprobs=[]))
+            out.append(self._event("response.content_part.done", item_id=item["id"], output_index=index,
+                                   content_index=0, part=part))
+        elif item["type"] == "reasoning":
+            part = item["content"][0]
+            out.append(self._event("response.reasoning_text.done", item_id=item["id"], output_index=index,
+                                   content_index=0, text=part["text"]))
             out.append(self._event("response.content_part.done", item_id=item["id"], output_index=index,
                                    content_index=0, part=part))
         else:
@@ -97,6 +109,15 @@ class ResponseStream:
                         continue
                 for e in self._text(text, event.trace) if text else ():
                     yield e
+            elif kind is Reasoning:  # the answer's reasoning block comes first: a reasoning item
+                if event.text:
+                    if self.item is None or self.item["type"] != "reasoning":
+                        for e in self._open(reasoning_item(new_id("rs"), "")):
+                            yield e
+                    self.item["content"][0]["text"] += event.text
+                    extra = {"speculative_trace": event.trace} if event.trace is not None else {}
+                    yield self._event("response.reasoning_text.delta", item_id=self.item["id"],
+                                      output_index=len(self.output), content_index=0, delta=event.text, **extra)
             elif kind is CallStart:
                 held = ""
                 for e in self._open(call_item(new_id("fc"), event.id, event.name, "")):
@@ -116,6 +137,3 @@ class ResponseStream:
                 final = head.response("completed", self.output, job, event.reason)
                 yield self._event("response.completed" if final["status"] == "completed" else "response.incomplete",
                                   response={**final, **event.detail})
-            # A reasoning event (issue 48, item 4) goes here: self._open() a reasoning item
-            # ({"type": "reasoning", "id": new_id("rs"), "summary": [], "content": [reasoning_text]}) and
-            # send response.reasoning_text.delta events for it.

@@ -27,8 +27,14 @@ def sources(chunk: Chunk) -> list[str]:
     return [chunk.drafter or TARGET] * chunk.n_drafted + [TARGET] * (len(chunk.tokens) - chunk.n_drafted)
 
 
+def _run(text: str, source: str, note: dict | None) -> dict:
+    """One run of the trace: a drafted token's carries where the drafter found it (`from`), if it says."""
+    return {"text": text, "source": source, "from": note} if note else {"text": text, "source": source}
+
+
 class Tracer:
-    """Turns a request's chunks into `[{"text": ..., "source": ...}, ...]`, one run per token.
+    """Turns a request's chunks into `[{"text": ..., "source": ...}, ...]`, one run per token; a drafted
+    token's run also says where the drafter found it (`"from"`: Draft.note), when the drafter says.
 
     Decodes each token's bytes on its own (an incremental UTF-8 decoder, as the server's
     text is made) to know how many characters each token completed; the characters of a
@@ -41,31 +47,32 @@ class Tracer:
         self._skip = skip  # leading bytes the text leaves out (token healing's), as text.StreamDecoder does
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self._queue: deque[list] = deque()  # [characters not yet emitted, source], per token
-        self._last = TARGET  # the source of the last token: the end's flushed characters go to it
+        self._last: tuple[str, dict | None] = (TARGET, None)  # the last token's (source, note): the end's flushed text
         self.entries: list[dict] | None = [] if keep else None  # every run so far, when kept
         self.last: list[dict] = []  # the runs of the last chunk fed
 
     def feed(self, chunk: Chunk) -> list[dict]:
         """The runs of `chunk.text`. Call for every chunk, in order, those without text too."""
-        for token, source in zip(chunk.tokens, sources(chunk)):
+        for i, (token, source) in enumerate(zip(chunk.tokens, sources(chunk))):
             piece = self._token_bytes(token)
             if self._skip:
                 piece, self._skip = piece[self._skip:], max(0, self._skip - len(piece))
             text = self._decoder.decode(piece)
+            note = chunk.note if i < chunk.n_drafted else None
             if text:
-                self._queue.append([len(text), source])
-            self._last = source
+                self._queue.append([len(text), source, note])
+            self._last = (source, note)
         out, i, text = [], 0, chunk.text
         while i < len(text):
             if self._queue:
                 head = self._queue[0]
-                n, source = min(head[0], len(text) - i), head[1]
+                n, source, note = min(head[0], len(text) - i), head[1], head[2]
                 head[0] -= n
                 if not head[0]:
                     self._queue.popleft()
             else:
-                n, source = len(text) - i, self._last
-            out.append({"text": text[i:i + n], "source": source})
+                n, (source, note) = len(text) - i, self._last
+            out.append(_run(text[i:i + n], source, note))
             i += n
         if self.entries is not None:
             self.entries.extend(out)
