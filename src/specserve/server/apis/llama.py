@@ -37,6 +37,7 @@ from .fields import (Generation, check_unsupported, first_limit, params_of, prom
 from .infill_rules import select_fields
 from .llama_extra import tokenize_mixed
 from .llama_answer import final
+from .probs import count, llama_probs, per_token
 from .openai_common import key_scope, stream, traced
 from .progress import progress_events
 from .timings import timings
@@ -53,6 +54,9 @@ class LlamaRequest(Generation):
     n_cmpl: int | None = None
     n: int | None = None  # n_cmpl's other name (OpenAI's)
     response_fields: list[str] | None = None  # only these fields of the answer (infill_rules.select_fields)
+    n_probs: int | None = None  # each answer token's logprob and this many alternatives (probs.py)
+    logprobs: int | None = None  # n_probs's OpenAI name, read where n_probs is absent (as llama-server does)
+    post_sampling_probs: bool | None = None  # probabilities of the distribution sampled from, not the model's
     # llama-server's flat spelling of speculation (llama-server's n_max is our draft_max)
     n_max: int | None = Field(None, alias="speculative.n_max")
     n_min: int | None = Field(None, alias="speculative.n_min")
@@ -67,6 +71,13 @@ class LlamaRequest(Generation):
                               "speculative")
         return flat if self.speculative is None else self.speculative.asked()
 
+    def logprobs_asked(self) -> tuple[int, str] | None:
+        """(alternatives, logprobs_mode) where n_probs (or logprobs) asks for some; 0 asks for none."""
+        key, n = ("n_probs", self.n_probs) if self.n_probs is not None else ("logprobs", self.logprobs)
+        if n is None or count(n, key) == 0:
+            return None
+        return n, "processed" if self.post_sampling_probs else "raw"
+
 
 def routes() -> list[Endpoint]:
     return [Endpoint("/completion", completion)]
@@ -78,14 +89,14 @@ def llama_request(body: dict, state, scope: str | None, endpoint: str = "llama",
     and the body's fields; `prompt` given: the body has none. `scope`: the API key's cross-request scope."""
     fields = parse(LlamaRequest, body)
     profile = resolve_profile(fields.model, state.profiles, state.settings.model_name)
-    check_unsupported(body, handled=("n",) if endpoint == "llama" else ())
+    check_unsupported(body, handled=("n", "n_probs", "logprobs", "post_sampling_probs") if endpoint == "llama" else ())
     if endpoint != "llama":
         refuse_constraints(body, fields, endpoint)
     limit = first_limit(fields, ("n_predict", "max_tokens"))
     if limit is not None and limit.field == "n_predict" and limit.n == -1:  # llama-server: -1 = no limit
         limit = Limit("n_predict", None)
     sampling, described, spec, verify = params_of(state, fields, profile, scope, limit, random_seed=-1,
-                                                  spec=fields.spec_asked())
+                                                  spec=fields.spec_asked(), logprobs=fields.logprobs_asked())
     if prompt is None:
         prompt = required(prompt_value(fields.prompt), "prompt")
     req = GenRequest(endpoint, profile.name, sampling, spec, verify, stream=bool(fields.stream), prompt=prompt,
@@ -151,6 +162,9 @@ async def completion(request: Request) -> Response:
 
 def _shaped(job: Job, out, fields: LlamaRequest, index: int = 0) -> dict:
     body = traced(final(job, out.text, out.tokens, bool(fields.return_tokens)), out.trace)
+    if out.logprobs:
+        body["completion_probabilities"] = llama_probs(job.state.engine.target, out.logprobs,
+                                                       bool(fields.post_sampling_probs))
     return select_fields(body, fields.response_fields) if fields.response_fields else body
 
 
@@ -171,14 +185,18 @@ async def _chunks(job: Job, fields: LlamaRequest):
             yield {"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": job.id_slot,
                    "tokens_predicted": 0, "tokens_evaluated": job.stats.n_prompt, "prompt_progress": progress,
                    **({"timings": times} if fields.timings_per_token else {})}
+    model = job.state.engine.target
     async for event in events(job):
         if event.__class__ is Text:
             new_line = new_line or "\n" in event.text
-            chunk = {"index": 0, "content": event.text, "tokens": list(event.tokens), "stop": False,
-                     "id_slot": job.id_slot, "tokens_predicted": job.stats.n_generated,
-                     "tokens_evaluated": job.stats.n_prompt}
-            if fields.timings_per_token:
-                chunk["timings"] = timings(job)
-            yield traced(chunk, event.trace)
+            for text, tokens, rows in per_token(model, event):
+                chunk = {"index": 0, "content": text, "tokens": tokens, "stop": False,
+                         "id_slot": job.id_slot, "tokens_predicted": job.stats.n_generated,
+                         "tokens_evaluated": job.stats.n_prompt}
+                if rows:
+                    chunk["completion_probabilities"] = llama_probs(model, rows, bool(fields.post_sampling_probs))
+                if fields.timings_per_token:
+                    chunk["timings"] = timings(job)
+                yield traced(chunk, event.trace)
     await job.finished()
     yield final(job, "", [], new_line=new_line)

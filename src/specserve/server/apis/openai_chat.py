@@ -31,6 +31,7 @@ from .fields import check_unsupported, first_limit, params_of, resolve_profile, 
 from .llama_extra import prefilled, template_kwargs_of
 from .openai_common import OpenAIGeneration, head, key_scope, respond, stream, stream_end, traced, verbose
 from .openai_tools import Tool, openai_tools
+from .probs import count, llama_probs
 from .progress import progress_events
 from .timings import timings
 from .validation import parse
@@ -52,6 +53,17 @@ class ChatRequest(OpenAIGeneration):
     reasoning_format: str | None = None  # llama-server's: "none", "deepseek", "auto" (core/reasoning.py)
     reasoning_budget: int | None = None  # llama-server's: -1 unlimited, 0 no reasoning, n tokens
     thinking_budget_tokens: int | None = None  # Continue's name for it
+    logprobs: bool | None = None  # each answer token's logprob (probs.py: llama-server's objects, OpenAI's fields)
+    top_logprobs: int | None = None  # and this many alternatives at each
+    post_sampling_probs: bool | None = None  # llama-server's: probabilities of the distribution sampled from
+
+    def logprobs_asked(self) -> tuple[int, str] | None:
+        """(alternatives, logprobs_mode) where logprobs are asked for; 400 for top_logprobs without them."""
+        if not self.logprobs:
+            if self.top_logprobs is not None:
+                raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
+            return None
+        return count(self.top_logprobs or 0, "top_logprobs"), "processed" if self.post_sampling_probs else "raw"
 
     def reasoning(self) -> tuple[str | None, int | None]:
         """(reasoning_format, budget) asked for, or 400 naming the field."""
@@ -103,14 +115,15 @@ async def chat_request(request: Request) -> tuple[GenRequest, ChatRequest]:
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
     fields = parse(ChatRequest, body)
     profile = resolve_profile(fields.model, state.profiles, state.settings.model_name)
-    check_unsupported(body, handled=("n",))
+    check_unsupported(body, handled=("n", "logprobs", "top_logprobs", "post_sampling_probs"))
     warm = fields.n_predict == 0  # llama.vim warms a slot so while its user types: nothing is sampled
     if warm:
         fields = fields.model_copy(update={"samplers": None, "n_predict": 1})
     limit = first_limit(fields, ("max_completion_tokens", "max_tokens", "n_predict"))
     if limit is not None and limit.field == "n_predict" and limit.n == -1:
         limit = Limit("n_predict", None)
-    sampling, limit, spec, verify = params_of(state, fields, profile, key_scope(request), limit)
+    sampling, limit, spec, verify = params_of(state, fields, profile, key_scope(request), limit,
+                                              logprobs=fields.logprobs_asked())
     if not fields.messages:
         raise bad_request("messages must be a non-empty array", "messages")
     check_messages(fields.messages)
@@ -157,16 +170,30 @@ async def chat_completions(request: Request) -> Response:
     jobs = [job for job, _ in outs]
     choices = [(job, out) for job, out in outs for _ in range(n // len(outs))]  # greedy: one answer, n times
     return respond(jobs, {**head("chat.completion", req), "choices": [traced({
-        "index": i, "message": out.message, "logprobs": None, "finish_reason": out.reason, **out.detail}, out.trace)
+        "index": i, "message": out.message, "logprobs": _logprobs(state, fields, out.logprobs),
+        "finish_reason": out.reason, **out.detail}, out.trace)
         for i, (_, out) in enumerate(choices)], **verbose(state, fields, *outs[0])})
+
+
+def _logprobs(state, fields: ChatRequest, rows) -> dict | None:
+    """A choice's `logprobs` (null unless asked): llama-server's objects, which carry OpenAI's fields."""
+    if rows is None:
+        return None
+    return {"content": llama_probs(state.engine.target, rows, bool(fields.post_sampling_probs))}
 
 
 async def _chunks(job: Job, head: dict, fields):
     """The stream: the role, then a chunk per event, the finish, usage and [DONE]."""
 
+    state, pending = job.state, [] if job.logprobs is not None else None  # logprobs not yet sent
+
     def choice(delta: dict, finish: str | None = None, detail: dict | None = None) -> dict:
-        c = {**head, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish,
-                                  **(detail or {})}]}
+        rows = None
+        if pending is not None and delta.get("role") is None:
+            rows = list(pending)
+            pending.clear()
+        c = {**head, "choices": [{"index": 0, "delta": delta, "logprobs": _logprobs(state, fields, rows),
+                                  "finish_reason": finish, **(detail or {})}]}
         return {**c, "timings": timings(job)} if fields.timings_per_token and delta.get("role") is None else c
 
     if fields.return_progress:
@@ -176,6 +203,8 @@ async def _chunks(job: Job, head: dict, fields):
     else:
         yield choice({"role": "assistant", "content": None})  # llama-server's: no text yet
     async for event in events(job):
+        if pending is not None and type(event) in (Text, Reasoning) and event.logprobs:
+            pending.extend(event.logprobs)  # sent with the next chunk (a token's text may come later)
         if type(event) in (Text, Reasoning):
             if event.text:
                 c = choice(delta(event))

@@ -22,6 +22,7 @@ from .constraint_fields import output_grammar, refuse_tools
 from .fields import check_unsupported, first_limit, params_of, prompt_value, required, resolve_profile, slot_id
 from .infill_rules import openai_fim_prompt
 from .openai_common import OpenAIGeneration, head, key_scope, respond, stream, stream_end, traced, verbose
+from .probs import count, legacy
 from .validation import parse
 
 DEFAULT_MAX_TOKENS = Limit("max_tokens", 16)  # /v1/completions without max_tokens: OpenAI's default
@@ -32,6 +33,15 @@ class CompletionRequest(OpenAIGeneration):
     suffix: str | None = None
     max_tokens: int | None = None
     echo: bool | None = None  # the prompt's text before each choice's
+    logprobs: int | None = None  # each answer token's logprob and this many alternatives (OpenAI's legacy shape)
+
+    def logprobs_asked(self) -> tuple[int, str] | None:
+        if self.logprobs is None:
+            return None
+        if self.echo:  # the prompt's logprobs, which echo gives with them, are not computed
+            raise bad_request("logprobs with echo is not supported: the prompt's logprobs are not computed",
+                              "logprobs", "unsupported_parameter")
+        return count(self.logprobs, "logprobs"), "raw"
 
 
 def routes() -> list[Endpoint]:
@@ -44,9 +54,10 @@ async def completion_request(request: Request) -> tuple[GenRequest, CompletionRe
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
     fields = parse(CompletionRequest, body)
     profile = resolve_profile(fields.model, state.profiles, state.settings.model_name)
-    check_unsupported(body, handled=("suffix", "n", "echo"))
+    check_unsupported(body, handled=("suffix", "n", "echo", "logprobs"))
     sampling, limit, spec, verify = params_of(state, fields, profile, key_scope(request),
-                                              first_limit(fields, ("max_tokens",)), default=DEFAULT_MAX_TOKENS)
+                                              first_limit(fields, ("max_tokens",)), default=DEFAULT_MAX_TOKENS,
+                                              logprobs=fields.logprobs_asked())
     refuse_tools(body)
     grammar = await output_grammar(state, fields)
     if grammar is not None:
@@ -86,19 +97,33 @@ async def completions(request: Request) -> Response:
         return respond([], None)
     choices = [(job, out) for job, out in outs for _ in range(n // len(outs))]  # greedy: one answer, n times
     return respond([job for job, _ in outs], {**head("text_completion", req), "choices": [traced({
-        "text": echoed(job, fields) + out.text, "index": i, "logprobs": None, "finish_reason": out.reason,
+        "text": echoed(job, fields) + out.text, "index": i, "logprobs": _logprobs(job, out.logprobs),
+        "finish_reason": out.reason,
         **out.detail}, out.trace) for i, (job, out) in enumerate(choices)], **verbose(state, fields, *outs[0])})
+
+
+def _logprobs(job: Job, rows, offset: int = 0) -> dict | None:
+    return legacy(job.state.engine.target, rows, offset) if rows is not None else None
 
 
 async def _chunks(job: Job, head: dict, fields: CompletionRequest):
     if fields.echo:
         yield {**head, "choices": [{"text": echoed(job, fields), "index": 0, "logprobs": None, "finish_reason": None}]}
+    pending, offset = [] if job.logprobs is not None else None, 0  # logprobs not yet sent; where their text starts
     async for event in events(job):
+        rows = None
+        if pending is not None and (event.text if event.__class__ is Text else True):
+            rows = pending + (event.logprobs or []) if event.__class__ is Text else pending
+            pending = []
+        elif pending is not None:
+            pending += event.logprobs or []  # a token whose text is held back: sent with the next text
         if event.__class__ is not Text:
-            last = {**head, "choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": event.reason,
-                                         **event.detail}]}
+            last = {**head, "choices": [{"text": "", "index": 0, "logprobs": _logprobs(job, rows, offset),
+                                         "finish_reason": event.reason, **event.detail}]}
         elif event.text:
-            yield {**head, "choices": [traced({"text": event.text, "index": 0, "logprobs": None,
+            lp = _logprobs(job, rows, offset)
+            offset += len(event.text)
+            yield {**head, "choices": [traced({"text": event.text, "index": 0, "logprobs": lp,
                                                "finish_reason": None}, event.trace)]}
     async for chunk in stream_end(head, last, job, fields.include_usage):
         yield chunk

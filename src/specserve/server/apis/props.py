@@ -9,6 +9,8 @@ path: a path tells a client about the host's directories and user names.
 """
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 
 import llama_cpp
@@ -42,7 +44,7 @@ def generation_settings(sampling: SamplingParams, spec: SpecParams | None = None
     server does not have show their neutral values; `eog`: the end-of-generation tokens, which
     `ignore_eos` keeps out as llama-server's -inf logit biases do."""
     bias = [{"bias": None, "token": t} for t in sorted(eog)] if sampling.ignore_eos else []  # null: -inf
-    bias += [{"bias": b, "token": t} for t, b in getattr(sampling, "logit_bias", ())]
+    bias += [{"bias": b if math.isfinite(b) else None, "token": t} for t, b in sampling.logit_bias]
     out = {
         "seed": RANDOM_SEED if sampling.seed is None else sampling.seed, "temperature": sampling.temperature,
         "dynatemp_range": 0.0, "dynatemp_exponent": 1.0, "top_k": sampling.top_k, "top_p": sampling.top_p,

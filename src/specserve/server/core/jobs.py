@@ -21,6 +21,7 @@ from starlette.requests import Request
 
 from ...chat import ChatTemplateError
 from ...engine import Chunk
+from ...logprobs import TokenLogprob
 from ...prompt import chat_tokens
 from ...stats import GenerationStats
 from ..http.errors import ApiError, bad_request
@@ -66,6 +67,8 @@ class Job:
         self.id_slot = state.scheduler.pool.slots.index(slot)  # which slot runs it (llama-server's id_slot)
         state.slot_records.started(self.id_slot, self)
         self.stats = GenerationStats()
+        # the committed tokens' logprobs, where asked (SamplingParams.logprobs): gathered by collect()
+        self.logprobs: list[TokenLogprob] | None = [] if req.sampling.logprobs is not None else None
         self.queue_s = queue_s
         self.t_arrival = t_arrival
         if req.warm:
@@ -119,6 +122,8 @@ class Job:
         async for chunk in self.chunks():
             parts.append(chunk.text)
             tokens.extend(chunk.tokens)
+            if chunk.logprobs is not None and self.logprobs is not None:
+                self.logprobs.extend(chunk.logprobs)
             if until is not None and until(chunk):
                 break
             if time.monotonic() >= next_check:
