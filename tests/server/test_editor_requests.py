@@ -105,3 +105,27 @@ def test_the_openai_sdk_with_its_own_model_name_n_and_a_stream(server):
     assert text == whole.choices[0].message.content
     legacy = client.completions.create(model="davinci-002", prompt="the cat", max_tokens=4, echo=True, temperature=0)
     assert legacy.choices[0].text.startswith("the cat")
+
+
+def test_the_openai_sdk_reads_logprobs_logit_bias_and_penalties(server):
+    """The fields the SDK's users send for scoring and steering (issue 49: logprobs failed on the SDK suite)."""
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    msgs = [{"role": "user", "content": "write a haiku"}]
+    chat = client.chat.completions.create(model="gpt-4o-mini", messages=msgs, max_tokens=6, temperature=0,
+                                          logprobs=True, top_logprobs=3, presence_penalty=0.5, frequency_penalty=0.2)
+    content = chat.choices[0].logprobs.content
+    assert content and all(t.logprob <= 0 and t.bytes and len(t.top_logprobs) == 3 for t in content)
+    streamed = [t for c in client.chat.completions.create(
+        model="gpt-4o-mini", messages=msgs, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3,
+        presence_penalty=0.5, frequency_penalty=0.2, stream=True) if c.choices and c.choices[0].logprobs
+        for t in c.choices[0].logprobs.content]
+    assert [t.bytes for t in streamed] == [t.bytes for t in content]
+    first = content[0].bytes
+    with server.client() as http:
+        tokens = http.post("/tokenize", json={"content": bytes(first).decode("utf-8", "replace")}).json()["tokens"]
+    banned = client.chat.completions.create(model="gpt-4o-mini", messages=msgs, max_tokens=6, temperature=0,
+                                            logprobs=True, logit_bias={str(t): -100 for t in tokens})
+    assert banned.choices[0].logprobs.content[0].bytes != first
+    legacy = client.completions.create(model="davinci-002", prompt="the cat", max_tokens=4, temperature=0, logprobs=2)
+    lp = legacy.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) > 0
