@@ -97,6 +97,11 @@ def test_apply_template_renders_tools_prefill_and_the_generation_prompt(http):
     assert p.endswith("weather in Paris?<|im_end|>\n")
     p = http.post("/apply-template", json={"messages": [*msgs, {"role": "assistant", "content": "It is"}]}).json()
     assert p["prompt"].endswith("<|im_start|>assistant\nIt is")
+    # text parts: a line each in a message, but a continued one's joined by a blank line, as llama-server renders
+    parts = [{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}]
+    p = http.post("/apply-template", json={"messages": [{"role": "user", "content": parts},
+                                                        {"role": "assistant", "content": parts}]}).json()["prompt"]
+    assert "Wh\nill<|im_end|>" in p and p.endswith("<|im_start|>assistant\nWh\n\nill")
     bad = http.post("/apply-template", json={"messages": msgs, "add_generation_prompt": True,
                                              "continue_final_message": True})
     assert bad.status_code == 400

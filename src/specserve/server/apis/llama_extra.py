@@ -128,6 +128,16 @@ def prefilled(msgs: list[dict], add_generation_prompt: bool | None, continue_fin
     return bool(continue_final) or (continue_final is None and last)
 
 
+def prefill_joined(messages: list, continue_final: bool) -> list:
+    """The chat with a continued last message's text parts joined by a blank line, as llama-server joins
+    them (a part of any other message is a line of its own: chat.validate_messages)."""
+    content = messages[-1].get("content") if continue_final and isinstance(messages[-1], dict) else None
+    if not isinstance(content, list):
+        return messages
+    texts = [p["text"] for p in content if isinstance(p, dict) and p.get("type") == "text"]
+    return [*messages[:-1], {**messages[-1], "content": "\n\n".join(texts)}]
+
+
 def render_chat(model, messages: list, tools: list | None, add_generation_prompt: bool | None = None,
                 continue_final: bool | None = None, template_kwargs: dict | None = None) -> str:
     """The prompt text the model's chat template makes of a chat (a continued last message ends the text)."""
@@ -138,11 +148,12 @@ def render_chat(model, messages: list, tools: list | None, add_generation_prompt
     v = model.vocab
     bos = v.token_texts[v.bos] if v.bos is not None else ""
     eos = v.token_texts[v.eos] if v.eos is not None else ""
+    cont = prefilled(msgs, add_generation_prompt, continue_final)
+    msgs = validate_messages(prefill_joined(messages, cont))
     try:
         return render(msgs, model.metadata.get("tokenizer.chat_template"), bos, eos,
                       add_generation_prompt=add_generation_prompt is not False, tools=tools,
-                      continue_final=prefilled(msgs, add_generation_prompt, continue_final),
-                      template_kwargs=template_kwargs)
+                      continue_final=cont, template_kwargs=template_kwargs)
     except ChatTemplateError as e:
         raise bad_request(str(e), "messages") from None
 

@@ -28,7 +28,7 @@ from ..http.errors import bad_request
 from . import several
 from .constraint_fields import output_grammar
 from .fields import check_unsupported, first_limit, params_of, resolve_profile, slot_id
-from .llama_extra import prefilled, template_kwargs_of
+from .llama_extra import prefill_joined, prefilled, template_kwargs_of
 from .openai_common import OpenAIGeneration, head, key_scope, respond, stream, stream_end, traced, verbose
 from .openai_tools import Tool, openai_tools
 from .probs import count, llama_probs
@@ -135,7 +135,7 @@ async def chat_request(request: Request) -> tuple[GenRequest, ChatRequest]:
         sampling = dataclasses.replace(sampling, grammar=grammar)
     reasoning_format, reasoning_budget = fields.reasoning()
     req = GenRequest("chat", profile.name, sampling, spec, verify, stream=bool(fields.stream),
-                     messages=fields.messages, cache_prompt=fields.cache_prompt is not False, limit=limit,
+                     messages=prefill_joined(fields.messages, cont), cache_prompt=fields.cache_prompt is not False, limit=limit,
                      tools=tools, id_slot=slot_id(fields.id_slot, len(state.scheduler.pool.slots)),
                      continue_final=cont, warm=warm, reasoning_format=reasoning_format,
                      reasoning_budget=reasoning_budget,
