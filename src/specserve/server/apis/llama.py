@@ -189,7 +189,8 @@ async def _chunks(job: Job, fields: LlamaRequest):
     async for event in events(job):
         if event.__class__ is Text:
             new_line = new_line or "\n" in event.text
-            for text, tokens, rows in per_token(model, event):
+            pieces = per_token(model, event)
+            for i, (text, tokens, rows) in enumerate(pieces):
                 chunk = {"index": 0, "content": text, "tokens": tokens, "stop": False,
                          "id_slot": job.id_slot, "tokens_predicted": job.stats.n_generated,
                          "tokens_evaluated": job.stats.n_prompt}
@@ -197,6 +198,6 @@ async def _chunks(job: Job, fields: LlamaRequest):
                     chunk["completion_probabilities"] = llama_probs(model, rows, bool(fields.post_sampling_probs))
                 if fields.timings_per_token:
                     chunk["timings"] = timings(job)
-                yield traced(chunk, event.trace)
+                yield traced(chunk, event.trace if i == len(pieces) - 1 else None)  # the step's trace once
     await job.finished()
     yield final(job, "", [], new_line=new_line)
