@@ -75,3 +75,14 @@ def test_template_kwargs_reach_the_template_and_enable_thinking_is_on_unless_tur
     assert render(chat, source) == "True||1"  # llama-server's default (its --reasoning auto)
     assert render(chat, source, template_kwargs={"enable_thinking": False, "custom": "x"}) == "False|x|1"
     assert render(chat, source, template_kwargs={"messages": []}) == "True||1"  # the renderer's own stay its own
+
+
+def test_firefunction_v2_gets_its_tools_as_functions_as_llama_server_gives_them():
+    """Its template reads `functions` (the tools as indented JSON, "" without tools) and fails without it."""
+    template = ('{%- set suffix = "Available functions as JSON spec:\\n" + functions -%}{{ suffix }}|'
+                '{%- for m in messages %}{{ m.content }}{% endfor %}{# call: functools[...] #}')
+    assert render([{"role": "user", "content": "hi"}], template).endswith("spec:\n|hi")
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    text = render([{"role": "user", "content": "hi"}], template, tools=[tool])
+    assert json.loads(text[len("Available functions as JSON spec:\n"):text.index("|")]) == [tool]
+    assert '\n  {\n    "type": "function"' in text

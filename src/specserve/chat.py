@@ -168,6 +168,8 @@ def render(messages, template: str | None, bos_token: str = "", eos_token: str =
              **{k: v for k, v in (template_kwargs or {}).items() if k not in TEMPLATE_OWN}}
     if tools:
         extra["tools"] = tools
+    if template and " functools[" in template:  # firefunction v2's reads its tools as `functions` (llama-server's)
+        extra.setdefault("functions", json.dumps(tools, indent=2, ensure_ascii=False) if tools else "")
     try:
         text = _compile(template or CHATML).render(
             messages=msgs, add_generation_prompt=add_generation_prompt and not continue_final, bos_token=bos_token,
