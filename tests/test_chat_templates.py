@@ -86,3 +86,12 @@ def test_firefunction_v2_gets_its_tools_as_functions_as_llama_server_gives_them(
     text = render([{"role": "user", "content": "hi"}], template, tools=[tool])
     assert json.loads(text[len("Available functions as JSON spec:\n"):text.index("|")]) == [tool]
     assert '\n  {\n    "type": "function"' in text
+
+
+def test_an_assistant_messages_reasoning_content_reaches_the_template():
+    """Agents send earlier turns' reasoning back (Anthropic's thinking blocks, OpenAI's reasoning_content);
+    reasoning templates render it where they keep it (Qwen3's: the turns after the last query)."""
+    template = "{% for m in messages %}{{ m.role }}:{{ m.reasoning_content or '-' }}:{{ m.content }};{% endfor %}"
+    msgs = [{"role": "user", "content": "q", "reasoning_content": "not a user's"},
+            {"role": "assistant", "content": "a", "reasoning_content": "because"}]
+    assert render(msgs, template) == "user:-:q;assistant:because:a;"

@@ -144,6 +144,8 @@ def validate_messages(messages) -> list[dict]:
         msg = {"role": _RENDERED_ROLE.get(role, role), "content": content}
         if m.get("tool_calls"):
             msg["tool_calls"] = _tool_calls(m["tool_calls"], i)
+        if role == "assistant" and isinstance(m.get("reasoning_content"), str) and m["reasoning_content"]:
+            msg["reasoning_content"] = m["reasoning_content"]  # reasoning templates render it (Qwen3's: late turns)
         if role == "tool":
             msg["tool_call_id"] = m["tool_call_id"]
             if m.get("name") is not None:

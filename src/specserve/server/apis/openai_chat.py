@@ -135,8 +135,8 @@ async def chat_request(request: Request) -> tuple[GenRequest, ChatRequest]:
         sampling = dataclasses.replace(sampling, grammar=grammar)
     reasoning_format, reasoning_budget = fields.reasoning()
     req = GenRequest("chat", profile.name, sampling, spec, verify, stream=bool(fields.stream),
-                     messages=prefill_joined(fields.messages, cont), cache_prompt=fields.cache_prompt is not False, limit=limit,
-                     tools=tools, id_slot=slot_id(fields.id_slot, len(state.scheduler.pool.slots)),
+                     messages=prefill_joined(fields.messages, cont), cache_prompt=fields.cache_prompt is not False,
+                     limit=limit, tools=tools, id_slot=slot_id(fields.id_slot, len(state.scheduler.pool.slots)),
                      continue_final=cont, warm=warm, reasoning_format=reasoning_format,
                      reasoning_budget=reasoning_budget,
                      template_kwargs=template_kwargs_of(fields.chat_template_kwargs, {}) or None)

@@ -27,12 +27,14 @@ LOWEST = -3.4028234663852886e38  # llama-server's logprob of a probability 0 (JS
 def logit_bias_of(value: Any, model, param: str = "logit_bias") -> tuple[tuple[int, float], ...]:
     """(token id, bias) pairs from OpenAI's map of token ids (`{"1234": -100}`) or llama-server's list
     (`[[1234, -100], ["text", -1]]`); as llama-server: a key or first element that is text biases each of
-    its tokens (in the list form, text is always text), and a bias of false forbids the token (-inf). 400 naming the entry for anything else."""
+    its tokens (in the list form, text is always text), and a bias of false forbids the token (-inf).
+    400 naming the entry for anything else."""
     if value is None:
         return ()
     if isinstance(value, dict):
         # a key is a token id where it is one whole integer (OpenAI's form), else text to tokenize
-        entries = [(f"{param}.{k}", int(k) if k.strip().lstrip("-").isdigit() else k, v) for k, v in value.items()]
+        entries = [(f"{param}.{k}", int(k) if k.strip().lstrip("-").isdigit() else k, v)
+                   for k, v in value.items()]
     elif isinstance(value, list):
         entries = []
         for i, el in enumerate(value):
