@@ -140,7 +140,8 @@ def test_llama_servers_telemetry_progress_and_timings_in_the_stream(server):
     with httpx.stream("POST", server.url + "/responses", json=body, timeout=60) as r:
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     progress = [e for e in events if "prompt_progress" in e]
-    assert progress and all(e["type"] == "response.in_progress" and e["prompt_progress"]["total"] > 0 for e in progress)
+    assert progress and all(e["type"] == "response.in_progress" and e["prompt_progress"]["total"] > 0
+                            for e in progress)
     assert progress[-1]["prompt_progress"]["processed"] == progress[-1]["prompt_progress"]["total"]
     deltas = [e for e in events if e["type"] == "response.output_text.delta"]
     assert deltas and all("predicted_per_second" in e["timings"] for e in deltas)
