@@ -67,8 +67,11 @@ def test_llama_api_reports_the_stop_word_that_cut_the_text():
 
     stats = GenerationStats(finish_reason="stop", stop_word="Paris", n_generated=1, n_prompt=5, n_passes=1,
                             t_prompt=0.1, t_total=0.2)  # the real stats, so the fake cannot fall behind them
-    req = SimpleNamespace(model="m", sampling=SamplingParams(stop=("is", "Paris")), spec=SpecParams(), verify="gumbel")
-    job = SimpleNamespace(stats=stats, req=req, state=None, id_slot=0)
+    req = SimpleNamespace(model="m", sampling=SamplingParams(stop=("is", "Paris")), spec=SpecParams(), verify="gumbel",
+                          stream=False)
+    target = SimpleNamespace(vocab=SimpleNamespace(eog=frozenset({2})), detokenize=lambda ids, special: b"prompt")
+    job = SimpleNamespace(stats=stats, req=req, state=SimpleNamespace(engine=SimpleNamespace(target=target, n_ctx=64)),
+                          id_slot=0, prompt_tokens=[1, 2, 3, 4, 5])
     out = final(job, " ", [12])
     assert (out["stop_type"], out["stopping_word"]) == ("word", "Paris")
 

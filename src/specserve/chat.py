@@ -1,6 +1,7 @@
 """Chat messages -> prompt text, with the chat template stored in the GGUF metadata."""
 from __future__ import annotations
 
+import datetime
 import json
 from functools import lru_cache
 
@@ -19,6 +20,10 @@ CHATML = (
 ROLES = ("system", "user", "assistant", "developer", "tool")
 TOOL_ROLES = ("function",)
 _RENDERED_ROLE = {"developer": "system"}
+
+
+# what the renderer itself gives a template: template_kwargs cannot replace them
+TEMPLATE_OWN = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
 
 
 class ChatTemplateError(ValueError):
@@ -47,8 +52,11 @@ def _tojson(value, ensure_ascii: bool = False, indent=None, separators=None, sor
 
 @lru_cache(maxsize=8)
 def _compile(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    # loopcontrols: {% break %} and {% continue %}, which Hugging Face's renderer takes too (Command R7B's template)
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.globals["raise_exception"] = _raise
+    # Hugging Face's: templates that write today's date (Llama 3.x) call it
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
     env.filters["tojson"] = _tojson
     return env.from_string(source)
 
@@ -121,7 +129,7 @@ def validate_messages(messages) -> list[dict]:
                 raise MessageError(f"Missing required parameter: 'messages[{i}].content'",
                                    f"messages[{i}].content", "missing_required_parameter")
             content = ""
-        if isinstance(content, list):  # OpenAI content parts: keep the text ones
+        if isinstance(content, list):  # OpenAI content parts: the text ones, a line each (llama-server's, vLLM's)
             texts = []
             for j, p in enumerate(content):
                 if isinstance(p, dict) and p.get("type") == "text":
@@ -129,13 +137,15 @@ def validate_messages(messages) -> list[dict]:
                         raise MessageError(f"messages[{i}].content[{j}].text must be a string",
                                            f"messages[{i}].content[{j}].text")
                     texts.append(p["text"])
-            content = "".join(texts)
+            content = "\n".join(texts)
         if not isinstance(content, str):
             raise MessageError(f"messages[{i}].content must be a string or an array of content parts",
                                f"messages[{i}].content")
         msg = {"role": _RENDERED_ROLE.get(role, role), "content": content}
         if m.get("tool_calls"):
             msg["tool_calls"] = _tool_calls(m["tool_calls"], i)
+        if role == "assistant" and isinstance(m.get("reasoning_content"), str) and m["reasoning_content"]:
+            msg["reasoning_content"] = m["reasoning_content"]  # reasoning templates render it (Qwen3's: late turns)
         if role == "tool":
             msg["tool_call_id"] = m["tool_call_id"]
             if m.get("name") is not None:
@@ -145,24 +155,46 @@ def validate_messages(messages) -> list[dict]:
 
 
 def render(messages, template: str | None, bos_token: str = "", eos_token: str = "",
-           add_generation_prompt: bool = True, tools: list | None = None) -> str:
+           add_generation_prompt: bool = True, tools: list | None = None, continue_final: bool = False,
+           template_kwargs: dict | None = None) -> str:
     """Render messages with the model's template (ChatML when it has none); `tools` (OpenAI's
-    request field) go to the template as Hugging Face passes them."""
+    request field) go to the template as Hugging Face passes them. `continue_final`: the last message
+    (the assistant's) is continued, not closed: the text ends where its content ends (llama-server's
+    assistant prefill, vLLM's continue_final_message). `template_kwargs`: more variables for the
+    template (llama-server's and vLLM's chat_template_kwargs: `enable_thinking`, ...)."""
     msgs = validate_messages(messages)
-    extra = {"tools": tools} if tools else {}
+    # what llama-server gives every template: today (Llama 3.x's write it, firefunction's reads `datetime`)
+    # and enable_thinking, true unless turned off (--reasoning off, or chat_template_kwargs)
+    now = datetime.datetime.now()
+    extra = {"date_string": now.strftime("%d %b %Y"), "datetime": now.strftime("%b %d %Y"), "enable_thinking": True,
+             **{k: v for k, v in (template_kwargs or {}).items() if k not in TEMPLATE_OWN}}
+    if tools:
+        extra["tools"] = tools
+    if template and " functools[" in template:  # firefunction v2's reads its tools as `functions` (llama-server's)
+        extra.setdefault("functions", json.dumps(tools, indent=2, ensure_ascii=False) if tools else "")
     try:
-        return _compile(template or CHATML).render(
-            messages=msgs, add_generation_prompt=add_generation_prompt, bos_token=bos_token, eos_token=eos_token,
-            **extra)
+        text = _compile(template or CHATML).render(
+            messages=msgs, add_generation_prompt=add_generation_prompt and not continue_final, bos_token=bos_token,
+            eos_token=eos_token, **extra)
     except ChatTemplateError:
         raise
     except jinja2.TemplateError as e:
         raise ChatTemplateError(f"the model's chat template failed: {e}") from e
+    if continue_final:
+        content = msgs[-1]["content"]
+        end = text.rfind(content) if content else -1
+        if msgs[-1]["role"] != "assistant" or end < 0:
+            raise ChatTemplateError("the last message cannot be continued: it is not the assistant's, or the chat "
+                                    "template does not write its content as it is")
+        text = text[:end + len(content)]
+    return text
 
 
-def render_for(model, messages, tools: list | None = None) -> str:
+def render_for(model, messages, tools: list | None = None, continue_final: bool = False,
+               template_kwargs: dict | None = None) -> str:
     """Render for a loaded model, using its template and special token texts."""
     v = model.vocab
     bos = v.token_texts[v.bos] if v.bos is not None else ""
     eos = v.token_texts[v.eos] if v.eos is not None else ""
-    return render(messages, model.metadata.get("tokenizer.chat_template"), bos, eos, tools=tools)
+    return render(messages, model.metadata.get("tokenizer.chat_template"), bos, eos, tools=tools,
+                  continue_final=continue_final, template_kwargs=template_kwargs)

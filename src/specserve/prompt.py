@@ -71,28 +71,32 @@ class _ControlTokens:
         return sorted(found, key=lambda s: (-len(s[0]), s[1]))
 
 
-def chat_tokens(model, messages, tools: list | None = None) -> list[int]:
+def chat_tokens(model, messages, tools: list | None = None, continue_final: bool = False,
+                template_kwargs: dict | None = None) -> list[int]:
     """Render messages (and OpenAI `tools`, for the template) with the model's template and
     tokenize: the template's markup with its control tokens, what the client sent (content, tool
     definitions, call arguments) as plain text (see the module docstring).
 
     Templates that write the BOS text themselves would get a second BOS from the
-    tokenizer; it is dropped.
+    tokenizer; it is dropped. `continue_final`: the last (assistant) message is continued;
+    `template_kwargs`: more variables for the template (chat.render).
     """
     msgs = validate_messages(messages)
     specials = control_tokens(model)
     spelled = specials.occurring("\x00".join(_texts([msgs, tools])))  # a false find costs time, not tokens
     if not spelled:
-        tokens = model.tokenize(render_for(model, msgs, tools), add_special=True, parse_special=True)
+        tokens = model.tokenize(render_for(model, msgs, tools, continue_final, template_kwargs), add_special=True,
+                                parse_special=True)
     else:
-        tokens = _tokens_with_plain_content(model, msgs, spelled, specials, tools)
+        tokens = _tokens_with_plain_content(model, msgs, spelled, specials, tools, continue_final, template_kwargs)
     bos = model.vocab.bos
     if bos is not None and len(tokens) >= 2 and tokens[0] == bos and tokens[1] == bos:
         tokens = tokens[1:]
     return tokens
 
 
-def _tokens_with_plain_content(model, msgs: list[dict], spelled, specials, tools: list | None) -> list[int]:
+def _tokens_with_plain_content(model, msgs: list[dict], spelled, specials, tools: list | None,
+                               continue_final: bool = False, template_kwargs: dict | None = None) -> list[int]:
     nonce = "".join(secrets.choice("0123456789") for _ in range(16))  # digits: no filter changes them
     literals: list[str] = []
 
@@ -117,7 +121,7 @@ def _tokens_with_plain_content(model, msgs: list[dict], spelled, specials, tools
         return "".join(pieces) + value[pos:]
 
     escaped = [{k: escape(v, k != "content") for k, v in m.items()} for m in msgs]
-    rendered = render_for(model, escaped, escape(tools, True))
+    rendered = render_for(model, escaped, escape(tools, True), continue_final, template_kwargs)
     # The rendered text with each placeholder's own text back in place; those spans stay plain text.
     parts = re.split(f"\ue000\x01?{nonce}\\.(\\d+)\ue001", rendered)
     text, zones = [], []

@@ -128,9 +128,10 @@ def test_openai_suffix_heals_the_cursor_line_as_infill_does(fim_server):
 @pytest.mark.parametrize("body, param", [
     ({"input_extra": [{"filename": 3, "text": "x"}]}, "input_extra[0]"),
     ({"input_extra": "x"}, "input_extra"),
+    ({"input_extra": [{"filename": "ok"}]}, "input_extra[0]"),  # a chunk without its text, as llama-server
     ({"input_prefix": 5}, "input_prefix"),
     ({"n_indent": -1}, "n_indent"),
-    ({"id_slot": 7}, "id_slot"),
+    ({"id_slot": -7}, "id_slot"),  # a slot number counts round the slots (llama-server), a negative is refused
     ({"n_cmpl": 2, "temperature": 0.7, "samplers": ["top_k", "temperature"]}, "n_cmpl"),
     ({"samplers": ["top_k", "mirostat"]}, "samplers"),
 ])

@@ -135,6 +135,22 @@ def test_the_unprefixed_path_serves_too(server):
     assert r.status_code == 200 and r.json()["object"] == "response"
 
 
+def test_llama_servers_telemetry_progress_and_timings_in_the_stream(server):
+    """return_progress: response.in_progress events with prompt_progress; timings_per_token: timings on each
+    text delta; the completed event carries timings (llama-server's fields on its /responses)."""
+    body = {"input": ASK, "max_output_tokens": 8, "stream": True, "timings_per_token": True, "return_progress": True}
+    with httpx.stream("POST", server.url + "/responses", json=body, timeout=60) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    progress = [e for e in events if "prompt_progress" in e]
+    assert progress and all(e["type"] == "response.in_progress" and e["prompt_progress"]["total"] > 0
+                            for e in progress)
+    assert progress[-1]["prompt_progress"]["processed"] == progress[-1]["prompt_progress"]["total"]
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert deltas and all("predicted_per_second" in e["timings"] for e in deltas)
+    assert events[-1]["type"] in ("response.completed", "response.incomplete") and "timings" in events[-1]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+
+
 @pytest.mark.parametrize("body, param", [
     ({"input": ASK, "previous_response_id": "resp_abc"}, "previous_response_id"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),

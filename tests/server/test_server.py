@@ -171,7 +171,7 @@ BAD = [  # (id, path, body (dict -> JSON, bytes -> raw), status)
     ("seed-negative", C, {"prompt": "x", "seed": -1}, 400),
     ("stream-not-bool", C, {"prompt": "x", "stream": "yes"}, 400),
     ("stop-wrong-type", C, {"prompt": "x", "stop": 3}, 400),
-    ("n-two", C, {"prompt": "x", "n": 2}, 400),
+    ("n-past-the-slots", C, {"prompt": "x", "n": 64}, 400),
     ("spec-not-object", C, {"prompt": "x", "speculative": "fast"}, 400),
     ("spec-unknown-key", C, {"prompt": "x", "speculative": {"turbo": 1}}, 400),
     ("spec-bad-mode", C, {"prompt": "x", "speculative": {"mode": "warp"}}, 400),

@@ -255,14 +255,14 @@ REFUSED = [
         {"type": "text", "text": "what is in this picture?"},
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]}, "messages[0].content[1]"),
     (C, {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    (L, {"repeat_penalty": 1.1}, "repeat_penalty"),
-    (L, {"n_probs": 3}, "n_probs"),
-    (L, {"logit_bias": [[1, -100]]}, "logit_bias"),
+    (L, {"typical_p": 0.5}, "typical_p"),
+    (L, {"dry_multiplier": 0.8}, "dry_multiplier"),
+    (C, {"top_logprobs": 2}, "top_logprobs"),  # chat's field: completions takes logprobs, a number
 ]
 NEUTRAL = [
     (CH, {"response_format": {"type": "text"}, "tool_choice": "auto", "tools": []}),
     (CH, {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}),
-    (L, {"repeat_penalty": 1.0, "n_probs": 0, "grammar": "", "mirostat": 0}),
+    (L, {"typical_p": 1.0, "n_probs": 0, "grammar": "", "mirostat": 0}),
 ]
 
 

@@ -50,10 +50,11 @@ def http(server):
         yield c
 
 
-def _error(r: httpx.Response, status: int, param: str | None, code: str | None) -> dict:
+def _error(r: httpx.Response, status: int, param: str | None, code: str | None,
+           kind: str = "invalid_request_error") -> dict:
     assert r.status_code == status, r.text
     err = r.json()["error"]
-    assert (err["type"], err["param"], err["code"]) == ("invalid_request_error", param, code), err
+    assert (err["type"], err["param"], err["code"]) == (kind, param, code), err
     return err
 
 
@@ -231,25 +232,38 @@ def test_3_a_bad_key_file_exits_2_before_loading(tiny_models_dir, tmp_path, line
     assert r.returncode == 2 and "--api-key-file" in r.stderr and "k " not in r.stderr.split("line")[-1], r.stderr
 
 
-# --- 4. prompt + max_tokens past the context: 400 context_length_exceeded --------------------------------
+# --- 4. prompt + max_tokens past the context: cut to what fits (finish "length"), as llama-server ------------
+# (Continue and other clients send max_tokens 4096 whatever the context); a prompt the context cannot hold
+# with one generated token: 400 exceed_context_size_error, with llama-server's numbers
 
 LONG_PROMPT = [97] * 1000  # 1000 tokens ("a" each), 24 left in the context
 
 
-@pytest.mark.parametrize("path,body,param", [
-    (C, {"prompt": LONG_PROMPT, "max_tokens": 100}, "prompt"),
-    (C, {"prompt": LONG_PROMPT}, "prompt"),  # OpenAI's default of 16 fits; 100 does not: see the next one
-    (L, {"prompt": LONG_PROMPT, "n_predict": 100}, "prompt"),
-    (CH, {"messages": [{"role": "user", "content": " the" * 1000}], "max_tokens": 100}, "messages"),
-    (CH, {"messages": [{"role": "user", "content": " the" * 1000}], "max_completion_tokens": 100}, "messages"),
-], ids=["completions", "completions-default-fits", "llama", "chat", "chat-max-completion-tokens"])
-def test_4_a_prompt_that_leaves_too_little_room_is_400(http, path, body, param):
+@pytest.mark.parametrize("path,body", [
+    (C, {"prompt": LONG_PROMPT, "max_tokens": 100}),
+    (L, {"prompt": LONG_PROMPT, "n_predict": 100}),
+    (CH, {"messages": [{"role": "user", "content": " the" * 1000}], "max_tokens": 100}),
+    (CH, {"messages": [{"role": "user", "content": " the" * 1000}], "max_completion_tokens": 100}),
+], ids=["completions", "llama", "chat", "chat-max-completion-tokens"])
+def test_4_max_tokens_past_the_context_is_cut_to_what_fits(http, path, body):
     r = http.post(path, json={**body, "ignore_eos": True})
-    if "max_tokens" not in body and path == C:
-        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16, r.text
-        return
-    err = _error(r, 400, param, "context_length_exceeded")
-    assert f"maximum context length is {N_CTX} tokens" in err["message"] and "100" in err["message"]
+    assert r.status_code == 200, r.text
+    out = r.json()
+    if path == L:
+        assert out["tokens_predicted"] + out["tokens_evaluated"] == N_CTX and out["truncated"] is True
+    else:
+        usage = out["usage"]
+        assert usage["prompt_tokens"] + usage["completion_tokens"] == N_CTX
+        assert out["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("path,body,param", [
+    (C, {"prompt": [97] * N_CTX}, "prompt"), (L, {"prompt": [97] * (N_CTX + 5)}, "prompt"),
+    (CH, {"messages": [{"role": "user", "content": " the" * 1100}]}, "messages"),
+], ids=["completions", "llama", "chat"])
+def test_4_a_prompt_that_leaves_no_room_is_400_with_the_numbers(http, path, body, param):
+    err = _error(http.post(path, json=body), 400, param, "context_length_exceeded", kind="exceed_context_size_error")
+    assert err["n_ctx"] == N_CTX and err["n_prompt_tokens"] >= N_CTX and "exceeds the available context" in err["message"]
 
 
 def test_4_without_a_limit_generation_runs_until_the_context_fills(http):
@@ -274,7 +288,7 @@ def test_6_completions_default_to_16_tokens(http):
     ({"samplers": ["top_k", "top_p"]}, "samplers"),  # no temperature: llama-server samples at 1
     ({"samplers": ["temperature", "top_p", "top_p"]}, "samplers"),
     ({"samplers": ["top_k", "top_p", "min_p", "temperature"], "temperature": 0.8, "top_p": 0.9}, "samplers"),
-    ({"samplers": "kpmt", "temperature": 0.8, "min_p": 0.1}, "samplers"),
+    ({"samplers": "kpmt", "temperature": 0.8, "top_p": 0.9}, "samplers"),
     ({"samplers": 7}, "samplers"),
 ], ids=["n_keep", "t_max_predict_ms", "unknown-sampler", "no-temperature", "twice",
         "temperature-last", "letters-temperature-last", "not-a-list"])
@@ -284,9 +298,11 @@ def test_6_llama_fields_we_cannot_honour_are_refused(http, fields, param):
     _error(r, 400, param, code)
 
 
-def test_6_id_slot_names_a_slot_of_this_server(http):
-    r = http.post(L, json={"prompt": "the cat", "n_predict": 2, "id_slot": 99})
-    _error(r, 400, "id_slot", None)
+def test_6_id_slot_counts_round_the_slots_as_llama_server(http):
+    n_slots = len(http.get("/slots").json())
+    r = http.post(L, json={"prompt": "the cat", "n_predict": 2, "id_slot": 99})  # llama.vim: its request number
+    assert r.status_code == 200 and r.json()["id_slot"] == 99 % n_slots, r.text
+    _error(http.post(L, json={"prompt": "the cat", "n_predict": 2, "id_slot": -5}), 400, "id_slot", None)
 
 
 @pytest.mark.parametrize("fields", [
@@ -309,6 +325,18 @@ def test_6_a_sampler_left_out_of_samplers_is_not_applied(http):
 
     assert text(top_k=1, samplers=["temperature"]) == text()
     assert text(top_k=1, samplers=["top_k", "temperature"]) == text(top_k=1)
+
+
+def test_6_min_p_before_temperature_is_min_p_to_the_1_over_t_after_it(http):
+    """llama.vim's instruct chain (min_p, then temperature): min-p bounds the logit gap to the top token,
+    which temperature scales, so min_p m first is min_p m**(1/T) after temperature: the same text."""
+    def text(**fields) -> str:
+        r = http.post(L, json={"prompt": "the cat sat", "n_predict": 16, "seed": 3, "temperature": 0.5,
+                               "speculative": {"mode": "none"}, **fields})
+        assert r.status_code == 200, r.text
+        return r.json()["content"]
+
+    assert text(min_p=0.3, samplers=["min_p", "temperature"]) == text(min_p=0.3 ** 2, samplers=["temperature", "min_p"])
 
 
 # --- 5. idle connections; and a profile's pinned= option (a server with the new flags) ---------------------

@@ -114,7 +114,8 @@ BAD = [
     (CH, {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "string", "format": "no-such-format"}}}}, "response_format.json_schema.schema"),
     (CH, {"response_format": {"type": "xml"}}, "response_format.type"),
-    (CH, {"response_format": {"type": "json_object", "schema": {}}}, "response_format.schema"),
+    (CH, {"response_format": {"type": "json_object", "scheme": {}}}, "response_format.scheme"),  # (llama-server's
+    # json_object takes a `schema`: tests/server/test_llama_server_api.py)
     (CH, {"response_format": "json"}, "response_format"),
     (C, {"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object",
                                                                               "properties": {"a": 7}}}}},

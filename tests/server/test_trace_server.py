@@ -77,7 +77,7 @@ def test_a_streamed_trace_tells_each_tokens_source_and_its_runs_make_the_text(se
     plain = events(post(server, "/v1/chat/completions", body))
     traced = events(post(server, "/v1/chat/completions", {**body, "speculative": {"trace": True}}))
     def content(objs):
-        return "".join(o["choices"][0]["delta"].get("content", "") for o in objs if o["choices"])
+        return "".join(o["choices"][0]["delta"].get("content") or "" for o in objs if o["choices"])
     assert content(traced) == content(plain) != ""  # the trace changes no token
     seen = []
     for o in traced:

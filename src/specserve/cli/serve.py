@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from ..config import ModelConfig
 from .common import CliError, add_model_args, add_spec_args, load_engine, model_config, spec_params
+from .llama_flags import add_llama_args, aliases, chat_template, default_sampling, llama_overrides, template_kwargs
 
 if TYPE_CHECKING:
     from ..server import ServerSettings
@@ -34,7 +35,8 @@ def add_parser(sub) -> None:
     add_model_args(p)
     add_spec_args(p)
     g = p.add_argument_group("server")
-    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1); several, "
+                   "comma-separated, are each listened on")
     g.add_argument("--port", type=int, default=8080, help="port (default 8080)")
     g.add_argument("--api-key", metavar="KEY", default=os.environ.get(API_KEY_ENV),
                    help=f"require 'Authorization: Bearer KEY' or 'X-Api-Key: KEY' (not on /health); default: "
@@ -44,7 +46,8 @@ def add_parser(sub) -> None:
                         "'KEY scope=NAME' confines that key's requests to cross-request scope NAME, whatever "
                         "their profile or speculative.cross_request_scope says (one asking for another gets 400): "
                         "tenants with keys of their own scopes never draft from each other's text")
-    g.add_argument("--alias", metavar="NAME", help="the served model's name (default: the target file's stem)")
+    g.add_argument("-a", "--alias", metavar="NAME", help="the served model's name (default: the target file's stem); "
+                   "several comma-separated names are all served, the first in sorted order named in answers")
     g.add_argument("--profile", action="append", default=[], metavar="NAME=OPTIONS",
                    help="a named preset requests select with 'model': e.g. code=spec=draft,draft_max=8 or "
                         "prose=spec=none,temperature=0.8 (repeatable). Options: spec, draft_max, draft_min, "
@@ -131,6 +134,7 @@ def add_parser(sub) -> None:
                    help="autoscale: seconds of load above target before adding a replica (default 30)")
     r.add_argument("--downscale-delay", type=float, default=300.0, metavar="S",
                    help="autoscale: seconds of load below target before removing one (default 300)")
+    add_llama_args(p)
     p.set_defaults(run=run)
 
 
@@ -187,10 +191,11 @@ def api_keys(args) -> tuple[tuple[str, ...], dict[str, str]]:
 def allowed_hosts(bind: str, extra: list[str]) -> frozenset[str]:
     """Host names the server answers to besides IP addresses and localhost: the bound name and --allowed-host."""
     names = {h.strip().lower().rstrip(".") for h in extra if h.strip()}
-    try:
-        ipaddress.ip_address(bind)
-    except ValueError:
-        names.add(bind.lower())
+    for address in filter(None, (b.strip().strip("[]") for b in bind.split(","))):  # --host A,B: each
+        try:
+            ipaddress.ip_address(address)
+        except ValueError:
+            names.add(address.lower())
     return frozenset(names)
 
 
@@ -207,11 +212,13 @@ def settings_from(args, target_path: str):
         raise CliError(f"--port must be in [0, 65535], got {args.port}", 2)
     if not args.cross_request_mib > 0:
         raise CliError(f"--cross-request-mib must be > 0, got {args.cross_request_mib}", 2)
-    name = args.alias or _model_name(args.model, target_path, getattr(args, "pair", "qwen"))
+    names = aliases(args.alias)
+    name = names[0] if names else _model_name(args.model, target_path, getattr(args, "pair", "qwen"))
     spec = {k: v for k, v in dataclasses.asdict(spec_params(args)).items() if k != "trace"}  # per request only
     keys, key_scopes = api_keys(args)
     try:
-        profiles = build_profiles(Profile(name, spec=spec, verify=args.verify), args.profile)
+        profiles = build_profiles(Profile(name, spec=spec, sampling=default_sampling(args), verify=args.verify),
+                                  args.profile)
         return ServerSettings(model_name=name, profiles=profiles, parallel=args.parallel, queue=args.queue,
                               ubatch=args.ubatch_size, prefill_slowdown=args.prefill_slowdown,
                               api_keys=keys, key_scopes=key_scopes, max_body=int(args.max_body_mib * (1 << 20)),
@@ -222,6 +229,10 @@ def settings_from(args, target_path: str):
                               max_connections_per_client=args.max_connections_per_client,
                               trusted_proxies=tuple(args.trusted_proxy),
                               request_line_timeout=args.request_line_timeout, webui=not args.no_webui,
+                              aliases=names[1:], tags=tuple(t.strip() for t in (args.tags or "").split(",") if t.strip()),
+                              slots_endpoint=args.slots, verbose=args.verbose,
+                              gcp_predict=os.environ.get("AIP_MODE") == "PREDICTION",
+                              template_kwargs=template_kwargs(args),
                               reasoning_format=args.reasoning_format, reasoning_budget=args.reasoning_budget)
     except ValueError as e:
         raise CliError(str(e), 2) from None
@@ -229,6 +240,7 @@ def settings_from(args, target_path: str):
 
 def configs(args) -> tuple[ModelConfig, ServerSettings]:
     """What one engine loads and how it serves, from the flags; raises CliError before any model loads."""
+    llama_overrides(args)
     cfg = model_config(args)
     settings = settings_from(args, cfg.target_path)
     if args.cache_reuse < 0:
@@ -268,14 +280,17 @@ def run(args) -> int:
 
     logsafe.install()  # clients' strings reach log lines: escape them
     cfg, settings = configs(args)
+    template = chat_template(args)
     engine = load_engine(cfg)
+    if template is not None:  # the chat template every chat is rendered with (and its tools read by)
+        engine.target.metadata["tokenizer.chat_template"] = template
     app = None
     try:
         if engine.draft is None:
             for p in settings.profiles.values():
                 if p.spec.get("mode") == "draft":
                     raise CliError(f"profile {p.name} uses spec=draft but there is no draft model (-md)", 2)
-        if args.host not in _LOOPBACK and not settings.api_keys:
+        if any(h.strip().strip("[]") not in _LOOPBACK for h in args.host.split(",")) and not settings.api_keys:
             log.warning("listening on %s without --api-key: anyone who can reach it can use it", args.host)
         app = create_app(engine, settings)
         serve(app, args.host, args.port, settings)

@@ -15,7 +15,6 @@ import logging
 import anyio
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -23,13 +22,14 @@ from starlette.routing import Route
 from ..engine import Engine
 from ..memory import fmt_bytes
 from . import webui
-from .apis import anthropic, infill, llama, openai_chat, openai_completions, responses
+from .apis import aliases, anthropic, gcp, infill, llama, llama_extra, openai_chat, openai_completions, props, responses
 from .http.endpoint import Endpoint
 from .http.errors import OPENAI_SHAPES, CatchAll, ErrorShapes, install_handlers
 from .http.guard import KEY_SCOPE, OPEN_PATHS, ApiKeyMiddleware, HostOriginGuard
 from .state import ServerSettings, ServerState
 
-ADAPTERS = (openai_completions, openai_chat, llama, infill, anthropic, responses)  # one module per API (or per part of one)
+ADAPTERS = (openai_completions, openai_chat, llama, infill, anthropic, responses,  # one module per API (or part of one)
+            props, llama_extra, aliases, gcp)
 
 log = logging.getLogger("specserve.server")
 
@@ -41,8 +41,12 @@ async def health(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     """The whole server's metrics, or, for a key confined to a scope, that scope's requests alone."""
-    m = request.app.state.server.metrics
-    return Response(m.render(request.scope.get(KEY_SCOPE)), headers={"Content-Type": m.content_type})
+    state = request.app.state.server
+    m = state.metrics
+    response = Response(m.render(request.scope.get(KEY_SCOPE)), headers={"Content-Type": m.content_type})
+    # llama-server's header, in its own case: clients that read headers into a plain dict look it up so
+    response.raw_headers.append((b"Process-Start-Time-Unix", str(int(state.t_start)).encode()))
+    return response
 
 
 def create_app(engine: Engine, settings: ServerSettings) -> Starlette:
@@ -68,7 +72,7 @@ def create_app(engine: Engine, settings: ServerSettings) -> Starlette:
             state.scheduler.close()
 
     routes = [*(e.route() for e in endpoints),
-              Route("/health", health, methods=["GET"]),
+              Route("/health", health, methods=["GET"]), Route("/v1/health", health, methods=["GET"]),
               Route("/metrics", metrics, methods=["GET"]),
               *(webui.routes() if settings.webui else [])]
     middleware = access_middleware(settings, state.metrics.error, shapes)
@@ -80,15 +84,11 @@ def create_app(engine: Engine, settings: ServerSettings) -> Starlette:
 
 def access_middleware(settings: ServerSettings, on_error, shapes: ErrorShapes = OPENAI_SHAPES) -> list[Middleware]:
     """The checks in front of every route: bugs answered cleanly (outermost), then who may call
-    (a CORS preflight carries no key), each refusal in the shape of its path's API. Shared with the
-    replica ingress (specserve.cluster)."""
+    (the guard answers an allowed origin's CORS preflight, which carries no key), each refusal in the shape
+    of its path's API. Shared with the replica ingress (specserve.cluster)."""
     middleware = [Middleware(CatchAll, on_error=on_error, shapes=shapes),
                   Middleware(HostOriginGuard, allowed_hosts=settings.allowed_hosts,
                              cors_origins=settings.cors_origins, on_error=on_error, shapes=shapes)]
-    if settings.cors_origins:
-        middleware.append(Middleware(CORSMiddleware, allow_origins=sorted(settings.cors_origins),
-                                     allow_methods=["GET", "POST"],
-                                     allow_headers=["Authorization", "Content-Type", "X-Api-Key"], max_age=600))
     if settings.api_keys:
         middleware.append(Middleware(ApiKeyMiddleware, keys=settings.api_keys, on_error=on_error,
                                      scopes=settings.key_scopes, shapes=shapes,

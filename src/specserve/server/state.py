@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 
 from ..engine import Engine
@@ -11,6 +12,7 @@ from .core.metrics import ServerMetrics
 from .core.profiles import Profile
 from .core.reasoning import FORMATS as REASONING_FORMATS
 from .core.scheduler import Scheduler
+from .core.slot_records import SlotRecords
 from .http.proxies import networks
 
 MAX_BODY_BYTES = 4 << 20
@@ -44,6 +46,12 @@ class ServerSettings:
     trusted_proxies: tuple[str, ...] = ()  # addresses or networks whose X-Forwarded-For is believed (http/proxies.py)
     request_line_timeout: float = REQUEST_LINE_TIMEOUT_S  # seconds a connection may wait before its request line
     webui: bool = True  # the chat page at / (webui.py); --no-webui: off, / is 404
+    aliases: tuple[str, ...] = ()  # other names of the served model (--alias a,b,c), listed in /v1/models
+    tags: tuple[str, ...] = ()  # --tags, listed in /v1/models
+    slots_endpoint: bool = True  # GET /slots (--no-slots: 501, as llama-server)
+    verbose: bool = False  # answers carry `__verbose` (llama-server's --verbose)
+    gcp_predict: bool = False  # POST /predict, Vertex AI's route (llama-server's, with AIP_MODE=PREDICTION)
+    template_kwargs: dict = field(default_factory=dict)  # chat template variables (--reasoning, --chat-template-kwargs)
     reasoning_format: str = "auto"  # how a chat's reasoning block is parted from its answer (core/reasoning.py)
     reasoning_budget: int = -1  # a chat's reasoning budget in tokens unless it gives one; -1: unlimited
 
@@ -84,12 +92,14 @@ class ServerState:
     def __init__(self, engine: Engine, settings: ServerSettings):
         self.engine = engine
         self.settings = settings
+        self.t_start = time.time()  # llama-server's Process-Start-Time-Unix (/metrics)
         self.profiles = settings.profiles
         self.metrics = ServerMetrics(busy_slots=lambda: self.scheduler.pool.busy,
                                      queue_depth=lambda: self.scheduler.pool.waiting,
                                      suffix_store=engine.suffix_store, scopes=set(settings.key_scopes.values()))
         self.scheduler = Scheduler(engine, settings.parallel, settings.queue, settings.ubatch,
                                    on_pass=self.metrics.target_pass, prefill_slowdown=settings.prefill_slowdown)
+        self.slot_records = SlotRecords(settings.parallel)  # GET /slots
         self.grammars = GrammarWorker()  # compiles grammars off the event loop (core/constraints/compiling.py)
 
     def health(self) -> dict:

@@ -50,6 +50,12 @@ class JsonSchemaFormat(StrictModel):
 class ResponseFormat(StrictModel):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
+    schema_: dict | bool | None = Field(None, alias="schema")  # llama-server's: json_object with a schema
+
+    @field_validator("schema_", mode="before")
+    @classmethod
+    def _schema(cls, value):
+        return _a_schema(value, "response_format.schema", "invalid_value")
 
 
 class ConstraintFields(Fields):
@@ -67,7 +73,8 @@ class ConstraintFields(Fields):
     def requested(self) -> list[str]:
         """The fields set to something that constrains (`{"type": "text"}` and `""` do not)."""
         rf = self.response_format
-        out = [] if rf is None or rf.type == "text" and rf.json_schema is None else ["response_format"]
+        out = [] if rf is None or rf.type == "text" and rf.json_schema is None and rf.schema_ is None \
+            else ["response_format"]
         if self.grammar:  # llama-server's default "": no grammar
             out.append("grammar")
         if self.json_schema is not None:
@@ -80,6 +87,8 @@ class ConstraintFields(Fields):
         key = keys[0] if keys else "tools"
         if key == "response_format" and self.response_format.type == "json_schema":
             return "response_format.json_schema.schema", _HOLDS[key]
+        if key == "response_format" and self.response_format.schema_ is not None:
+            return "response_format.schema", _HOLDS[key]
         return key, _HOLDS[key]
 
 
@@ -97,11 +106,15 @@ def refuse_tools(body: dict) -> None:
 
 
 def _response_format(fmt: ResponseFormat) -> str | None:
+    if fmt.type == "text" and fmt.schema_ is not None:
+        raise bad_request("response_format.schema goes with type 'json_object'", "response_format.schema")
     if fmt.type == "text":
         if fmt.json_schema is not None:
             raise bad_request("response_format.json_schema goes with type 'json_schema', not 'text'",
                               "response_format.json_schema")
         return None
+    if fmt.type == "json_object" and fmt.schema_ is not None:
+        return schema_grammar(fmt.schema_, "response_format.schema")
     if fmt.type == "json_object":
         return json_object(validate=False)
     if fmt.json_schema is None or fmt.json_schema.schema_ is None:

@@ -13,6 +13,7 @@ from ..core.params import SAMPLING_FIELDS, SPEC_FIELDS, Limit, sampling_params, 
 from ..core.profiles import Profile
 from ..http.errors import bad_request
 from .constraint_fields import ConstraintFields
+from .probs import logit_bias_of
 from .validation import Fields
 
 MAX_STOP = 16  # stop strings per request
@@ -32,19 +33,22 @@ def _off(v) -> bool:
 # while ignoring them would hand back output the client did not ask for.
 _UNSUPPORTED: dict[str, Callable[[object], bool]] = {
     "n": _one_of(1), "best_of": _one_of(1),
-    "echo": _off, "logprobs": _off, "top_logprobs": _off, "suffix": _off, "logit_bias": _off,
-    "presence_penalty": _off, "frequency_penalty": _off,
+    "echo": _off, "logprobs": _off, "top_logprobs": _off, "suffix": _off,  # logprobs: where the endpoint has them
     "functions": _off, "function_call": _one_of("none", "auto"),  # the deprecated form of tools
     "audio": _off, "modalities": lambda v: v == ["text"], "prediction": _off,
     # llama-server's sampling fields
     "n_probs": _off, "image_data": _off, "multimodal_data": _off,
-    "repeat_penalty": _one_of(1), "typical_p": _one_of(1), "mirostat": _off, "dry_multiplier": _off,
+    "post_sampling_probs": _off, "typical_p": _one_of(1), "mirostat": _off, "dry_multiplier": _off,
     "xtc_probability": _off, "dynatemp_range": _off, "top_n_sigma": lambda v: _one_of(-1)(v) or not v,
     "lora": _off,
-    # llama-server fields for its slots and context shift, which this server does not have
-    # (id_slot: /completion and /infill implement it and skip this entry)
-    "id_slot": _one_of(-1), "n_keep": _one_of(0, -1), "t_max_predict_ms": _off,
+    # llama-server's fields for its context shift, which this server does not have
+    "n_keep": _one_of(0, -1), "t_max_predict_ms": _off,
 }
+
+
+# why, where the field's name alone does not say it
+_WHY = {"mirostat": "its state follows the surprise of each sampled token, which verifying a draft cannot reproduce; "
+                    "use temperature, top_k, top_p, min_p"}
 
 
 def check_unsupported(body: dict, handled: tuple[str, ...] = ()) -> None:
@@ -54,7 +58,8 @@ def check_unsupported(body: dict, handled: tuple[str, ...] = ()) -> None:
         value = body.get(key) if key not in handled else None
         if value is None or neutral(value):
             continue
-        raise bad_request(f"{key}={json.dumps(value)[:40]} is not supported by this server", key,
+        why = f": {_WHY[key]}" if key in _WHY else ""
+        raise bad_request(f"{key}={json.dumps(value)[:40]} is not supported by this server{why}", key,
                           "unsupported_parameter")
     for key in SPEC_FIELDS:  # a speculation field sent at the top level would otherwise be ignored
         if body.get(key) is not None:
@@ -108,6 +113,12 @@ class Generation(ConstraintFields):
     stop: tuple[str, ...] = ()
     stream: bool | None = None
     cache_prompt: bool | None = None
+    id_slot: int | None = None  # llama-server's: run on this slot (slot_id)
+    logit_bias: Any = None  # OpenAI's map or llama-server's list (probs.logit_bias_of)
+    repeat_penalty: float | None = None  # llama.cpp's penalties (processors.py)
+    repeat_last_n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     speculative: Speculative | None = None
 
     @field_validator("samplers", mode="before")
@@ -147,10 +158,17 @@ def resolve_profile(name: str | None, profiles: dict[str, Profile], default: str
 
 
 def params_of(state, fields: Generation, profile: Profile, key_scope: str | None, limit: Limit | None, *,
-             default: Limit | None = None, random_seed: int | None = None, spec: dict | None = None):
+             default: Limit | None = None, random_seed: int | None = None, spec: dict | None = None,
+             logprobs: tuple[int, str] | None = None):
     """(SamplingParams, what set max_tokens, SpecParams, verify) of a request over its profile.
-    spec: the speculative fields asked for, where the API spells them its own way (else `speculative`)."""
-    sampling, described = sampling_params(profile, state.engine.n_ctx, fields.sampling_asked(random_seed),
+    spec: the speculative fields asked for, where the API spells them its own way (else `speculative`);
+    logprobs: (alternatives per token, logprobs_mode) where the request asks for logprobs."""
+    asked = fields.sampling_asked(random_seed)
+    if fields.logit_bias is not None:
+        asked["logit_bias"] = logit_bias_of(fields.logit_bias, state.engine.target)
+    if logprobs is not None:
+        asked["logprobs"], asked["logprobs_mode"] = logprobs
+    sampling, described = sampling_params(profile, state.engine.n_ctx, asked,
                                           limit=limit, default=default, samplers=fields.samplers, stop=fields.stop)
     if spec is None:
         spec = fields.speculative.asked() if fields.speculative is not None else {}
@@ -182,6 +200,15 @@ def prompt_value(value: Any, key: str = "prompt") -> str | list[int] | None:
             raise bad_request(f"{key} is empty", key)
         return list(value)
     raise bad_request(f"{key} must be a string or an array of token ids (one prompt per request)", key)
+
+
+def slot_id(id_slot: int | None, n_slots: int) -> int:
+    """llama-server's `id_slot`: -1 (any), or a slot of this server, counted round the slots as llama-server
+    does (llama.vim sends its request number); 400 for another negative."""
+    id_slot = -1 if id_slot is None else id_slot
+    if id_slot < -1:
+        raise bad_request(f"id_slot must be -1 (any slot) or a slot number, got {id_slot}", "id_slot")
+    return id_slot if id_slot < 0 else id_slot % n_slots
 
 
 def required(value, key: str):

@@ -33,14 +33,15 @@ from ..http.body import read_json
 from ..http.endpoint import Endpoint
 from ..http.errors import bad_request
 from .infill_rules import LineRules, fim_prompt, select_fields
-from .llama import final, llama_request
+from .llama import llama_request
+from .llama_answer import final
 from .openai_common import key_scope, stream
 from .validation import Fields, parse
 
 # fields /infill reads itself; the rest is /completion's
 _OWN = ("input_prefix", "input_suffix", "input_extra", "prompt", "n_indent", "t_max_predict_ms", "t_max_prompt_ms",
         "n_cmpl", "response_fields", "samplers", "n_predict")
-_EXTRA_SHAPE = 'input_extra must be an array of {"filename": string, "text": string} objects'
+_EXTRA_SHAPE = 'input_extra must be an array of {"filename": string, "text": string} objects (text required)'
 
 
 class InfillRequest(Fields):
@@ -68,7 +69,7 @@ class InfillRequest(Fields):
         for i, chunk in enumerate(value):
             if not isinstance(chunk, dict):
                 raise bad_request(_EXTRA_SHAPE, f"input_extra[{i}]")
-            filename, text = chunk.get("filename", "tmp"), chunk.get("text", "")
+            filename, text = chunk.get("filename", "tmp"), chunk.get("text")  # text required, as llama-server
             if not isinstance(filename, str) or not isinstance(text, str):
                 raise bad_request(_EXTRA_SHAPE, f"input_extra[{i}]")
             out.append((filename, text))

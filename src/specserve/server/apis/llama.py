@@ -1,24 +1,28 @@
-"""llama-server's native POST /completion, for scripts written against llama.cpp.
+"""llama-server's native POST /completion (and /completions), for scripts written against llama.cpp.
 
-Fields: prompt, n_predict (-1 or absent: until the context fills), temperature, top_k, top_p, min_p,
-seed (-1: random, as in llama-server), stream, stop, ignore_eos, cache_prompt, id_slot, grammar (GBNF),
+Fields: prompt (a string, token ids, both mixed in one array, `{"prompt_string": ...}`, or an array of
+such prompts: then the answer is an array), n_predict (-1 or absent: until the context fills),
+temperature, top_k, top_p, min_p, seed (-1: random, as in llama-server), stream, stop, ignore_eos,
+cache_prompt, id_slot, n_cmpl (or n), return_tokens, response_fields, timings_per_token, grammar (GBNF),
 json_schema, response_format (constraint_fields.py), samplers (where they mean what this server does:
 core/params.py), and speculation as llama-server spells it (`speculative.n_max`, `speculative.n_min`,
-`speculative.p_min`) or as our `speculative` object. The answer carries `content`, `tokens_predicted`,
-`tokens_evaluated`, `stop` and `timings` (with `draft_n` and `draft_n_accepted`); `speculative_trace`
-too where `speculative.trace` asks. Streams send one `data:` object per chunk, the last with
-`"stop": true`, and no `[DONE]`, as llama-server does.
+`speculative.p_min`) or as our `speculative` object. The answer carries llama-server's fields
+(`content`, `tokens`, `generation_settings`, `prompt`, `tokens_predicted`, `tokens_evaluated`,
+`truncated`: the context filled, `stop_type`, `timings` with `draft_n` and `draft_n_accepted`);
+`speculative_trace` too where `speculative.trace` asks. Streams send one `data:` object per chunk, the
+last with `"stop": true`, and no `[DONE]`, as llama-server does.
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
+import anyio
 from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..core.answer import answer, events, finish_detail, speculative_usage
+from ..core.answer import answer, events
 from ..core.events import Text
 from ..core.jobs import CLIENT_GONE, Job, start
 from ..core.params import Limit
@@ -26,17 +30,33 @@ from ..core.request import GenRequest
 from ..http.body import read_json
 from ..http.endpoint import Endpoint
 from ..http.errors import bad_request
+from . import several
 from .constraint_fields import output_grammar, refuse_constraints, refuse_tools
-from .fields import Generation, check_unsupported, first_limit, params_of, prompt_value, required, resolve_profile
+from .fields import (Generation, check_unsupported, first_limit, params_of, prompt_value, required, resolve_profile,
+                     slot_id)
+from .infill_rules import select_fields
+from .llama_extra import tokenize_mixed
+from .llama_answer import final
+from .probs import count, llama_probs, per_token
 from .openai_common import key_scope, stream, traced
+from .progress import progress_events
+from .timings import timings
 from .validation import parse
 
 
 class LlamaRequest(Generation):
-    prompt: Any = None  # a string or token ids: fields.prompt_value
+    prompt: Any = None  # llama_prompts()
     n_predict: int | None = None
     max_tokens: int | None = None
-    id_slot: int | None = None
+    return_tokens: bool | None = None
+    timings_per_token: bool | None = None
+    return_progress: bool | None = None  # the stream opens with `prompt_progress` events (progress.py)
+    n_cmpl: int | None = None
+    n: int | None = None  # n_cmpl's other name (OpenAI's)
+    response_fields: list[str] | None = None  # only these fields of the answer (infill_rules.select_fields)
+    n_probs: int | None = None  # each answer token's logprob and this many alternatives (probs.py)
+    logprobs: int | None = None  # n_probs's OpenAI name, read where n_probs is absent (as llama-server does)
+    post_sampling_probs: bool | None = None  # probabilities of the distribution sampled from, not the model's
     # llama-server's flat spelling of speculation (llama-server's n_max is our draft_max)
     n_max: int | None = Field(None, alias="speculative.n_max")
     n_min: int | None = Field(None, alias="speculative.n_min")
@@ -51,42 +71,16 @@ class LlamaRequest(Generation):
                               "speculative")
         return flat if self.speculative is None else self.speculative.asked()
 
+    def logprobs_asked(self) -> tuple[int, str] | None:
+        """(alternatives, logprobs_mode) where n_probs (or logprobs) asks for some; 0 asks for none."""
+        key, n = ("n_probs", self.n_probs) if self.n_probs is not None else ("logprobs", self.logprobs)
+        if n is None or count(n, key) == 0:
+            return None
+        return n, "processed" if self.post_sampling_probs else "raw"
+
 
 def routes() -> list[Endpoint]:
     return [Endpoint("/completion", completion)]
-
-
-def timings(job: Job) -> dict:
-    s = job.stats
-    prompt_n = s.n_prompt - s.n_cached
-    prompt_ms, predicted_ms = 1000 * s.t_prompt, 1000 * (s.t_total - s.t_prompt)
-    return {
-        "cache_n": s.n_cached,
-        "prompt_n": prompt_n,
-        "prompt_ms": round(prompt_ms, 3),
-        "prompt_per_token_ms": round(prompt_ms / prompt_n, 3) if prompt_n else 0.0,
-        "prompt_per_second": round(1000 * prompt_n / prompt_ms, 2) if prompt_n and prompt_ms > 0 else 0.0,
-        "predicted_n": s.n_generated,
-        "predicted_ms": round(predicted_ms, 3),
-        "predicted_per_token_ms": round(predicted_ms / s.n_generated, 3) if s.n_generated else 0.0,
-        "predicted_per_second": round(1000 * s.n_generated / predicted_ms, 2) if s.n_generated and predicted_ms > 0
-        else 0.0,
-        "draft_n": s.n_drafted,
-        "draft_n_accepted": s.n_accepted,
-        # under a grammar, json_schema or tools (a specserve extension): the grammar's share of predicted_ms
-        **({"grammar_ms": round(1000 * s.t_grammar, 3)} if job.req.sampling.grammar is not None else {}),
-    }
-
-
-def final(job: Job, content: str, tokens: list[int]) -> dict:
-    word = job.stats.stop_word if job.stats.finish_reason == "stop" else ""  # the one that cut the text
-    stop_type = "limit" if job.stats.finish_reason == "length" else "word" if word else "eos"
-    return {"content": content, "tokens": [], "stop": True, "model": job.req.model,
-            "tokens_predicted": job.stats.n_generated, "tokens_evaluated": job.stats.n_prompt,
-            "tokens_cached": job.stats.n_cached, "truncated": False, "stop_type": stop_type,
-            "stopping_word": word, "id_slot": job.id_slot,
-            "timings": timings(job), "speculative": speculative_usage(job),
-            **finish_detail(job.stats)}
 
 
 def llama_request(body: dict, state, scope: str | None, endpoint: str = "llama",
@@ -95,14 +89,14 @@ def llama_request(body: dict, state, scope: str | None, endpoint: str = "llama",
     and the body's fields; `prompt` given: the body has none. `scope`: the API key's cross-request scope."""
     fields = parse(LlamaRequest, body)
     profile = resolve_profile(fields.model, state.profiles, state.settings.model_name)
-    check_unsupported(body, handled=("id_slot",))
+    check_unsupported(body, handled=("n", "n_probs", "logprobs", "post_sampling_probs") if endpoint == "llama" else ())
     if endpoint != "llama":
         refuse_constraints(body, fields, endpoint)
     limit = first_limit(fields, ("n_predict", "max_tokens"))
     if limit is not None and limit.field == "n_predict" and limit.n == -1:  # llama-server: -1 = no limit
         limit = Limit("n_predict", None)
     sampling, described, spec, verify = params_of(state, fields, profile, scope, limit, random_seed=-1,
-                                                  spec=fields.spec_asked())
+                                                  spec=fields.spec_asked(), logprobs=fields.logprobs_asked())
     if prompt is None:
         prompt = required(prompt_value(fields.prompt), "prompt")
     req = GenRequest(endpoint, profile.name, sampling, spec, verify, stream=bool(fields.stream), prompt=prompt,
@@ -111,33 +105,99 @@ def llama_request(body: dict, state, scope: str | None, endpoint: str = "llama",
     return req, fields
 
 
-def slot_id(id_slot: int | None, n_slots: int) -> int:
-    """llama-server's `id_slot`: -1 (any) or a slot of this server, or 400."""
-    id_slot = -1 if id_slot is None else id_slot
-    if not -1 <= id_slot < n_slots:
-        raise bad_request(f"id_slot must be -1 or a slot of this server (0 to {n_slots - 1}), got {id_slot}", "id_slot")
-    return id_slot
+def json_prompt(value: dict, param: str) -> str:
+    """llama-server's prompt object: {"prompt_string": ..., "multimodal_data": ...}; media is refused."""
+    if value.get("multimodal_data"):
+        raise bad_request(f"{param}.multimodal_data: this server reads text only", f"{param}.multimodal_data",
+                          "unsupported_parameter")
+    text = value.get("prompt_string")
+    if not isinstance(text, str) or not text:
+        raise bad_request(f"{param}.prompt_string must be a non-empty string", f"{param}.prompt_string")
+    return text
+
+
+def one_prompt(model, value, param: str) -> str | list[int]:
+    """One prompt: a string, a JSON prompt object, token ids, or strings and token ids mixed."""
+    if isinstance(value, dict):
+        return json_prompt(value, param)
+    if isinstance(value, list) and any(isinstance(v, str) for v in value):
+        return tokenize_mixed(model, value, add_special=True, parse_special=True, param=param)
+    return required(prompt_value(value, param), param)
+
+
+def llama_prompts(model, value) -> list[str | list[int]]:
+    """The prompts of a body, as llama-server reads them: an array holding arrays or objects, or only
+    strings, is several prompts; token ids with or without strings among them are one."""
+    if isinstance(value, list) and value and not (any(isinstance(v, int) and not isinstance(v, bool) for v in value)
+                                                  and all(isinstance(v, (int, str)) for v in value)):
+        return [one_prompt(model, v, f"prompt[{i}]") for i, v in enumerate(value)]
+    return [one_prompt(model, value, "prompt")]
 
 
 async def completion(request: Request) -> Response:
     state = request.app.state.server
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
-    req, fields = llama_request(body, state, key_scope(request))
+    prompts = await anyio.to_thread.run_sync(llama_prompts, state.engine.target, body.get("prompt"))
+    req, fields = llama_request(body, state, key_scope(request), prompt=prompts[0])
     refuse_tools(body)
     grammar = await output_grammar(state, fields)  # grammar, json_schema, response_format
     if grammar is not None:
         req = dataclasses.replace(req, sampling=dataclasses.replace(req.sampling, grammar=grammar))
+    n = several.count(fields.n_cmpl if fields.n_cmpl is not None else fields.n, len(state.scheduler.pool.slots),
+                      "n_cmpl" if fields.n_cmpl is not None else "n")
+    reqs = [dataclasses.replace(req, prompt=p) for p in prompts]
+    if len(reqs) == 1 and n == 1:
+        return await _one(request, state, req, fields)
+    if req.stream:
+        raise bad_request("stream with several prompts or completions is not supported", "stream",
+                          "unsupported_parameter")
+    runs = [v for r in reqs for v in several.variants(r, n)]
+    outs = await several.answers(state, runs, request)
+    if outs is None:
+        return Response(status_code=CLIENT_GONE)
+    per = len(runs) // len(reqs)  # 1 where a greedy request's n completions are one answer
+    answers = [_shaped(job, out, fields, i) for i, (job, out) in enumerate(outs) for _ in range(n // per)]
+    return JSONResponse([{**a, "index": i} for i, a in enumerate(answers)])
+
+
+def _shaped(job: Job, out, fields: LlamaRequest, index: int = 0) -> dict:
+    body = traced(final(job, out.text, out.tokens, bool(fields.return_tokens)), out.trace)
+    if out.logprobs:
+        body["completion_probabilities"] = llama_probs(job.state.engine.target, out.logprobs,
+                                                       bool(fields.post_sampling_probs))
+    return select_fields(body, fields.response_fields) if fields.response_fields else body
+
+
+async def _one(request: Request, state, req: GenRequest, fields: LlamaRequest) -> Response:
     job = await start(state, req, request)
     if req.stream:
-        return stream(request, job, _chunks(job))
+        return stream(request, job, _chunks(job, fields))
     out = await answer(job, request)
     if out is None:
         return Response(status_code=CLIENT_GONE)
-    return JSONResponse(traced(final(job, out.text, out.tokens), out.trace))
+    return JSONResponse(_shaped(job, out, fields))
 
 
-async def _chunks(job: Job):
+async def _chunks(job: Job, fields: LlamaRequest):
+    new_line = False
+    if fields.return_progress:
+        for progress, times in progress_events(job):
+            yield {"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": job.id_slot,
+                   "tokens_predicted": 0, "tokens_evaluated": job.stats.n_prompt, "prompt_progress": progress,
+                   **({"timings": times} if fields.timings_per_token else {})}
+    model = job.state.engine.target
     async for event in events(job):
         if event.__class__ is Text:
-            yield traced({"content": event.text, "tokens": event.tokens, "stop": False}, event.trace)
-    yield final(job, "", [])
+            new_line = new_line or "\n" in event.text
+            pieces = per_token(model, event)
+            for i, (text, tokens, rows) in enumerate(pieces):
+                chunk = {"index": 0, "content": text, "tokens": tokens, "stop": False,
+                         "id_slot": job.id_slot, "tokens_predicted": job.stats.n_generated,
+                         "tokens_evaluated": job.stats.n_prompt}
+                if rows:
+                    chunk["completion_probabilities"] = llama_probs(model, rows, bool(fields.post_sampling_probs))
+                if fields.timings_per_token:
+                    chunk["timings"] = timings(job)
+                yield traced(chunk, event.trace if i == len(pieces) - 1 else None)  # the step's trace once
+    await job.finished()
+    yield final(job, "", [], new_line=new_line)

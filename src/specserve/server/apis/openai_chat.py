@@ -16,18 +16,24 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ...chat import MessageError, validate_messages
-from ..core.answer import answer, events
+from ..core.answer import events
 from ..core.events import CallStart, Event, Finish, Reasoning, Text
 from ..core.jobs import Job, start
+from ..core.params import Limit
 from ..core.reasoning import FORMATS
 from ..core.request import GenRequest
 from ..http.body import read_json
 from ..http.endpoint import Endpoint
 from ..http.errors import bad_request
+from . import several
 from .constraint_fields import output_grammar
-from .fields import check_unsupported, first_limit, params_of, resolve_profile
-from .openai_common import OpenAIGeneration, head, key_scope, respond, stream, stream_end, traced
+from .fields import check_unsupported, first_limit, params_of, resolve_profile, slot_id
+from .llama_extra import prefill_joined, prefilled, template_kwargs_of
+from .openai_common import OpenAIGeneration, head, key_scope, respond, stream, stream_end, traced, verbose
 from .openai_tools import Tool, openai_tools
+from .probs import count, llama_probs
+from .progress import progress_events
+from .timings import timings
 from .validation import parse
 
 _CONTENT_PARTS = ("text",)  # chat content part types understood; images, audio and files are not
@@ -37,12 +43,27 @@ class ChatRequest(OpenAIGeneration):
     messages: list | None = None
     max_completion_tokens: int | None = None
     max_tokens: int | None = None
+    n_predict: int | None = None  # llama-server's name (-1: no limit; 0: only put the prompt in a slot's cache)
     tools: list[Tool] | None = None
     tool_choice: Any = None  # "none", "auto", "required" or {"type": "function", ...}: openai_tools.py
     parallel_tool_calls: bool | None = None
+    add_generation_prompt: bool | None = None  # llama-server's and vLLM's
+    continue_final_message: bool | None = None  # the last (assistant) message is continued (llama_extra.prefilled)
+    chat_template_kwargs: dict | None = None  # more variables for the chat template (llama-server's, vLLM's)
     reasoning_format: str | None = None  # llama-server's: "none", "deepseek", "auto" (core/reasoning.py)
     reasoning_budget: int | None = None  # llama-server's: -1 unlimited, 0 no reasoning, n tokens
     thinking_budget_tokens: int | None = None  # Continue's name for it
+    logprobs: bool | None = None  # each answer token's logprob (probs.py: llama-server's objects, OpenAI's fields)
+    top_logprobs: int | None = None  # and this many alternatives at each
+    post_sampling_probs: bool | None = None  # llama-server's: probabilities of the distribution sampled from
+
+    def logprobs_asked(self) -> tuple[int, str] | None:
+        """(alternatives, logprobs_mode) where logprobs are asked for; 400 for top_logprobs without them."""
+        if not self.logprobs:
+            if self.top_logprobs is not None:
+                raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
+            return None
+        return count(self.top_logprobs or 0, "top_logprobs"), "processed" if self.post_sampling_probs else "raw"
 
     def reasoning(self) -> tuple[str | None, int | None]:
         """(reasoning_format, budget) asked for, or 400 naming the field."""
@@ -94,12 +115,19 @@ async def chat_request(request: Request) -> tuple[GenRequest, ChatRequest]:
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
     fields = parse(ChatRequest, body)
     profile = resolve_profile(fields.model, state.profiles, state.settings.model_name)
-    check_unsupported(body)
-    sampling, limit, spec, verify = params_of(state, fields, profile, key_scope(request),
-                                              first_limit(fields, ("max_completion_tokens", "max_tokens")))
+    check_unsupported(body, handled=("n", "logprobs", "top_logprobs", "post_sampling_probs"))
+    warm = fields.n_predict == 0  # llama.vim warms a slot so while its user types: nothing is sampled
+    if warm:
+        fields = fields.model_copy(update={"samplers": None, "n_predict": 1})
+    limit = first_limit(fields, ("max_completion_tokens", "max_tokens", "n_predict"))
+    if limit is not None and limit.field == "n_predict" and limit.n == -1:
+        limit = Limit("n_predict", None)
+    sampling, limit, spec, verify = params_of(state, fields, profile, key_scope(request), limit,
+                                              logprobs=fields.logprobs_asked())
     if not fields.messages:
         raise bad_request("messages must be a non-empty array", "messages")
     check_messages(fields.messages)
+    cont = prefilled(validate_messages(fields.messages), fields.add_generation_prompt, fields.continue_final_message)
     tools = openai_tools(body.get("tools"), fields.tools, fields.tool_choice, fields.parallel_tool_calls,
                          fields.messages, state.engine.target)
     grammar = await output_grammar(state, fields, tools)
@@ -107,8 +135,11 @@ async def chat_request(request: Request) -> tuple[GenRequest, ChatRequest]:
         sampling = dataclasses.replace(sampling, grammar=grammar)
     reasoning_format, reasoning_budget = fields.reasoning()
     req = GenRequest("chat", profile.name, sampling, spec, verify, stream=bool(fields.stream),
-                     messages=fields.messages, cache_prompt=fields.cache_prompt is not False, limit=limit,
-                     tools=tools, reasoning_format=reasoning_format, reasoning_budget=reasoning_budget)
+                     messages=prefill_joined(fields.messages, cont), cache_prompt=fields.cache_prompt is not False,
+                     limit=limit, tools=tools, id_slot=slot_id(fields.id_slot, len(state.scheduler.pool.slots)),
+                     continue_final=cont, warm=warm, reasoning_format=reasoning_format,
+                     reasoning_budget=reasoning_budget,
+                     template_kwargs=template_kwargs_of(fields.chat_template_kwargs, {}) or None)
     return req, fields
 
 
@@ -125,25 +156,55 @@ def delta(event: Event) -> dict:
 
 
 async def chat_completions(request: Request) -> Response:
+    state = request.app.state.server
     req, fields = await chat_request(request)
-    job = await start(request.app.state.server, req, request)
+    n = several.count(fields.n, len(state.scheduler.pool.slots))
     if req.stream:
-        return stream(request, job, _chunks(job, head("chat.completion.chunk", req), fields.include_usage))
-    out = await answer(job, request)
-    return respond(job, None if out is None else {**head("chat.completion", req), "choices": [traced({
-        "index": 0, "message": out.message, "logprobs": None, "finish_reason": out.reason, **out.detail},
-        out.trace)]})
+        if n > 1:
+            raise bad_request("n > 1 is not supported with stream", "n", "unsupported_parameter")
+        job = await start(state, req, request)
+        return stream(request, job, _chunks(job, head("chat.completion.chunk", req), fields))
+    outs = await several.answers(state, several.variants(req, n), request)
+    if outs is None:
+        return respond([], None)
+    jobs = [job for job, _ in outs]
+    choices = [(job, out) for job, out in outs for _ in range(n // len(outs))]  # greedy: one answer, n times
+    return respond(jobs, {**head("chat.completion", req), "choices": [traced({
+        "index": i, "message": out.message, "logprobs": _logprobs(state, fields, out.logprobs),
+        "finish_reason": out.reason, **out.detail}, out.trace)
+        for i, (_, out) in enumerate(choices)], **verbose(state, fields, *outs[0])})
 
 
-async def _chunks(job: Job, head: dict, include_usage: bool):
+def _logprobs(state, fields: ChatRequest, rows) -> dict | None:
+    """A choice's `logprobs` (null unless asked): llama-server's objects, which carry OpenAI's fields."""
+    if rows is None:
+        return None
+    return {"content": llama_probs(state.engine.target, rows, bool(fields.post_sampling_probs))}
+
+
+async def _chunks(job: Job, head: dict, fields):
     """The stream: the role, then a chunk per event, the finish, usage and [DONE]."""
 
-    def choice(delta: dict, finish: str | None = None, detail: dict | None = None) -> dict:
-        return {**head, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish,
-                                     **(detail or {})}]}
+    state, pending = job.state, [] if job.logprobs is not None else None  # logprobs not yet sent
 
-    yield choice({"role": "assistant", "content": ""})
+    def choice(delta: dict, finish: str | None = None, detail: dict | None = None) -> dict:
+        rows = None
+        if pending is not None and delta.get("role") is None:
+            rows = list(pending)
+            pending.clear()
+        c = {**head, "choices": [{"index": 0, "delta": delta, "logprobs": _logprobs(state, fields, rows),
+                                  "finish_reason": finish, **(detail or {})}]}
+        return {**c, "timings": timings(job)} if fields.timings_per_token and delta.get("role") is None else c
+
+    if fields.return_progress:
+        for progress, times in progress_events(job):
+            yield {**choice({"role": "assistant", "content": None}), "prompt_progress": progress,
+                   **({"timings": times} if fields.timings_per_token else {})}
+    else:
+        yield choice({"role": "assistant", "content": None})  # llama-server's: no text yet
     async for event in events(job):
+        if pending is not None and type(event) in (Text, Reasoning) and event.logprobs:
+            pending.extend(event.logprobs)  # sent with the next chunk (a token's text may come later)
         if type(event) in (Text, Reasoning):
             if event.text:
                 c = choice(delta(event))
@@ -154,5 +215,5 @@ async def _chunks(job: Job, head: dict, include_usage: bool):
             last = choice({}, event.reason, event.detail)
         else:
             yield choice(delta(event))
-    async for chunk in stream_end(head, last, job, include_usage):
+    async for chunk in stream_end(head, last, job, fields.include_usage):
         yield chunk

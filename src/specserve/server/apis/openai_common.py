@@ -18,6 +18,9 @@ from ..core.request import GenRequest
 from ..http.guard import KEY_SCOPE
 from ..http.sse import sse_response
 from .fields import Generation
+from .llama_answer import final
+from .props import SYSTEM_FINGERPRINT
+from .timings import timings
 from .validation import Fields
 
 
@@ -26,9 +29,14 @@ class StreamOptions(Fields):
 
 
 class OpenAIGeneration(Generation):
-    """The shared fields, and OpenAI's `stream_options`."""
+    """The shared fields, OpenAI's `stream_options` and `n`, and llama-server's `verbose` and
+    `timings_per_token`."""
 
     stream_options: StreamOptions | None = None
+    n: int | None = None
+    verbose: bool | None = None  # the answer carries `__verbose` (also with the server's --verbose)
+    timings_per_token: bool | None = None  # each streamed chunk carries `timings`
+    return_progress: bool | None = None  # a stream opens with `prompt_progress` events (progress.py)
 
     @property
     def include_usage(self) -> bool:
@@ -43,7 +51,7 @@ def key_scope(request: Request) -> str | None:
 def head(kind: str, req: GenRequest) -> dict:
     prefix = "chatcmpl" if kind.startswith("chat") else "cmpl"
     return {"id": f"{prefix}-{uuid.uuid4().hex[:24]}", "object": kind, "created": int(time.time()),
-            "model": req.model}
+            "model": req.model, "system_fingerprint": SYSTEM_FINGERPRINT}
 
 
 def traced(choice: dict, trace: list[dict] | None) -> dict:
@@ -51,18 +59,24 @@ def traced(choice: dict, trace: list[dict] | None) -> dict:
     return choice if trace is None else {**choice, "speculative_trace": trace}
 
 
-def usage(job: Job) -> dict:
-    s = job.stats
-    return {"prompt_tokens": s.n_prompt, "completion_tokens": s.n_generated,
-            "total_tokens": s.n_prompt + s.n_generated, "prompt_tokens_details": {"cached_tokens": s.n_cached},
-            "speculative": speculative_usage(job)}
+def usage(*jobs: Job) -> dict:
+    """The usage of the jobs that made an answer (several for `n` > 1): tokens summed, the prompt's once
+    per job; `speculative`: the first job's (where one answer was made by several)."""
+    n_prompt, n_generated = sum(j.stats.n_prompt for j in jobs), sum(j.stats.n_generated for j in jobs)
+    return {"prompt_tokens": n_prompt, "completion_tokens": n_generated, "total_tokens": n_prompt + n_generated,
+            "prompt_tokens_details": {"cached_tokens": sum(j.stats.n_cached for j in jobs)},
+            "speculative": speculative_usage(jobs[0])}
 
 
 async def stream_end(head: dict, last: dict, job: Job, include_usage: bool) -> AsyncIterator:
-    """The final chunk with usage, a usage-only chunk if asked (stream_options.include_usage), [DONE]."""
-    yield {**last, "usage": usage(job)}
+    """The final chunk with usage, a usage-only chunk if asked (stream_options.include_usage), [DONE].
+    The last of them carries llama-server's `timings`."""
+    await job.finished()
     if include_usage:
-        yield {**head, "choices": [], "usage": usage(job)}
+        yield {**last, "usage": usage(job)}
+        yield {**head, "choices": [], "usage": usage(job), "timings": timings(job)}
+    else:
+        yield {**last, "usage": usage(job), "timings": timings(job)}
     yield "[DONE]"
 
 
@@ -71,6 +85,18 @@ def stream(request: Request, job: Job, events: AsyncIterator) -> StreamingRespon
     return sse_response(events, job, request.app.state.server.metrics.error, f"{request.method} {request.url.path}")
 
 
-def respond(job: Job, body: dict | None) -> Response:
-    """A whole answer with its usage, or CLIENT_GONE where the client left while it waited (`body` None)."""
-    return Response(status_code=CLIENT_GONE) if body is None else JSONResponse({**body, "usage": usage(job)})
+def respond(jobs: Job | list[Job], body: dict | None) -> Response:
+    """A whole answer with its usage and llama-server's `timings` (the first job's), or CLIENT_GONE where
+    the client left while it waited (`body` None)."""
+    if body is None:
+        return Response(status_code=CLIENT_GONE)
+    jobs = jobs if isinstance(jobs, list) else [jobs]
+    return JSONResponse({**body, "usage": usage(*jobs), "timings": timings(jobs[0])})
+
+
+def verbose(state, fields: OpenAIGeneration, job: Job, out) -> dict:
+    """llama-server's `__verbose` (the answer in /completion's shape: the prompt as rendered, the settings),
+    where the request or the server's --verbose asks for it."""
+    if not (fields.verbose or state.settings.verbose and fields.verbose is not False):
+        return {}
+    return {"__verbose": final(job, out.text, out.tokens)}

@@ -9,17 +9,20 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..core.answer import answer, events
+from ..core.answer import events
 from ..core.events import Text
 from ..core.jobs import Job, start
 from ..core.params import Limit
 from ..core.request import GenRequest
 from ..http.body import read_json
 from ..http.endpoint import Endpoint
+from ..http.errors import bad_request
+from . import several
 from .constraint_fields import output_grammar, refuse_tools
-from .fields import check_unsupported, first_limit, params_of, prompt_value, required, resolve_profile
+from .fields import check_unsupported, first_limit, params_of, prompt_value, required, resolve_profile, slot_id
 from .infill_rules import openai_fim_prompt
-from .openai_common import OpenAIGeneration, head, key_scope, respond, stream, stream_end, traced
+from .openai_common import OpenAIGeneration, head, key_scope, respond, stream, stream_end, traced, verbose
+from .probs import count, legacy
 from .validation import parse
 
 DEFAULT_MAX_TOKENS = Limit("max_tokens", 16)  # /v1/completions without max_tokens: OpenAI's default
@@ -29,6 +32,16 @@ class CompletionRequest(OpenAIGeneration):
     prompt: Any = None  # a string or token ids: fields.prompt_value
     suffix: str | None = None
     max_tokens: int | None = None
+    echo: bool | None = None  # the prompt's text before each choice's
+    logprobs: int | None = None  # each answer token's logprob and this many alternatives (OpenAI's legacy shape)
+
+    def logprobs_asked(self) -> tuple[int, str] | None:
+        if self.logprobs is None:
+            return None
+        if self.echo:  # the prompt's logprobs, which echo gives with them, are not computed
+            raise bad_request("logprobs with echo is not supported: the prompt's logprobs are not computed",
+                              "logprobs", "unsupported_parameter")
+        return count(self.logprobs, "logprobs"), "raw"
 
 
 def routes() -> list[Endpoint]:
@@ -41,42 +54,78 @@ async def completion_request(request: Request) -> tuple[GenRequest, CompletionRe
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
     fields = parse(CompletionRequest, body)
     profile = resolve_profile(fields.model, state.profiles, state.settings.model_name)
-    check_unsupported(body, handled=("suffix",))
+    check_unsupported(body, handled=("suffix", "n", "echo", "logprobs"))
     sampling, limit, spec, verify = params_of(state, fields, profile, key_scope(request),
-                                              first_limit(fields, ("max_tokens",)), default=DEFAULT_MAX_TOKENS)
+                                              first_limit(fields, ("max_tokens",)), default=DEFAULT_MAX_TOKENS,
+                                              logprobs=fields.logprobs_asked())
     refuse_tools(body)
     grammar = await output_grammar(state, fields)
     if grammar is not None:
         sampling = dataclasses.replace(sampling, grammar=grammar)
     prompt = required(prompt_value(fields.prompt), "prompt")
+    if fields.echo and fields.suffix:
+        raise bad_request("echo and suffix cannot be used together", "echo")
     if fields.suffix:
         prompt, heal = await openai_fim_prompt(state, prompt, fields.suffix, sampling.max_tokens,
                                                heal=grammar is None)
         sampling = dataclasses.replace(sampling, heal=heal)
     req = GenRequest("completions", profile.name, sampling, spec, verify, stream=bool(fields.stream), prompt=prompt,
-                     cache_prompt=fields.cache_prompt is not False, limit=limit)
+                     cache_prompt=fields.cache_prompt is not False, limit=limit,
+                     id_slot=slot_id(fields.id_slot, len(state.scheduler.pool.slots)))
     return req, fields
 
 
+def echoed(job: Job, fields: CompletionRequest) -> str:
+    """The prompt's text where `echo` asks for it (token ids written back as text)."""
+    if not fields.echo:
+        return ""
+    prompt = job.req.prompt
+    return prompt if isinstance(prompt, str) else job.state.engine.target.detokenize(prompt).decode("utf-8", "replace")
+
+
 async def completions(request: Request) -> Response:
+    state = request.app.state.server
     req, fields = await completion_request(request)
-    job = await start(request.app.state.server, req, request)
+    n = several.count(fields.n, len(state.scheduler.pool.slots))
     if req.stream:
-        return stream(request, job, _chunks(job, head("text_completion", req), fields.include_usage))
-    out = await answer(job, request)
-    return respond(job, None if out is None else {**head("text_completion", req), "choices": [traced({
-        "text": out.text, "index": 0, "logprobs": None, "finish_reason": out.reason, **out.detail}, out.trace)]})
+        if n > 1:
+            raise bad_request("n > 1 is not supported with stream", "n", "unsupported_parameter")
+        job = await start(state, req, request)
+        return stream(request, job, _chunks(job, head("text_completion", req), fields))
+    outs = await several.answers(state, several.variants(req, n), request)
+    if outs is None:
+        return respond([], None)
+    choices = [(job, out) for job, out in outs for _ in range(n // len(outs))]  # greedy: one answer, n times
+    return respond([job for job, _ in outs], {**head("text_completion", req), "choices": [traced({
+        "text": echoed(job, fields) + out.text, "index": i, "logprobs": _logprobs(job, out.logprobs),
+        "finish_reason": out.reason,
+        **out.detail}, out.trace) for i, (job, out) in enumerate(choices)], **verbose(state, fields, *outs[0])})
 
 
-async def _chunks(job: Job, head: dict, include_usage: bool):
+def _logprobs(job: Job, rows, offset: int = 0) -> dict | None:
+    return legacy(job.state.engine.target, rows, offset) if rows is not None else None
+
+
+async def _chunks(job: Job, head: dict, fields: CompletionRequest):
+    if fields.echo:
+        yield {**head, "choices": [{"text": echoed(job, fields), "index": 0, "logprobs": None, "finish_reason": None}]}
+    pending, offset = [] if job.logprobs is not None else None, 0  # logprobs not yet sent; where their text starts
     async for event in events(job):
+        rows = None
+        if pending is not None and (event.text if event.__class__ is Text else True):
+            rows = pending + (event.logprobs or []) if event.__class__ is Text else pending
+            pending = []
+        elif pending is not None:
+            pending += event.logprobs or []  # a token whose text is held back: sent with the next text
         if event.__class__ is not Text:
-            last = {**head, "choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": event.reason,
-                                         **event.detail}]}
+            last = {**head, "choices": [{"text": "", "index": 0, "logprobs": _logprobs(job, rows, offset),
+                                         "finish_reason": event.reason, **event.detail}]}
         elif event.text:
-            yield {**head, "choices": [traced({"text": event.text, "index": 0, "logprobs": None,
+            lp = _logprobs(job, rows, offset)
+            offset += len(event.text)
+            yield {**head, "choices": [traced({"text": event.text, "index": 0, "logprobs": lp,
                                                "finish_reason": None}, event.trace)]}
-    async for chunk in stream_end(head, last, job, include_usage):
+    async for chunk in stream_end(head, last, job, fields.include_usage):
         yield chunk
 
 
@@ -85,7 +134,11 @@ async def models(request: Request) -> Response:
     created = int(time.time())
     draft = state.engine.draft
     # File names, not paths: a path tells a client about the host's directories and user names.
+    served = state.settings.model_name
     data = [{"id": name, "object": "model", "created": created, "owned_by": "specserve",
+             # llama-server's: every name the served model answers to (--alias a,b), and --tags
+             **({"aliases": [served, *state.settings.aliases], "tags": list(state.settings.tags)}
+                if name == served else {}),
              "specserve": {"target": Path(state.engine.target.path).name,
                            "draft": Path(draft.path).name if draft is not None else None,
                            "n_ctx": state.engine.n_ctx, **p.describe()}}

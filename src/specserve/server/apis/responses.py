@@ -89,7 +89,7 @@ async def responses(request: Request) -> Response:
     job = await start(state, req, request)
     head = ResponseHead(req, fields)
     if req.stream:
-        s = ResponseStream(job, head)
+        s = ResponseStream(job, head, bool(fields.timings_per_token), bool(fields.return_progress))
         return sse_response(s.events(), job, state.metrics.error, f"{request.method} {request.url.path}", s.error)
     out = await answer(job, request)
     if out is None:

@@ -84,6 +84,8 @@ class ResponsesRequest(Generation):
     previous_response_id: str | None = None
     background: bool | None = None
     metadata: dict | None = None  # echoed back, as OpenAI's API does
+    timings_per_token: bool | None = None  # llama-server's: text deltas carry `timings`
+    return_progress: bool | None = None  # llama-server's: response.in_progress events with `prompt_progress`
 
     def format_grammar(self) -> tuple[str, str] | None:
         """(param, grammar) of text.format, for constraint_fields.output_grammar (None: plain text)."""

@@ -8,7 +8,10 @@
                 response.output_text.done, response.content_part.done, response.output_item.done
     a call:     response.output_item.added (function_call), response.function_call_arguments.delta*,
                 response.function_call_arguments.done, response.output_item.done
-    response.completed (or response.incomplete when max_output_tokens ended it): the whole response
+    response.completed (or response.incomplete when max_output_tokens ended it): the whole response,
+                and llama-server's `timings`
+With llama-server's `return_progress`, response.in_progress events with `prompt_progress` follow the first;
+with `timings_per_token`, text deltas carry `timings`.
 
 Items are numbered by `output_index` in the order they open; one is open at a time. Where tool calls
 are read back, blank text is held until it is known whether a call or text follows (as in the
@@ -22,14 +25,17 @@ from ..core.answer import events as answer_events
 from ..core.events import CallArguments, CallStart, Finish, Reasoning, Text
 from ..core.jobs import Job
 from ..http.errors import ApiError
+from .progress import progress_events
 from .responses_output import ResponseHead, call_item, message_item, new_id, output_text, reasoning_item
+from .timings import timings
 
 
 class ResponseStream:
     """One response's stream: the events, numbered, and the items they have completed."""
 
-    def __init__(self, job: Job, head: ResponseHead):
+    def __init__(self, job: Job, head: ResponseHead, timings_per_token: bool = False, progress: bool = False):
         self.job, self.head = job, head
+        self.timings_per_token, self.progress = timings_per_token, progress  # llama-server's telemetry
         self.seq = 0
         self.output: list[dict] = []  # completed items, for the final response
         self.item: dict | None = None  # the open item (its final form grows as the deltas go out)
@@ -89,7 +95,8 @@ class ResponseStream:
         self.item["content"][0]["text"] += text
         extra = {"speculative_trace": trace} if trace is not None else {}
         out.append(self._event("response.output_text.delta", item_id=self.item["id"], output_index=len(self.output),
-                               content_index=0, delta=text, logprobs=[], **extra))
+                               content_index=0, delta=text, logprobs=[], **extra,
+                               **({"timings": timings(self.job)} if self.timings_per_token else {})))
         return out
 
     async def events(self) -> AsyncIterator[dict]:
@@ -97,6 +104,9 @@ class ResponseStream:
         start = head.response("in_progress", [])
         yield self._event("response.created", response=start)
         yield self._event("response.in_progress", response=start)
+        for progress, times in progress_events(job) if self.progress else ():
+            yield self._event("response.in_progress", response=start, prompt_progress=progress,
+                              **({"timings": times} if self.timings_per_token else {}))
         held, hold_blank = "", job.req.reads_calls
         async for event in answer_events(job):
             kind = type(event)
@@ -136,4 +146,4 @@ class ResponseStream:
                     yield e
                 final = head.response("completed", self.output, job, event.reason)
                 yield self._event("response.completed" if final["status"] == "completed" else "response.incomplete",
-                                  response={**final, **event.detail})
+                                  response={**final, **event.detail}, timings=timings(job))

@@ -14,6 +14,7 @@ from typing import AsyncIterator
 
 from starlette.requests import Request
 
+from ...logprobs import TokenLogprob
 from ...stats import GenerationStats
 from .constraints.toolcalls import Call
 from .events import Event, Finish, Text
@@ -28,7 +29,8 @@ class Answer:
     content, reasoning_content where the answer reasoned, and tool_calls where calls were read back);
     `content`: the answer's text outside reasoning and tool calls (all of `text` when neither is read);
     `reasoning`: the reasoning block's text ("" without one); `reason`, `detail`: as in events.Finish;
-    `trace`: the runs of the whole text by producer (speculative.trace), else None."""
+    `trace`: the runs of the whole text by producer (speculative.trace), else None; `logprobs`: one per
+    token of `tokens` where the request asks (SamplingParams.logprobs), else None."""
 
     text: str
     tokens: list[int]
@@ -39,6 +41,7 @@ class Answer:
     calls: list[Call]
     trace: list[dict] | None
     reasoning: str = ""
+    logprobs: list[TokenLogprob] | None = None
 
 
 def reader_for(job: Job) -> AnswerReader | None:
@@ -53,11 +56,12 @@ async def events(job: Job) -> AsyncIterator[Event]:
     tracer, reader = job.tracer, reader_for(job)
     if reader is None:
         while (chunk := await job.step()) is not None:  # per token: one event, nothing more
-            yield Text(chunk.text, chunk.tokens, tracer.feed(chunk) if tracer is not None else None)
+            yield Text(chunk.text, chunk.tokens, tracer.feed(chunk) if tracer is not None else None, chunk.logprobs)
         yield Finish(job.finish_reason, finish_detail(job.stats), job.stats)
         return
     while (chunk := await job.step()) is not None:
-        for event in reader.feed(chunk.text, chunk.tokens, tracer.feed(chunk) if tracer is not None else None):
+        for event in reader.feed(chunk.text, chunk.tokens, tracer.feed(chunk) if tracer is not None else None,
+                                 chunk.logprobs):
             yield event
         if reader.ended:
             _stop(job)
@@ -90,11 +94,11 @@ async def answer(job: Job, request: Request) -> Answer | None:
     trace = job.tracer.entries if job.tracer is not None else None
     if reader is None:
         return Answer(text, tokens, job.finish_reason, finish_detail(job.stats), {"role": "assistant", "content": text},
-                      text, [], trace)
+                      text, [], trace, logprobs=job.logprobs)
     reader.close()
     calls = reader.calls.calls if reader.calls is not None else []
     return Answer(text, tokens, reader.finish(job.finish_reason), finish_detail(job.stats, reader.cut()),
-                  reader.message(), reader.content, calls, trace, reader.reasoning)
+                  reader.message(), reader.content, calls, trace, reader.reasoning, job.logprobs)
 
 
 def finish_detail(stats: GenerationStats, cut: str | None = None) -> dict:

@@ -12,28 +12,32 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence, Union
 
+from ...logprobs import TokenLogprob
 from ...stats import GenerationStats
 
 
 @dataclass(slots=True)
 class Text:
     """Answer text. `tokens`: the ids committed with it (none where tool calls are read back: their
-    text is cut at tags, not tokens); `trace`: its runs by producer (speculative.trace), else None."""
+    text is cut at tags, not tokens); `trace`: its runs by producer (speculative.trace), else None;
+    `logprobs`: one per token of `tokens` where the request asks (SamplingParams.logprobs), else None."""
 
     text: str
     tokens: Sequence[int] = ()
     trace: list[dict] | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(slots=True)
 class Reasoning:
     """A piece of the answer's reasoning block, without its markers: OpenAI chat's `reasoning_content`,
-    Anthropic's `thinking` block, a Responses reasoning item. `tokens` and `trace` as Text's: those of
-    the steps whose text this piece completed, where it is the last piece they gave."""
+    Anthropic's `thinking` block, a Responses reasoning item. `tokens`, `trace` and `logprobs` as Text's:
+    those of the steps whose text this piece completed, where it is the last piece they gave."""
 
     text: str
     tokens: Sequence[int] = ()
     trace: list[dict] | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(slots=True)

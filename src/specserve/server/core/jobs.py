@@ -21,12 +21,13 @@ from starlette.requests import Request
 
 from ...chat import ChatTemplateError
 from ...engine import Chunk
+from ...logprobs import TokenLogprob
 from ...prompt import chat_tokens
 from ...stats import GenerationStats
 from ..http.errors import ApiError, bad_request
 from .metrics import log_request
 from .reasoning import Parting, resolve
-from .request import GenRequest, check_context
+from .request import GenRequest, fit_context
 from .scheduler import QueueFull, SlotPool, draining, queue_full, stopping
 from .trace import Tracer
 from .warm import warm_steps
@@ -37,11 +38,13 @@ DISCONNECT_CHECK_S = 0.25  # how often a non-streamed generation asks whether it
 ADMIT_GRACE_S = 0.1  # how long a request that finds slots and queue full waits for a place before 503
 
 
-def prompt_ids(model, req: GenRequest) -> list[int]:
-    """Tokenize the prompt or render and tokenize the chat. Raises ApiError(400)."""
+def prompt_ids(model, req: GenRequest, template_kwargs: dict | None = None) -> list[int]:
+    """Tokenize the prompt or render and tokenize the chat (`template_kwargs`: the server's variables for
+    the chat template, under the request's own). Raises ApiError(400)."""
     if req.messages is not None:
         try:
-            return chat_tokens(model, req.messages, req.tools.tools if req.tools is not None else None)
+            return chat_tokens(model, req.messages, req.tools.tools if req.tools is not None else None,
+                               req.continue_final, {**(template_kwargs or {}), **(req.template_kwargs or {})})
         except (ChatTemplateError, ValueError) as e:
             raise bad_request(str(e), "messages") from None
     if isinstance(req.prompt, str):
@@ -59,9 +62,13 @@ class Job:
     def __init__(self, state, req: GenRequest, slot, tokens: list[int], t_arrival: float, queue_s: float,
                  parting: Parting | None = None):
         self.state, self.req, self.slot = state, req, slot
+        self.prompt_tokens = tokens
         self.parting = parting  # how the answer's reasoning block is parted from it (core/reasoning.py), if at all
         self.id_slot = state.scheduler.pool.slots.index(slot)  # which slot runs it (llama-server's id_slot)
+        state.slot_records.started(self.id_slot, self)
         self.stats = GenerationStats()
+        # the committed tokens' logprobs, where asked (SamplingParams.logprobs): gathered by collect()
+        self.logprobs: list[TokenLogprob] | None = [] if req.sampling.logprobs is not None else None
         self.queue_s = queue_s
         self.t_arrival = t_arrival
         if req.warm:
@@ -114,6 +121,8 @@ class Job:
         async for chunk in self.chunks():
             parts.append(chunk.text)
             tokens.extend(chunk.tokens)
+            if chunk.logprobs is not None and self.logprobs is not None:
+                self.logprobs.extend(chunk.logprobs)
             if until is not None and until(chunk):
                 break
             if time.monotonic() >= next_check:
@@ -147,6 +156,7 @@ class Job:
                 self._gen.close()
                 state.metrics.observe(req.endpoint, stats, queue_s, time.perf_counter() - self.t_arrival,
                                       req.spec.cross_request_scope)
+                state.slot_records.finished(self.id_slot, stats)
                 log_request(req.endpoint, req.model, req.spec.mode, stats, queue_s)
             except Exception:
                 log.exception("while closing a request")
@@ -237,14 +247,10 @@ async def start(state, req: GenRequest, request: Request | None = None) -> Job:
         raise queue_full(scheduler.pool)
     scheduler.enter()  # from here the request counts as in flight: a drain waits for it
     try:
-        tokens = await anyio.to_thread.run_sync(prompt_ids, engine.target, req)
+        tokens = await anyio.to_thread.run_sync(prompt_ids, engine.target, req, state.settings.template_kwargs)
         if not tokens:
             raise bad_request("the prompt is empty after tokenization", "prompt")
-        if len(tokens) >= engine.n_ctx:
-            raise bad_request(f"the prompt is {len(tokens)} tokens but the context holds {engine.n_ctx} "
-                              f"(it must leave room for at least one generated token)", "prompt",
-                              "context_length_exceeded")
-        check_context(req, len(tokens), engine.n_ctx)  # prompt + max_tokens must fit, or 400
+        req = fit_context(req, len(tokens), engine.n_ctx)  # a prompt that leaves no room: 400
         req, parting = resolve(req, engine.target, tokens, state.settings.reasoning_format,
                                state.settings.reasoning_budget)
         t_queued = time.perf_counter()

@@ -11,6 +11,7 @@ import logging
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from ...stats import GenerationStats
+from .llama_metrics import LlamaTotals
 
 log = logging.getLogger("specserve.server")
 
@@ -89,6 +90,8 @@ class ServerMetrics:
     content_type = CONTENT_TYPE_LATEST
 
     def __init__(self, busy_slots=lambda: 0, queue_depth=lambda: 0, suffix_store=None, scopes=()):
+        self._busy_slots, self._queue_depth = busy_slots, queue_depth
+        self.llama = LlamaTotals()  # llama-server's `llamacpp:` series, written after ours (whole server only)
         r = self.registry = CollectorRegistry()
         self.whole = RequestMetrics(r)
         self.scoped = {scope: RequestMetrics(CollectorRegistry()) for scope in scopes}
@@ -117,6 +120,7 @@ class ServerMetrics:
         """One target forward pass (the engine thread calls this)."""
         self.batch_seqs.observe(n_seqs)
         self.batch_tokens.observe(n_tokens)
+        self.llama.target_pass(n_seqs)
         if n_seqs > 1:
             self.batched_passes.inc()
 
@@ -127,13 +131,14 @@ class ServerMetrics:
                 scope: str = "") -> None:
         """Account one finished (or cancelled) generation, in the whole and in its scope's."""
         self.whole.observe(endpoint, stats, queue_s, latency_s)
+        self.llama.observe(stats)
         if scope in self.scoped:
             self.scoped[scope].observe(endpoint, stats, queue_s, latency_s)
 
     def render(self, key_scope: str | None = None) -> bytes:
         """The exposition for a caller whose API key confines it to `key_scope` (None: all of it)."""
         if key_scope is None:
-            return generate_latest(self.registry)
+            return generate_latest(self.registry) + self.llama.render(self._busy_slots(), self._queue_depth()).encode()
         return generate_latest(self.scoped.setdefault(key_scope, RequestMetrics(CollectorRegistry())).registry)
 
 def log_request(endpoint: str, model: str, mode: str, stats: GenerationStats, queue_s: float) -> None:

@@ -18,21 +18,24 @@ from .profiles import VERIFY_METHODS, Profile
 
 _SAMPLING_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
 _SPEC_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SpecParams)}
-SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "seed", "ignore_eos")  # what a request may set
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "seed", "ignore_eos", "repeat_penalty", "repeat_last_n",
+                   "presence_penalty", "frequency_penalty")  # what a request may set by name
+PENALTIES = {"repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}  # their neutral values
 SPEC_FIELDS = ("mode", "draft_max", "draft_min", "draft_p_min", "ngram_min", "ngram_max", "suffix_max",
                "cross_request", "cross_request_scope", "verify", "trace")  # the `speculative` object's
 # llama-server's `samplers` names (and its one-letter forms) -> ours; None: a sampler whose parameters
-# are refused unless neutral (penalties, DRY, typical-p, XTC, top-n-sigma), so in a chain it does nothing
+# are refused unless neutral (DRY, typical-p, XTC, top-n-sigma), so in a chain it does nothing
 _SAMPLER_NAMES = {
     "top_k": "top_k", "top-k": "top_k", "top_p": "top_p", "top-p": "top_p", "nucleus": "top_p",
     "min_p": "min_p", "min-p": "min_p", "temperature": "temperature", "temp": "temperature",
-    "penalties": None, "dry": None, "typ_p": None, "typ-p": None, "typical": None, "typical-p": None,
+    "penalties": "penalties", "dry": None, "typ_p": None, "typ-p": None, "typical": None, "typical-p": None,
     "typ": None, "xtc": None, "top_n_sigma": None, "top-n-sigma": None,
 }
-_SAMPLER_CHARS = {"k": "top_k", "p": "top_p", "m": "min_p", "t": "temperature",
-                  "e": None, "d": None, "y": None, "x": None, "s": None}
+_SAMPLER_CHARS = {"k": "top_k", "p": "top_p", "m": "min_p", "t": "temperature", "e": "penalties",
+                  "d": None, "y": None, "x": None, "s": None}
 _SAMPLER_OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0}  # a sampler left out of the chain is not applied
 SAMPLER_ORDER = ("temperature", "top_k", "top_p", "min_p")  # ours (sampling.py)
+MAX_TOKENS = 2**31 - 1  # llama-server's bound on n_predict; more than a context holds is cut to what fits
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ def _samplers(value: str | list[str], kw: dict) -> None:
     for name in names:
         if name not in table:
             raise bad_request(f"samplers: {json.dumps(name)[:40]} is not a sampler this server has; it has "
-                              f"{', '.join(SAMPLER_ORDER)} (and takes penalties, dry, typ_p, xtc, top_n_sigma "
+                              f"penalties, {', '.join(SAMPLER_ORDER)} (and takes dry, typ_p, xtc, top_n_sigma "
                               "while their parameters are neutral)", "samplers", "unsupported_parameter")
         ours = table[name]
         if ours is not None:
@@ -68,10 +71,25 @@ def _samplers(value: str | list[str], kw: dict) -> None:
     for name, off in _SAMPLER_OFF.items():
         if name not in chain:
             kw[name] = off
+    if "penalties" not in chain:
+        kw.update(PENALTIES)
+    elif chain[0] != "penalties" and any(kw.get(k, v) != v for k, v in PENALTIES.items()):
+        # ours change the logits before anything else (processors.py), as llama-server's default chain does
+        raise bad_request("samplers: penalties after another sampler is not supported: this server applies them "
+                          "first", "samplers", "unsupported_parameter")
+    chain = [name for name in chain if name != "penalties"]
+    temperature = kw.get("temperature", _SAMPLING_DEFAULTS["temperature"])
+    if "min_p" in chain and chain.index("min_p") < chain.index("temperature") and 0 < kw.get("min_p", 0.0) < 1 \
+            and temperature >= GREEDY_TEMPERATURE and temperature != 1:
+        # min-p keeps the tokens whose probability is at least min_p x the top one's: a bound on the logit
+        # gap, which temperature T scales by 1/T. So min-p p before temperature is min-p p**(1/T) just after
+        # it (llama.vim's instruct chain: min_p, temperature)
+        kw["min_p"] = kw["min_p"] ** (1 / temperature)
+        chain.remove("min_p")
+        chain.insert(chain.index("temperature") + 1, "min_p")
     # What must come before what for the values asked: top-k commutes with the rest (it keeps a rank
     # prefix) and so does min-p with top-k; top-p must precede min-p; temperature must precede both,
     # unless it is greedy (all of them keep the argmax) or 1.
-    temperature = kw.get("temperature", _SAMPLING_DEFAULTS["temperature"])
     if temperature < GREEDY_TEMPERATURE:
         return
     active = {"top_p": kw.get("top_p", 1.0) < 1, "min_p": kw.get("min_p", 0.0) > 0, "temperature": temperature != 1}
@@ -116,10 +134,9 @@ def sampling_params(profile: Profile, n_ctx: int, asked: dict, *, limit: Limit |
             kw.pop("max_tokens", None)
             described = None
         else:
-            if limit.n > n_ctx:
-                raise bad_request(f"{limit.field}={limit.n} is more than the context size ({n_ctx} tokens)",
-                                  limit.field, "context_length_exceeded")
-            kw["max_tokens"] = limit.n
+            if limit.n > MAX_TOKENS:
+                raise bad_request(f"{limit.field} must be at most {MAX_TOKENS}, got {limit.n}", limit.field)
+            kw["max_tokens"] = limit.n  # past the context: cut to what fits (request.fit_context)
             described = f"{limit.field}={limit.n}"
     _check_pinned(profile, kw, asked, limit)
     if "max_tokens" not in kw and default is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ...logprobs import TokenLogprob
 from .constraints.toolcalls import CallReader, finish
 from .constraints.tools import ToolRequest
 from .events import Event, Reasoning, Text
@@ -23,6 +24,7 @@ class AnswerReader:
         self.text = ""  # the answer outside the reasoning block (calls and all)
         self._tokens: list[int] = []
         self._trace: list[dict] | None = None
+        self._logprobs: list[TokenLogprob] | None = None
 
     @property
     def reasoning(self) -> str:
@@ -33,8 +35,11 @@ class AnswerReader:
         """A repeated tool call ended the calls: generation can stop."""
         return self.calls is not None and self.calls.ended
 
-    def feed(self, text: str, tokens: Sequence[int] = (), trace: list[dict] | None = None) -> list[Event]:
+    def feed(self, text: str, tokens: Sequence[int] = (), trace: list[dict] | None = None,
+             logprobs: list[TokenLogprob] | None = None) -> list[Event]:
         self._tokens.extend(tokens)
+        if logprobs is not None:
+            self._logprobs = (self._logprobs or []) + logprobs
         if trace is not None:
             self._trace = (self._trace or []) + trace
         pieces = self.thinking.feed(text) if self.thinking is not None else [(False, text)]
@@ -57,11 +62,11 @@ class AnswerReader:
         return self._attach(out)
 
     def _attach(self, out: list[Event]) -> list[Event]:
-        """The steps' tokens and trace so far, on the last text event."""
+        """The steps' tokens, trace and logprobs so far, on the last text event."""
         last = next((e for e in reversed(out) if type(e) in (Text, Reasoning)), None)
         if last is not None and (self._tokens or self._trace is not None):
-            last.tokens, last.trace = self._tokens, self._trace
-            self._tokens, self._trace = [], None
+            last.tokens, last.trace, last.logprobs = self._tokens, self._trace, self._logprobs
+            self._tokens, self._trace, self._logprobs = [], None, None
         return out
 
     @property

@@ -7,10 +7,11 @@ label for metrics and the log line.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ...config import SamplingParams, SpecParams
-from ..http.errors import bad_request
+from ..http.errors import ApiError
 from .constraints.tools import ToolRequest
 
 
@@ -26,9 +27,11 @@ class GenRequest:
     stream: bool
     prompt: str | list[int] | None = None  # text (control tokens parsed, as llama-server does) or token ids
     messages: list | None = None  # a chat, rendered by the model's template (with `tools`)
+    continue_final: bool = False  # the chat's last (assistant) message is continued, not answered
+    template_kwargs: dict | None = None  # more variables for the chat template (chat_template_kwargs), over the server's
     cache_prompt: bool = True  # reuse the slot's cached prefix of the prompt (llama-server's field)
-    # what set sampling.max_tokens, for the context check ("max_tokens=100"); None: nothing did, and
-    # generation runs until the context fills
+    # what set sampling.max_tokens ("max_tokens=100"); None: nothing did, and generation runs until the
+    # context fills. Either way it is cut to what the context leaves (fit_context)
     limit: str | None = None
     tools: ToolRequest | None = None  # passed to the template; the answer's calls are read back (answer.py)
     id_slot: int = -1  # run on this slot, waiting for it if busy; -1: the free one whose cache fits best
@@ -47,13 +50,22 @@ class GenRequest:
         return self.tools is not None and self.tools.choice != "none"
 
 
-def check_context(req: GenRequest, n_prompt: int, n_ctx: int) -> None:
-    """400 `context_length_exceeded` (OpenAI's answer) when the prompt and the tokens asked for
-    cannot both fit the context. Without a limit asked for, generation runs until the context fills."""
-    if req.limit is None or n_prompt + req.sampling.max_tokens <= n_ctx:
-        return
-    n = req.sampling.max_tokens
-    field = "messages" if req.messages is not None else "prompt"
-    raise bad_request(f"This model's maximum context length is {n_ctx} tokens. However, you requested {n_prompt + n} "
-                      f"tokens ({n_prompt} in the {field}, {n} for the completion: {req.limit}). Please reduce the "
-                      f"length of the {field} or of the completion.", field, "context_length_exceeded")
+def fit_context(req: GenRequest, n_prompt: int, n_ctx: int) -> GenRequest:
+    """The request with its limit on generated tokens cut to what the context leaves after the prompt:
+    generation ends there with finish_reason "length", as llama-server's does (Continue and other
+    clients send max_tokens 4096 whatever the context). A prompt that leaves no room: `exceed_context`."""
+    if n_prompt >= n_ctx:
+        raise exceed_context(n_prompt, n_ctx, "messages" if req.messages is not None else "prompt")
+    room = n_ctx - n_prompt
+    if req.sampling.max_tokens <= room:
+        return req
+    return dataclasses.replace(req, sampling=dataclasses.replace(req.sampling, max_tokens=room))
+
+
+def exceed_context(n_prompt: int, n_ctx: int, field: str) -> ApiError:
+    """400 for a prompt the context cannot hold with one generated token: OpenAI's code, llama-server's
+    type and numbers (`n_prompt_tokens`, `n_ctx`; llama.vscode reads them)."""
+    return ApiError(400, f"request ({n_prompt} tokens) exceeds the available context size ({n_ctx} tokens): the "
+                         f"{field} must leave room for at least one generated token; shorten it or start the server "
+                         "with a larger -c", field, "context_length_exceeded", kind="exceed_context_size_error",
+                    extra={"n_prompt_tokens": n_prompt, "n_ctx": n_ctx})

@@ -72,6 +72,10 @@ class SlotPool:
         """No free slot and no room in the queue: a new request would be refused."""
         return not self._free and len(self._waiters) >= self.max_waiting + self.releasing
 
+    def is_free(self, slot: Slot) -> bool:
+        """Whether the slot is free now (no request holds it)."""
+        return slot in self._free
+
     def available(self, id_slot: int = -1) -> bool:
         """A slot (slot `id_slot`, or any for -1) can be taken now, without waiting."""
         return any(self._fits(s, id_slot) for s in self._free)

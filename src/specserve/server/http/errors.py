@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse
 
 log = logging.getLogger("specserve.server")
 
-_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 403: "invalid_request_error",
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "invalid_request_error",
           404: "invalid_request_error", 405: "invalid_request_error", 408: "invalid_request_error",
           413: "invalid_request_error", 415: "invalid_request_error", 503: "server_error"}
 
@@ -29,17 +29,23 @@ class ApiError(Exception):
     such as `tools[0].function.name`) and a code (`context_length_exceeded`)."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None):
+                 headers: dict[str, str] | None = None, kind: str | None = None, extra: dict | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
         self.headers = headers or {}
+        self.kind = kind  # the error's `type` where it is not the status's own (llama-server's names)
+        self.extra = extra or {}  # more fields of the error object (llama-server's n_prompt_tokens, n_ctx)
 
     def body(self) -> dict:
         """OpenAI's shape."""
-        return error_body(self.status, self.message, self.param, self.code)
+        body = error_body(self.status, self.message, self.param, self.code)
+        if self.kind:
+            body["error"]["type"] = self.kind
+        body["error"].update(self.extra)
+        return body
 
 
 Render = Callable[[ApiError], dict]  # an error -> the JSON body its API answers it with

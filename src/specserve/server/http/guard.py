@@ -10,7 +10,10 @@ read the answers as same-origin. So, before anything runs:
 - A request carrying a foreign `Origin` is refused unless `--cors-origin` allows it
   (same-origin requests, and clients that send no Origin, pass). POST bodies must be
   `application/json` (checked where the body is read): a browser cannot send that
-  cross-origin without a CORS preflight, which is off by default.
+  cross-origin without a CORS preflight, which is off by default. An allowed origin's preflight
+  is answered as llama-server answers it (the origin, credentials, methods `GET, POST, DELETE,
+  OPTIONS`, any header), and its requests' answers carry the origin and credentials headers.
+  `localhost` in --cors-origin allows every loopback origin, any scheme and port (llama-server's).
 - With keys set, every path except /health (and the chat page's own files, which hold no
   data: the page asks for the key) needs `Authorization: Bearer KEY` or
   `X-Api-Key: KEY` (as llama-server accepts). A key given a scope (`KEY scope=NAME` in
@@ -24,7 +27,7 @@ from urllib.parse import urlsplit
 
 from .errors import OPENAI_SHAPES, ApiError, ErrorShapes, error_response
 
-OPEN_PATHS = frozenset({"/health"})  # answered without an API key (load balancers probe it)
+OPEN_PATHS = frozenset({"/health", "/v1/health"})  # answered without an API key (load balancers probe it)
 KEY_SCOPE = "specserve.key_scope"  # ASGI scope entry: the cross-request scope the request's API key confines it to
 
 
@@ -53,15 +56,36 @@ def host_allowed(host_header: str, allowed: frozenset[str]) -> bool:
     return host is not None and (_is_ip(host) or host == "localhost" or host in allowed)
 
 
-def origin_allowed(origin: str, host_header: str, cors_origins: frozenset[str]) -> bool:
-    """Same-origin (the Origin's authority is the Host), or listed (or `*`) in --cors-origin."""
+_LOOPBACK = ("localhost", "127.0.0.1", "::1")
+PREFLIGHT_HEADERS = [(b"access-control-allow-credentials", b"true"),
+                     (b"access-control-allow-methods", b"GET, POST, DELETE, OPTIONS"),
+                     (b"access-control-allow-headers", b"*"), (b"access-control-max-age", b"600")]
+
+
+def listed(origin: str, cors_origins: frozenset[str]) -> bool:
+    """Allowed cross-origin by --cors-origin: listed, `*`, or a loopback origin where `localhost` is listed."""
     if "*" in cors_origins or origin in cors_origins:
+        return True
+    if "localhost" in cors_origins:
+        try:
+            parts = urlsplit(origin)
+            parts.port  # noqa: B018 (raises ValueError for a port that is not one)
+            return parts.scheme in ("http", "https") and parts.hostname in _LOOPBACK
+        except ValueError:
+            return False
+    return False
+
+
+def origin_allowed(origin: str, host_header: str, cors_origins: frozenset[str]) -> bool:
+    """Same-origin (the Origin's authority is the Host), or allowed by --cors-origin (`listed`)."""
+    if listed(origin, cors_origins):
         return True
     return origin != "null" and urlsplit(origin).netloc.lower() == host_header.lower()
 
 
 class HostOriginGuard:
-    """400 for a Host that is not this server's, 403 for a foreign Origin; see the module docstring."""
+    """400 for a Host that is not this server's, 403 for a foreign Origin, CORS for an allowed one; see the
+    module docstring."""
 
     def __init__(self, app, allowed_hosts: frozenset[str], cors_origins: frozenset[str], on_error,
                  shapes: ErrorShapes = OPENAI_SHAPES):
@@ -87,6 +111,20 @@ class HostOriginGuard:
                 self.on_error(err.status)
                 await error_response(err, self.shapes(scope["path"]))(scope, receive, send)
                 return
+            if origin is not None and listed(origin.decode("latin-1"), self.cors_origins):
+                cors = [(b"access-control-allow-origin", origin), (b"vary", b"Origin")]
+                if scope["method"] == "OPTIONS" and b"access-control-request-method" in headers:
+                    await send({"type": "http.response.start", "status": 200,
+                                "headers": [*cors, *PREFLIGHT_HEADERS, (b"content-length", b"0")]})
+                    await send({"type": "http.response.body", "body": b""})
+                    return
+
+                async def send_cors(message) -> None:
+                    if message["type"] == "http.response.start":
+                        message = {**message, "headers": [*message.get("headers", []), *cors,
+                                                          (b"access-control-allow-credentials", b"true")]}
+                    await send(message)
+                return await self.app(scope, receive, send_cors)
         await self.app(scope, receive, send)
 
 

@@ -207,8 +207,31 @@ class DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
+def _sockets(hosts: list[str], port: int):
+    """Listening sockets on each address (llama-server's --host A,B); SystemExit(1) if one cannot bind."""
+    import socket
+
+    socks = []
+    for host in hosts:
+        host = host.strip("[]")
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            log.error("cannot listen on %s port %d: %s", host, port, e)
+            raise SystemExit(1) from None
+        sock.listen(2048)
+        socks.append(sock)
+    return socks
+
+
 def serve(app, host: str, port: int, settings) -> None:
-    """Listen on host:port until a signal has drained the server. A failed bind exits with status 1."""
+    """Listen on host:port (several comma-separated addresses: each) until a signal has drained the server.
+    A failed bind exits with status 1."""
     # h11 and asyncio, named: uvicorn's "auto" switches to httptools and uvloop when they are installed
     # (Ray Serve pulls both in), and the server's timing under dropped streams must not change with that.
     # No limit_concurrency: the protocol applies the connection limits itself, sparing /health.
@@ -216,4 +239,6 @@ def serve(app, host: str, port: int, settings) -> None:
                             loop="asyncio", timeout_keep_alive=5,
                             http=guarded_protocol(H11Protocol, settings, app.state.server.metrics.error),
                             timeout_graceful_shutdown=5)
-    DrainingServer(config, app.state.server.scheduler, settings.drain_timeout).run()
+    hosts = [h.strip() for h in host.split(",") if h.strip()]
+    server = DrainingServer(config, app.state.server.scheduler, settings.drain_timeout)
+    server.run(sockets=_sockets(hosts, port) if len(hosts) > 1 else None)

@@ -81,7 +81,7 @@ class ToolRequest:
     names: tuple[str, ...]
     choice: str  # "none", "auto", "required", or the one function's name
     parallel: bool
-    form: CallForm
+    form: CallForm | None  # None: tool_choice "none" on a template whose call form is not known here
     specs: tuple[ToolSpec, ...]  # their parameters, which tools_grammar reads
 
 
@@ -122,14 +122,18 @@ def tool_request(model, template_tools: list[dict], specs: list[ToolSpec], choic
             raise bad_request(f"{spec.name_param}: {spec.name!r} is given twice", spec.name_param)
     form = call_form(model)
     if form is None:
+        if choice == "none":  # rendered for the template; no call is asked for or read back
+            return ToolRequest(list(template_tools), names, choice, parallel, None, tuple(specs))
         raise no_tool_support()
     return ToolRequest(list(template_tools), names, choice, parallel, form, tuple(specs))
 
 
-def tools_grammar(tools: ToolRequest) -> str:
+def tools_grammar(tools: ToolRequest) -> str | None:
     """The grammar of the calls the tools' choice allows, each tool's parameters checked against the
     limits (a 400 naming the tool) and all of them together; not compiled: that is done once, for the
-    target (structured.compiled). Raises ApiError(400)."""
+    target (structured.compiled). None where no call form is known (tool_choice "none"). Raises ApiError(400)."""
+    if tools.form is None:
+        return None
     schemas = [arguments_schema(s.parameters, s.parameters_param) for s in tools.specs]
     try:
         check_schema({"anyOf": schemas}, "the tools' parameters together")  # each was checked on its own

@@ -1,0 +1,12 @@
+"""llama-server's other paths for the same endpoints: /chat/completions (OpenAI chat), /completions
+(llama-server's own /completion, not OpenAI's), /models."""
+from __future__ import annotations
+
+from ..http.endpoint import Endpoint
+from . import llama, openai_chat, openai_completions
+
+
+def routes() -> list[Endpoint]:
+    return [Endpoint("/chat/completions", openai_chat.chat_completions),
+            Endpoint("/completions", llama.completion),
+            Endpoint("/models", openai_completions.models, ("GET",))]

@@ -1,0 +1,189 @@
+"""llama-server's token and template endpoints: POST /tokenize, /detokenize, /apply-template and
+/v1/chat/completions/input_tokens, in its shapes.
+
+/tokenize: `content` (a string, or a mix of strings and token ids), `add_special` (default false),
+`parse_special` (default true: `<|im_start|>` written in the text is that control token),
+`with_pieces` (each token's text, or its bytes where the text is not whole UTF-8). /detokenize:
+`tokens` -> `content`, control tokens written out. /apply-template: a chat body (`messages`, `tools`,
+`tool_choice`, `add_generation_prompt`) -> the prompt text the chat template makes of it, without
+generating (llama.vscode's agent reads it). input_tokens: how many prompt tokens a chat body is.
+"""
+from __future__ import annotations
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ...chat import TEMPLATE_OWN, ChatTemplateError, MessageError, render, validate_messages
+from ...prompt import chat_tokens
+from ..http.body import read_json
+from ..http.endpoint import Endpoint
+from ..http.errors import bad_request
+from .validation import Fields, parse
+
+
+class TokenizeRequest(Fields):
+    content: str | list | None = None
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(Fields):
+    tokens: list[int] = []
+
+
+def template_kwargs_of(value: dict | None, server: dict) -> dict:
+    """A request's `chat_template_kwargs` over the server's (--reasoning, --chat-template-kwargs); 400 for
+    a variable the renderer gives the template itself."""
+    own = TEMPLATE_OWN & set(value or {})
+    if own:
+        raise bad_request(f"chat_template_kwargs cannot set {', '.join(sorted(own))}", "chat_template_kwargs")
+    return {**server, **(value or {})}
+
+
+class TemplateRequest(Fields):
+    messages: list | None = None
+    tools: list | None = None
+    tool_choice: object = None  # accepted: the prompt does not depend on it
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
+    chat_template_kwargs: dict | None = None
+
+
+def routes() -> list[Endpoint]:
+    return [Endpoint("/tokenize", tokenize), Endpoint("/detokenize", detokenize),
+            Endpoint("/apply-template", apply_template),
+            Endpoint("/chat/completions/input_tokens", input_tokens),
+            Endpoint("/v1/chat/completions/input_tokens", input_tokens)]
+
+
+def tokenize_mixed(model, content, add_special: bool, parse_special: bool, param: str = "content") -> list[int]:
+    """llama-server's mixed prompt: a string, token ids, or both in one list (each string tokenized on its
+    own, special tokens added before the first piece only). 400 naming `param` otherwise."""
+    pieces = [content] if isinstance(content, str) else content
+    if not isinstance(pieces, list):
+        raise bad_request(f"{param} must be a string or an array of strings and token ids", param)
+    out: list[int] = []
+    for i, piece in enumerate(pieces):
+        if isinstance(piece, str):
+            out += model.tokenize(piece, add_special=add_special and i == 0, parse_special=parse_special)
+        elif isinstance(piece, int) and not isinstance(piece, bool):
+            if not 0 <= piece < model.vocab.n_vocab:
+                raise bad_request(f"token id {piece} is outside the vocabulary [0, {model.vocab.n_vocab})",
+                                  f"{param}[{i}]")
+            out.append(piece)
+        else:
+            raise bad_request(f"{param}[{i}] must be a string or a token id", f"{param}[{i}]")
+    return out
+
+
+def _piece(model, token: int):
+    """A token's text (control tokens written out), or its bytes where they are not whole UTF-8."""
+    raw = model.token_bytes(token, True)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(raw)
+
+
+async def tokenize(request: Request) -> Response:
+    state = request.app.state.server
+    body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
+    fields = parse(TokenizeRequest, body)
+    model = state.engine.target
+    if fields.content is None:
+        return JSONResponse({"tokens": []})
+    tokens = await anyio.to_thread.run_sync(tokenize_mixed, model, fields.content, fields.add_special,
+                                            fields.parse_special)
+    if fields.with_pieces:
+        return JSONResponse({"tokens": [{"id": t, "piece": _piece(model, t)} for t in tokens]})
+    return JSONResponse({"tokens": tokens})
+
+
+async def detokenize(request: Request) -> Response:
+    state = request.app.state.server
+    body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
+    fields = parse(DetokenizeRequest, body)
+    model = state.engine.target
+    bad = [t for t in fields.tokens if not 0 <= t < model.vocab.n_vocab]
+    if bad:
+        raise bad_request(f"token id {bad[0]} is outside the vocabulary [0, {model.vocab.n_vocab})", "tokens")
+    text = b"".join(model.token_bytes(t, True) for t in fields.tokens)
+    return JSONResponse({"content": text.decode("utf-8", "replace")})
+
+
+def prefilled(msgs: list[dict], add_generation_prompt: bool | None, continue_final: bool | None) -> bool:
+    """Whether the chat continues its last (assistant) message instead of opening a new turn: asked with
+    `continue_final_message`, or, as llama-server does, a chat that ends with an assistant message."""
+    if continue_final and add_generation_prompt:
+        raise bad_request("add_generation_prompt and continue_final_message cannot both be true",
+                          "continue_final_message")
+    last = msgs[-1]["role"] == "assistant" and not msgs[-1].get("tool_calls") and bool(msgs[-1]["content"])
+    if last and continue_final is not False and len(msgs) > 1 and msgs[-2]["role"] == "assistant":
+        raise bad_request("a chat cannot end with two assistant messages: the last is continued, so the one "
+                          "before it would have no turn after it", f"messages[{len(msgs) - 1}]")
+    if continue_final and not last:
+        raise bad_request("continue_final_message needs a last message from the assistant", "continue_final_message")
+    return bool(continue_final) or (continue_final is None and last)
+
+
+def prefill_joined(messages: list, continue_final: bool) -> list:
+    """The chat with a continued last message's text parts joined by a blank line, as llama-server joins
+    them (a part of any other message is a line of its own: chat.validate_messages)."""
+    content = messages[-1].get("content") if continue_final and isinstance(messages[-1], dict) else None
+    if not isinstance(content, list):
+        return messages
+    texts = [p["text"] for p in content if isinstance(p, dict) and p.get("type") == "text"]
+    return [*messages[:-1], {**messages[-1], "content": "\n\n".join(texts)}]
+
+
+def render_chat(model, messages: list, tools: list | None, add_generation_prompt: bool | None = None,
+                continue_final: bool | None = None, template_kwargs: dict | None = None) -> str:
+    """The prompt text the model's chat template makes of a chat (a continued last message ends the text)."""
+    try:
+        msgs = validate_messages(messages)
+    except MessageError as e:
+        raise bad_request(str(e), e.param, e.code) from None
+    v = model.vocab
+    bos = v.token_texts[v.bos] if v.bos is not None else ""
+    eos = v.token_texts[v.eos] if v.eos is not None else ""
+    cont = prefilled(msgs, add_generation_prompt, continue_final)
+    msgs = validate_messages(prefill_joined(messages, cont))
+    try:
+        return render(msgs, model.metadata.get("tokenizer.chat_template"), bos, eos,
+                      add_generation_prompt=add_generation_prompt is not False, tools=tools,
+                      continue_final=cont, template_kwargs=template_kwargs)
+    except ChatTemplateError as e:
+        raise bad_request(str(e), "messages") from None
+
+
+async def apply_template(request: Request) -> Response:
+    state = request.app.state.server
+    body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
+    fields = parse(TemplateRequest, body)
+    if not fields.messages:
+        raise bad_request("messages must be a non-empty array", "messages")
+    kwargs = template_kwargs_of(fields.chat_template_kwargs, state.settings.template_kwargs)
+    prompt = await anyio.to_thread.run_sync(render_chat, state.engine.target, fields.messages, fields.tools or None,
+                                            fields.add_generation_prompt, fields.continue_final_message, kwargs)
+    return JSONResponse({"prompt": prompt})
+
+
+async def input_tokens(request: Request) -> Response:
+    state = request.app.state.server
+    body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
+    fields = parse(TemplateRequest, body)
+    if not fields.messages:
+        raise bad_request("messages must be a non-empty array", "messages")
+    kwargs = template_kwargs_of(fields.chat_template_kwargs, state.settings.template_kwargs)
+
+    def count() -> int:
+        try:
+            return len(chat_tokens(state.engine.target, fields.messages, fields.tools or None,
+                                   template_kwargs=kwargs))
+        except MessageError as e:
+            raise bad_request(str(e), e.param, e.code) from None
+        except (ChatTemplateError, ValueError) as e:
+            raise bad_request(str(e), "messages") from None
+    return JSONResponse({"input_tokens": await anyio.to_thread.run_sync(count)})
