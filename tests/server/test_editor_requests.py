@@ -13,6 +13,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from server_fixtures import ServerProcess, serve_args, tiny_models_dir  # noqa: E402,F401
 
+pytestmark = pytest.mark.server
+
 N_CTX = 4096  # specserve's default, and llama-server's usual one: the editors' max_tokens 4096 do not fit with a prompt
 CODE = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n"
 

@@ -17,6 +17,8 @@ from server_fixtures import ServerProcess, serve_args, tiny_models_dir  # noqa: 
 
 from specserve.chat_templates import HERMES  # noqa: E402
 
+pytestmark = pytest.mark.server
+
 KEY = "k-llama"
 N_CTX = 1024
 # llama-server's own command line, as its test suite starts it (the sampling defaults, a cap on tokens,

@@ -15,6 +15,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from server_fixtures import ServerProcess, serve_args, tiny_models_dir  # noqa: E402,F401
 
+pytestmark = pytest.mark.server
+
 MSG = [{"role": "user", "content": "Tell me a story about a cat."}]
 PROMPT = "Once upon a time, a cat"
 
