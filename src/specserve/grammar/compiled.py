@@ -72,13 +72,21 @@ class GrammarWorker:
         self._threads: list[threading.Thread] = []
         self._n, self._stack = threads, stack_bytes
         self._lock = threading.Lock()
+        self._unfinished = 0  # submitted and not yet done, a compile its request gave up on included
 
     def submit(self, fn: Callable, *args) -> concurrent.futures.Future:
         """Run fn(*args) on a worker thread; its result or exception comes back in the future."""
         self._start()
         future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            self._unfinished += 1
         self._jobs.put((future, fn, args))
         return future
+
+    @property
+    def busy(self) -> bool:
+        """Whether a compile is queued or running (a sleeping server must not free the vocabulary under it)."""
+        return self._unfinished > 0
 
     def close(self) -> None:
         """Stop the threads once the compiles queued now are done (they are daemons: exit never waits)."""
@@ -101,9 +109,13 @@ class GrammarWorker:
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
             future, fn, args = job
-            if not future.set_running_or_notify_cancel():
-                continue  # given up on before it started
             try:
-                future.set_result(fn(*args))
-            except BaseException as e:  # noqa: BLE001 - handed to the waiting request
-                future.set_exception(e)
+                if not future.set_running_or_notify_cancel():
+                    continue  # given up on before it started
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as e:  # noqa: BLE001 - handed to the waiting request
+                    future.set_exception(e)
+            finally:
+                with self._lock:
+                    self._unfinished -= 1
