@@ -130,7 +130,9 @@ def test_requests_arriving_during_the_wake_all_wait_and_succeed(server, http):
     with ThreadPoolExecutor(8) as pool:  # more than the 2 slots: some queue behind the others
         answers = list(pool.map(lambda i: _one(server, i), range(8)))
     assert all(text == expected[kind] for kind, text in answers), answers
-    assert server.log().count("awake: models and slots loaded again") == wakes + 1  # one wake served all 8
+    log = server.log()
+    assert log.count("awake: models and slots loaded again") == wakes + 1  # one wake served all 8
+    assert "llama.cpp passes run on 2 threads" not in log  # each wake's engine thread replaces the last one's
 
 
 def test_a_model_that_cannot_be_loaded_again_is_a_503_and_the_next_request_tries_again(tiny_models_dir, tmp_path):

@@ -38,7 +38,8 @@ class Sleeper:
 
     def __init__(self, state, idle_s: float):
         self.state, self.idle_s = state, idle_s
-        self.asleep = False
+        self.unloaded = False  # a request must wake it first: from the start of freeing to the end of loading
+        self.asleep = False  # what /props and /health say: the memory is given back, until loaded again
         self.users = 0  # requests holding `awake()`
         self.last_used = time.monotonic()
         self.prepare: Callable[[], None] = lambda: None  # what start-up readies besides the models (app.py)
@@ -52,9 +53,9 @@ class Sleeper:
         self.users += 1  # before any await: from here no sleep can start
         try:
             failed = None
-            if self.asleep:
+            if self.unloaded:
                 async with self._lock:
-                    if self.asleep:
+                    if self.unloaded:
                         failed = await self._wake()
             yield failed
         finally:
@@ -70,10 +71,10 @@ class Sleeper:
         """Put the server to sleep once it has been idle for idle_s seconds; runs until cancelled."""
         while True:
             await asyncio.sleep(min(POLL_S, self.idle_s / 4))
-            if self.asleep or not self.idle() or time.monotonic() - self.last_used < self.idle_s:
+            if self.unloaded or not self.idle() or time.monotonic() - self.last_used < self.idle_s:
                 continue
             async with self._lock:
-                if not self.asleep and not self._closed and self.idle():
+                if not self.unloaded and not self._closed and self.idle():
                     await self._sleep()
 
     async def close(self) -> None:
@@ -82,12 +83,13 @@ class Sleeper:
             self._closed = True
 
     async def _sleep(self) -> None:
-        self.asleep = True  # from here a request waits for the wake (on the lock this holds)
+        self.unloaded = True  # from here a request waits for the wake (on the lock this holds)
         rss, t = rss_bytes(), time.perf_counter()
         try:
             await anyio.to_thread.run_sync(self._unload)
         except Exception:  # the models are half freed: nothing can be served until they are loaded again
             log.exception("while going to sleep")
+        self.asleep = True
         log.info("asleep after %g s without requests: models and slots' caches freed in %.2f s (resident memory "
                  "%s -> %s)", self.idle_s, time.perf_counter() - t, fmt_bytes(rss), fmt_bytes(rss_bytes()))
 
@@ -102,7 +104,7 @@ class Sleeper:
             log.exception("the models could not be loaded again")
             return ApiError(503, f"the server was asleep and could not load its models again: {e}",
                             code="wake_failed", headers={"Retry-After": "5"})
-        self.asleep = False
+        self.unloaded = self.asleep = False
         log.info("awake: models and slots loaded again in %.2f s (resident memory %s)", time.perf_counter() - t,
                  fmt_bytes(rss_bytes()))
         return None
