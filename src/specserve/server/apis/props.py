@@ -32,7 +32,8 @@ SYSTEM_FINGERPRINT = f"b{__version__}-specserve-llama-cpp-python-{llama_cpp.__ve
 def routes() -> list[Endpoint]:
     return [Endpoint("/props", props, ("GET",), needs_model=False),
             Endpoint("/props", props_change, ("POST",), needs_model=False),
-            Endpoint("/slots", slots, ("GET",), needs_model=False), Endpoint("/slots/{id_slot}", slot_action, ("POST",))]
+            Endpoint("/slots", slots, ("GET",), needs_model=False),
+            Endpoint("/slots/{id_slot}", slot_action, ("POST",))]
 
 
 def prepare(target) -> None:
