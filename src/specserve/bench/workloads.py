@@ -30,7 +30,7 @@ from .long_prompts import is_long, load_long
 
 SPEC_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem",
                          "humanities", "translation", "summarization", "qa", "math_reasoning", "rag")
-BUILTIN_WORKLOADS = ("code-edit", "code-edit-long", "multi-turn", "structured", "long-file[:N]", "long-chat[:N]",
+BUILTIN_WORKLOADS = ("code-edit", "code-edit-long", "multi-turn", "structured", "long-file", "long-chat",
                      "spec-bench", *SPEC_BENCH_CATEGORIES)
 TWICE = ":twice"  # a workload name's suffix: each of its prompts, then the same request again
 UNCONSTRAINED = ":unconstrained"  # a workload name's suffix: its prompts without their schemas
