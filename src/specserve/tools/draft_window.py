@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--windows", default="128,256,512,1024,0", help="draft windows, 0: the whole context")
     p.add_argument("--variants", default="shift", help="comma list of shift, refill, sinks=N (default shift)")
     p.add_argument("--speed", default="", metavar="MODES", help="also generate with the target: --spec modes")
+    p.add_argument("--no-accept", action="store_true", help="skip the acceptance runs (with --speed)")
     p.add_argument("--json", metavar="OUT")
     p.add_argument("--texts", metavar="FILE", help="keep the target's texts here (JSON): read if it exists, written "
                    "otherwise, so that another run over the same prompts needs no target pass")
@@ -137,20 +138,23 @@ def main(argv: list[str] | None = None) -> int:
                if not bp.answers_needed]
     texts = _target_texts(target, draft, prompts, args)
     rows = []
-    for w in windows:
+    for w in windows if not args.no_accept else []:
         for variant in variants if w else ["full"]:
             total: dict = {}
+            each = []
             for prompt, text in zip(prompts, texts):
                 ctx = _window(draft, args.ctx_size, w, variant)
-                for key, v in simulate(draft, ctx, prompt, text, args.draft_max).items():
+                got = simulate(draft, ctx, prompt, text, args.draft_max)
+                each.append(round(got["accepted"] / max(got["drafted"], 1), 3))
+                for key, v in got.items():
                     total[key] = total.get(key, 0) + v
                 ctx.close()
-            rows.append({"window": w, "variant": variant, **total,
+            rows.append({"window": w, "variant": variant, **total, "per_prompt": each,
                          "acceptance": total["accepted"] / max(total["drafted"], 1),
                          "tau": 1 + total["accepted"] / max(total["steps"], 1)})
             print(f"window {w or 'full':>5} {variant:<8} acceptance {rows[-1]['acceptance']:.3f} tau "
                   f"{rows[-1]['tau']:.2f} prefill {total['prefill_tokens']} tok {total['prefill_s']:.1f} s "
-                  f"draft {1000 * total['draft_s'] / total['steps']:.0f} ms/step", flush=True)
+                  f"draft {1000 * total['draft_s'] / total['steps']:.0f} ms/step; by prompt {each}", flush=True)
     speed = {}
     if args.speed:
         engines = {}
