@@ -47,6 +47,16 @@ def tiny_tools_pair(directory: Path) -> tuple[Path, Path]:
     return target, draft
 
 
+def tiny_reasoning_pair(directory: Path) -> tuple[Path, Path]:
+    """tiny_pair with a Qwen3-Thinking-style chat template (the generation prompt opens `<think>`), its
+    <think>/</think> and <tool_call>/</tool_call> tags as added tokens: a reasoning model."""
+    kw = dict(seed=1, chat_template=tiny_models.QWEN3_THINKING_TEMPLATE,
+              added_tokens=tiny_models.THINK_TAGS + tiny_models.TOOL_TAGS)
+    target = tiny_models.write_tiny_model(directory / "tiny.gguf", **kw)
+    draft = tiny_models.write_tiny_model(directory / "tiny_draft.gguf", noise=0.05, noise_seed=7, **kw)
+    return target, draft
+
+
 class ServerProcess:
     """`python -m specserve serve ARGS --port FREE`, its stderr kept in a file."""
 

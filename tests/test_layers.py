@@ -20,10 +20,10 @@ ROOT = Path(specserve.__file__).parent
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("specserve", "config", "text", "chat", "prompt", "fim", "stats", "gguf_meta", "batchcost", "policy")),
     ("backends", ("backends", "models", "f16", "memory", "pairing")),
-    ("drafting", ("sampling", "verifier", "steps", "drafters", "grammar")),
+    ("drafting", ("sampling", "processors", "logprobs", "verifier", "steps", "drafters", "grammar")),
     # auto reads the drafters' names (drafters.hybrid.LOOKUPS) and the policy protocol; the engine reads auto
     ("auto", ("auto", "learned")),
-    ("engine", ("engine", "loading")),
+    ("engine", ("engine", "commit", "loading")),
     ("server", ("server",)),
     ("cluster", ("cluster",)),
     ("tools", ("bench", "tools")),

@@ -62,3 +62,23 @@ def test_rejection_sampling_is_reproducible_for_a_fixed_drafter(tiny_paths):
     """--verify rejection: the same seed and drafter give the same text (but not the target alone's)."""
     a = generate(tiny_paths, "--spec", "draft", "--verify", "rejection")
     assert generate(tiny_paths, "--spec", "draft", "--verify", "rejection") == a
+
+
+def test_the_choices_of_one_request_differ_and_each_reproduces(tiny_models):
+    """n > 1 under gumbel: choice j samples with choice_seed(seed, j); choice 0 is the request alone."""
+    from specserve.sampling import choice_seed
+
+    target = tiny_models["target"]
+    slot = Engine(target, tiny_models["draft_close"], n_ctx=256).new_slot()
+    prompt = target.tokenize("once upon a time there was")
+
+    def choice(j: int, mode: str) -> list[int]:
+        params = SamplingParams(temperature=1.0, seed=choice_seed(7, j), max_tokens=24, ignore_eos=True)
+        return slot.generate(prompt, params, SpecParams(mode=mode, draft_max=4)).tokens
+
+    texts = [choice(j, "none") for j in range(4)]
+    assert texts[0] == slot.generate(prompt, SamplingParams(temperature=1.0, seed=7, max_tokens=24, ignore_eos=True),
+                                     SpecParams(mode="none")).tokens
+    assert len({tuple(t) for t in texts}) == 4
+    assert choice(2, "draft") == texts[2] and choice_seed(None, 3) is None and choice_seed(7, 2) == choice_seed(7, 2)
+    slot.close()

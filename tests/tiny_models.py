@@ -99,6 +99,37 @@ QWEN_TOOLS_TEMPLATE = r'''{%- if tools %}
 {%- endif %}
 '''
 TOOL_TAGS = ("<tool_call>", "</tool_call>")
+# A reasoning model's chat template in Qwen3's style (Qwen3-Thinking-2507, as DeepSeek-R1's): the generation
+# prompt opens the reasoning block, so the answer starts inside it; past turns keep their answer without their
+# reasoning; tools in the Hermes form. Write a model with it and added_tokens=THINK_TAGS + TOOL_TAGS.
+QWEN3_THINKING_TEMPLATE = r'''{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0].role == 'system' %}{{- messages[0].content + '\n\n' }}{%- endif %}
+    {{- "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n<tools>" }}
+    {%- for tool in tools %}{{- "\n" }}{{- tool | tojson }}{%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- elif messages[0].role == 'system' %}
+    {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message.role == "user" or (message.role == "system" and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
+    {%- elif message.role == "assistant" %}
+        {%- set content = message.content %}
+        {%- if '</think>' in content %}{%- set content = content.split('</think>')[-1].lstrip('\n') %}{%- endif %}
+        {{- '<|im_start|>assistant\n' + content }}
+        {%- for tool_call in message.tool_calls or [] %}
+            {%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}
+            {{- '\n<tool_call>\n{"name": "' + tool_call.name + '", "arguments": ' + (tool_call.arguments | tojson) + '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {{- '<|im_start|>user\n<tool_response>\n' + message.content + '\n</tool_response><|im_end|>\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n<think>\n' }}{%- endif %}
+'''
+THINK_TAGS = ("<think>", "</think>")
 
 # Words whose BPE merges are built left to right (" the" -> "Ġ t", "Ġt h", "Ġth e").
 _MERGE_WORDS = (" the", "the", " and", " cat", " sat", " on", " mat", " is", " in",

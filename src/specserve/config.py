@@ -7,7 +7,9 @@ that can be shown to a user as it is.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from numbers import Integral, Real
 
 SPEC_MODES = ("auto", "draft", "ngram", "suffix", "none")
 SUFFIX_MAX_DEFAULT = 64  # the suffix drafter's own cap: long matches draft far past 8 tokens
@@ -26,11 +28,44 @@ DEFAULT_VERIFY = "gumbel"
 # cells in all (drafters/window.py; 0: the whole context). Chosen by measurement: docs/draft-window.md.
 DRAFT_CTX_DEFAULT = 1024
 DRAFT_CTX_MIN = 128  # less leaves too little beside the sinks, a slide and a draft
+# Alternatives a request may ask for at each token (OpenAI's top_logprobs and vLLM's default limit: 20).
+MAX_LOGPROBS = 20
+# Which distribution logprobs describe (logprobs.py): the model's own softmax, or the one the token was drawn from.
+LOGPROBS_MODES = ("raw", "processed")
+
+
+@dataclass(frozen=True)
+class Reasoning:
+    """A reasoning block at the start of the answer (`<think>...</think>`, or a template's own markers):
+    the tags that open and close it, whether the prompt already opened it (the template starts the
+    assistant turn inside it), and its budget in tokens: -1 unlimited; n >= 0 closes it after n
+    tokens of reasoning, the close tag then forced (grammar/reasoning.py)."""
+
+    open: str = "<think>"
+    close: str = "</think>"
+    inside: bool = False
+    budget: int = -1
+
+    def __post_init__(self) -> None:
+        if not self.open or not self.close:
+            raise ValueError("a reasoning block needs its open and close tags")
+        if self.budget < -1:
+            raise ValueError(f"the reasoning budget must be -1 (unlimited) or >= 0, got {self.budget}")
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Token selection for one request. temperature < GREEDY_TEMPERATURE (0 included) means greedy."""
+    """Token selection for one request. temperature < GREEDY_TEMPERATURE (0 included) means greedy.
+
+    logit_bias: token id -> a bias added to the target's (and the draft's) logits before anything
+    else (-inf forbids the token); a mapping or (id, bias) pairs, kept as sorted pairs (a repeated id
+    adds up, as llama-server's list form does). Then llama.cpp's penalties over the last
+    `repeat_last_n` tokens of prompt and output (-1: all of them, 0: none): a token seen there c times
+    has its logit divided by repeat_penalty (multiplied where <= 0), then lowered by
+    c * frequency_penalty + presence_penalty (processors.py). The neutral values cost nothing.
+    logprobs: None, or each committed token's log-probability and its `logprobs` most likely
+    alternatives (0..MAX_LOGPROBS), of the distribution `logprobs_mode` names (logprobs.py).
+    """
 
     temperature: float = 0.0
     top_k: int = 0  # 0 = disabled
@@ -40,8 +75,16 @@ class SamplingParams:
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
-    grammar: str | None = None  # an llguidance grammar (specserve.grammar builds them); None: unconstrained
+    grammar: object = None  # an llguidance grammar: its text, or compiled off the event loop (grammar.compiled); None: none
     heal: bytes = b""  # the answer must begin with these bytes, which are not sent (grammar.healing)
+    reasoning: Reasoning | None = None  # the answer may begin with a reasoning block; its budget (None: no rule)
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    repeat_penalty: float = 1.0  # 1.0 = disabled
+    repeat_last_n: int = 64  # llama.cpp's default window
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: int | None = None  # None = none
+    logprobs_mode: str = "raw"
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and 0 <= self.temperature <= MAX_TEMPERATURE):
@@ -56,10 +99,48 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be > 0, got {self.max_tokens}")
         if self.seed is not None and not 0 <= self.seed < SEED_LIMIT:
             raise ValueError(f"seed must be in [0, 2^64), got {self.seed}")
+        object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
+        if not (math.isfinite(self.repeat_penalty) and self.repeat_penalty > 0):
+            raise ValueError(f"repeat_penalty must be a finite number > 0, got {self.repeat_penalty}")
+        if self.repeat_last_n < -1:
+            raise ValueError(f"repeat_last_n must be >= -1 (-1: the whole context), got {self.repeat_last_n}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
+                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}] alternatives, got {self.logprobs}")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {self.logprobs_mode!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_TEMPERATURE
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty changes the logits (llama.cpp's test: a window and a non-neutral value)."""
+        return self.repeat_last_n != 0 and (
+            self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0)
+
+
+def _logit_bias(value) -> tuple[tuple[int, float], ...]:
+    """SamplingParams.logit_bias as sorted (id, bias) pairs, a repeated id summed; ValueError for what
+    cannot be one (an id that is not an integer >= 0, a bias that is not a number, NaN or +inf)."""
+    try:
+        pairs = list(value.items() if isinstance(value, Mapping) else value)
+        if not all(len(pair) == 2 for pair in pairs):
+            raise TypeError
+    except TypeError:
+        raise ValueError("logit_bias must map token ids to numbers") from None
+    out: dict[int, float] = {}
+    for token, bias in pairs:
+        if isinstance(token, bool) or not isinstance(token, Integral) or token < 0:
+            raise ValueError(f"logit_bias token ids must be integers >= 0, got {token!r}")
+        if isinstance(bias, bool) or not isinstance(bias, Real) or math.isnan(bias) or bias == math.inf:
+            raise ValueError(f"logit_bias values must be numbers or -inf (which forbids the token), got {bias!r}")
+        out[int(token)] = out.get(int(token), 0.0) + float(bias)
+    return tuple(sorted(out.items()))
 
 
 @dataclass(frozen=True)

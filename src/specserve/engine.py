@@ -2,8 +2,10 @@
 
 An Engine owns the loaded models; a Slot owns one sequence's state (the target's
 KV cache, the draft model's cache). A step reads like the papers: propose (the
-policy chooses a drafter and a length), verify in one target pass, commit (cut at an
-end-of-generation token, max_tokens or a stop string), observe, emit.
+policy chooses a drafter and a length), verify in one target pass (its rows under the
+request's logit_bias, penalties and grammar), commit (commit.py: cut at an
+end-of-generation token, max_tokens or a stop string; the logprobs of what was kept),
+observe, emit.
 
 A slot's generation is written as a generator of forward passes (steps.py): alone it runs
 them at once (`Slot.stream`); a server's slots share one context per model
@@ -19,6 +21,7 @@ from typing import Iterator, Sequence
 from . import steps
 from .backends import Model, load_model
 from .backends.timing import token_seconds
+from .commit import Request, commit
 from .config import DEFAULT_VERIFY, DRAFT_CTX_DEFAULT, ModelConfig, SamplingParams, SpecParams
 from .auto import Controller
 from .auto.profile import learning_controller
@@ -31,7 +34,9 @@ from .drafters.suffix import SuffixDrafter
 from .drafters.suffix_store import SuffixStore
 from .drafters.window import draft_contexts
 from .grammar import Constraint, GrammarError, TokenHealing, check, for_request
-from .policy import OFF, Choice, FixedPolicy, Outcome, Policy, judge, tell_offers, wants_offers
+from .logprobs import TokenLogprob
+from .policy import OFF, Choice, FixedPolicy, Outcome, Policy, ask_offers, judge
+from .processors import LogitRules
 from .sampling import Sampler
 from .stats import GenerationStats
 from .text import StreamDecoder
@@ -53,12 +58,16 @@ class ContextOverflow(ValueError):
 @dataclass
 class Chunk:
     """What one step produced: token ids and the text that became final. The first n_drafted
-    tokens were drafted by `drafter` and kept; the rest (at most one) the target wrote itself."""
+    tokens were drafted by `drafter` and kept; the rest (at most one) the target wrote itself.
+    logprobs: one per token, when the request asks (SamplingParams.logprobs; logprobs.py). They follow
+    `tokens`, not `text`: text held back for a stop string comes in a later chunk."""
 
     tokens: list[int]
     text: str
     drafter: str | None = None
     n_drafted: int = 0
+    note: dict | None = None  # where the drafter found its draft (Draft.note: a lookup's earlier text), for the trace
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -243,12 +252,13 @@ class Slot:
             raise ValueError("empty prompt")
         if len(seq) >= engine.n_ctx:
             raise ContextOverflow(f"prompt is {len(seq)} tokens but the context holds {engine.n_ctx}")
-        constraint = for_request(params.grammar, params.heal, engine.grammar_tokenizer, engine.target)
+        LogitRules.check(params, engine.target.vocab.n_vocab)
+        constraint = for_request(params, engine.grammar_tokenizer, engine.target)
         policy = engine.policy_for(spec, params.temperature, grammar=params.grammar is not None)
-        req = _Request(Sampler(params, verify_method), StreamDecoder(engine.target.token_bytes, params.stop,
-                                                                     skip=len(params.heal)),
-                       frozenset() if params.ignore_eos else engine.target.vocab.eog,
-                       self._drafters(spec, constraint) if constraint else self._drafters(spec), policy, constraint)
+        req = Request(Sampler(params, verify_method), StreamDecoder(engine.target.token_bytes, params.stop,
+                                                                    skip=len(params.heal)),
+                      frozenset() if params.ignore_eos else engine.target.vocab.eog,
+                      self._drafters(spec, constraint) if constraint else self._drafters(spec), policy, constraint)
         stats.n_prompt = len(seq)
         t0 = time.perf_counter()
         # Prompt: the target's cache holds everything but the last token, which each step feeds.
@@ -263,12 +273,13 @@ class Slot:
                     break
                 choice, draft = yield from self._propose(req, seq, params.max_tokens - stats.n_generated, stats)
                 verdict = yield from self._verify(req, seq, draft, stats)
-                new, text, finish = self._commit(req, seq, verdict, params.max_tokens - stats.n_generated)
+                new, text, finish = commit(req, seq, verdict, params.max_tokens - stats.n_generated, engine.n_ctx)
+                logprobs = req.take_logprobs(new, verdict)
                 self._observe(req, choice, draft, verdict, len(new), stats)
                 if not stats.t_first_token and new:
                     stats.t_first_token = time.perf_counter() - t0
                 if new or text:
-                    yield Chunk(new, text, choice.drafter, min(verdict.n_accepted, len(new)))
+                    yield Chunk(new, text, choice.drafter, min(verdict.n_accepted, len(new)), draft.note, logprobs)
                 if finish:
                     stats.finish_reason = finish
                     break
@@ -285,11 +296,12 @@ class Slot:
             elif engine.suffix_store is not None and spec.cross_request:  # finished: later requests may draft from it
                 engine.suffix_store.add(seq[: stats.n_prompt], seq[stats.n_prompt:], spec.cross_request_scope)
 
-    def _prefill_drafters(self, req: "_Request", seq: list[int], max_tokens: int,
+    def _prefill_drafters(self, req: Request, seq: list[int], max_tokens: int,
                           stats: GenerationStats) -> steps.Steps:
-        """A drafter about to be used takes the prompt now, in one batch (what it would otherwise
-        catch up on at its first step), if the policy says so. Its time counts as drafting, as
-        llama-server's does."""
+        """A drafter about to be used takes the prompt now, in one batch (what it would otherwise catch up
+        on at its first step), if the policy says so, having seen the lookups' offers (the same request
+        again is copied, with nothing left to a draft model). Its time counts as drafting, as llama-server's."""
+        ask_offers(req.policy, req.drafters, seq)
         for name, drafter in req.drafters.items():
             missing = drafter.missing(seq)
             if req.policy.prefill(name, missing, max_tokens):
@@ -300,16 +312,14 @@ class Slot:
                 stats.t_draft += t
                 req.policy.prefilled(name, missing, t)
 
-    def _propose(self, req: "_Request", seq: list[int], n_left: int, stats: GenerationStats) -> steps.Steps:
+    def _propose(self, req: Request, seq: list[int], n_left: int, stats: GenerationStats) -> steps.Steps:
         """The policy's choice and the chosen drafter's draft, at most what the context and max_tokens
         leave room for. Returns (Choice, Draft)."""
         req.shadow, req.forced = {}, 0
-        if wants_offers(req.policy):  # what the drafters that can tell would draft now: lookups
-            offers = {name: o for name, d in req.drafters.items() if (o := d.peek(seq)) is not None}
-            tell_offers(req.policy, offers)
-            # and what each that matches would propose, to judge against what the step commits
-            req.shadow = {name: req.drafters[name].propose(seq, _SHADOW_MAX, req.sampler).tokens
-                          for name, o in offers.items() if o[0]}
+        # what the lookups would draft now (the policy is told), and each match's proposal, judged after the step
+        offers = ask_offers(req.policy, req.drafters, seq)
+        req.shadow = {name: req.drafters[name].propose(seq, _SHADOW_MAX, req.sampler).tokens
+                      for name, o in offers.items() if o[0]}
         choice = req.policy.choose()
         k = min(choice.k, self.engine.n_ctx - len(seq) - 1, n_left - 1)  # the verified token needs room too
         t, meter = time.perf_counter(), steps.Meter()
@@ -323,7 +333,7 @@ class Slot:
         stats.t_draft += req.t_draft
         return (Choice(choice.drafter, k) if k > 0 else OFF), draft
 
-    def _verify(self, req: "_Request", seq: list[int], draft: Draft, stats: GenerationStats) -> steps.Steps:
+    def _verify(self, req: Request, seq: list[int], draft: Draft, stats: GenerationStats) -> steps.Steps:
         """One target pass over the last committed token and the draft, then the verdict."""
         t = time.perf_counter()
         n_vocab = self.engine.target.vocab.n_vocab
@@ -333,6 +343,10 @@ class Slot:
         t_wait = time.perf_counter()
         logits = yield op  # [n_eval + 1, n_vocab]
         t_wait = time.perf_counter() - t_wait
+        if req.raw_logprobs:  # read after the commit, before the next pass
+            req.rows = logits
+        if req.sampler.rules is not None:  # logit_bias and penalties, each row after its own draft prefix
+            logits = req.sampler.rules.apply(logits, seq, draft.tokens[:n_eval])
         if req.constraint is not None:  # each row under the grammar state its draft prefix reaches
             logits = req.constraint.masked(logits, draft.tokens[:n_eval])
         verdict = verify(draft.tokens, draft.dists, logits, req.sampler, len(seq))
@@ -341,30 +355,7 @@ class Slot:
         stats.t_verify += req.t_verify
         return verdict
 
-    def _commit(self, req: "_Request", seq: list[int], verdict: Verdict, n_left: int) -> tuple[list[int], str, str | None]:
-        """Append the verdict's tokens up to an end-of-generation token, max_tokens or the end of a stop
-        string, whichever comes first; return them, the text that became final, and why generation ends
-        (None: it goes on)."""
-        new, finish = verdict.tokens[:n_left], None
-        for i, t in enumerate(new):
-            if t in req.eog:
-                new, finish = new[:i], "stop"
-                break
-        text, n_used = req.decoder.push(new)
-        if req.decoder.stopped:
-            new, finish = new[:n_used], "stop"
-        seq.extend(new)
-        if req.constraint is not None:
-            req.constraint.commit(new)
-            if finish is None and req.constraint.done:  # complete: nothing more allowed
-                finish = "stop"
-        if finish is None and (len(new) == n_left or len(seq) >= self.engine.n_ctx):
-            finish = "length"
-        if finish:
-            text += req.decoder.flush()
-        return new, text, finish
-
-    def _observe(self, req: "_Request", choice: Choice, draft: Draft, verdict: Verdict, n_kept: int,
+    def _observe(self, req: Request, choice: Choice, draft: Draft, verdict: Verdict, n_kept: int,
                  stats: GenerationStats) -> None:
         """Tell the drafter, the policy and the stats what the step did. The policy learns the draft's
         real acceptance; the stats count only positions up to where the text ended."""
@@ -382,19 +373,3 @@ class Slot:
         self.ctx.close()
         if self.draft_ctx is not None:
             self.draft_ctx.close()
-
-
-@dataclass
-class _Request:
-    """What one request's steps share: how it samples, decodes and drafts, and the last step's timings."""
-
-    sampler: Sampler
-    decoder: StreamDecoder
-    eog: frozenset[int]
-    drafters: dict[str, Drafter]
-    policy: Policy
-    constraint: Constraint | TokenHealing | None = None  # the grammar's (or healing's) state over the committed tokens
-    t_draft: float = 0.0
-    t_verify: float = 0.0
-    shadow: dict[str, list[int]] = field(default_factory=dict)  # what this step's matching lookups would propose
-    forced: int = 0  # this step's draft's leading forced tokens (drafters.forced), for the policy

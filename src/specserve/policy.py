@@ -6,7 +6,8 @@ lives in the auto package.
 
 Before choosing, a policy that wants it (`sees_offers`) is told what each drafter could draft
 this step when the drafter can tell cheaply (`Drafter.peek`: prompt lookup's match), as
-`see(drafter, offer)` for each such drafter (`tell_offers`).
+`see(drafter, offer)` for each such drafter (`tell_offers`, `ask_offers`), also before the
+first step, when it decides whether a draft model takes the prompt.
 
 Such a policy is also told, after the step, how each of those drafters would have fared had
 it drafted (`Outcome.shadow`): what it would have proposed, judged against the tokens the
@@ -101,6 +102,16 @@ def tell_offers(policy, offers: Mapping[str, tuple[int, int]]) -> None:
     if getattr(policy, "sees_offers", False):
         for name, offer in offers.items():
             policy.see(name, offer)
+
+
+def ask_offers(policy, drafters: Mapping, seq: Sequence[int]) -> dict[str, tuple[int, int]]:
+    """Tell a policy that wants them what each drafter that can tell (`peek`: the lookups) would draft
+    after `seq`; the offers told ({} for a policy that does not want them)."""
+    if not wants_offers(policy):
+        return {}
+    offers = {name: o for name, d in drafters.items() if (o := d.peek(seq)) is not None}
+    tell_offers(policy, offers)
+    return offers
 
 
 class FixedPolicy:

@@ -22,6 +22,7 @@ from functools import lru_cache
 import numpy as np
 
 from .config import DEFAULT_VERIFY, VERIFY_METHODS, SamplingParams
+from .processors import LogitRules
 
 _TOP_P_CANDIDATES = 1024  # without top-k, top-p sorts only this many first (all of them if they miss top_p)
 _GROUP = 128  # top-k looks for the best of V / _GROUP groups of this many logits first
@@ -232,6 +233,17 @@ def _hash32(ids: np.ndarray, key: np.ndarray) -> np.ndarray:
     return x
 
 
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """The seed of choice `index` of a request that asks for several (OpenAI's n): under --verify gumbel
+    the text is a function of the seed, so choices that shared one would all be the same text. Choice
+    0 keeps the request's seed (n = 1 gives what the request alone gives); the others get seeds mixed
+    from (seed, index), reproducible and unrelated to each other. None (no seed) stays None: each
+    Sampler then draws its own."""
+    if seed is None or index == 0:
+        return seed
+    return _mix((seed ^ _mix(index * _GOLDEN & _M64)) & _M64)
+
+
 class Noise:
     """One request's randomness: every value is a pure function of (seed, position, stream, token).
 
@@ -265,13 +277,16 @@ class Sampler:
     """How one request picks tokens: its sampling parameters, keyed noise and verify method.
 
     The explicit per-request source of randomness that drafters and the verifier share;
-    it holds no state that changes as tokens are drawn.
+    it holds no state that changes as tokens are drawn. `rules`: the request's logit_bias and
+    penalties (processors.py), which whoever has logits applies before `pick`/`process`, each row
+    after its own history; None when the request has none.
     """
 
     def __init__(self, params: SamplingParams, method: str = DEFAULT_VERIFY):
         if method not in VERIFY_METHODS:
             raise ValueError(f"verify method must be one of {', '.join(VERIFY_METHODS)}, got {method!r}")
         self.params, self.method = params, method
+        self.rules = LogitRules.of(params)
         self.noise = Noise(params.seed if params.seed is not None else secrets.randbits(64))
         self._argmax = _inverse_temperature(params) == np.inf  # greedy (or as good as)
 

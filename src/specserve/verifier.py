@@ -45,12 +45,15 @@ class Verdict:
     # the target's probability of its most likely token at rows 0..n_accepted (after temperature,
     # top-k and top-p): how sure it was where each draft token was judged; empty when greedy
     target_top: tuple[float, ...] = ()
+    # the target's processed distributions of the rows it verified (None when greedy: one-hot at the argmax)
+    target: Candidates | None = None
 
 
 def verify(
     draft_tokens: Sequence[int],
     draft_dists: Sequence[Candidates] | None,  # k one-row q's, or None (a deterministic draft)
-    target_logits: np.ndarray,  # [R, n_vocab] raw target logits, R = k + 1 (or fewer, see above)
+    target_logits: np.ndarray,  # [R, n_vocab] the target's logits under the request's logit_bias, penalties
+                                #   and grammar (processors.py, grammar/), R = k + 1 (or fewer, see above)
     sampler: Sampler,
     pos0: int,  # the sequence position row 0 predicts
 ) -> Verdict:
@@ -58,10 +61,10 @@ def verify(
     if sampler.greedy or sampler.method == "gumbel":
         target_tokens, p = sampler.pick(target_logits, pos0)  # [R] what the target alone picks at each position
         n = next((i for i, x in enumerate(draft_tokens) if i >= rows - 1 or int(target_tokens[i]) != x), k)
-        return Verdict(n, [*draft_tokens[:n], int(target_tokens[n])], _top(p, n))
+        return Verdict(n, [*draft_tokens[:n], int(target_tokens[n])], _top(p, n), p)
     p = sampler.process(target_logits)
     v = _verify_rejection(draft_tokens, draft_dists, p, sampler, pos0)
-    return Verdict(v.n_accepted, v.tokens, _top(p, v.n_accepted))
+    return Verdict(v.n_accepted, v.tokens, _top(p, v.n_accepted), p)
 
 
 def _top(p: Candidates | None, n_accepted: int) -> tuple[float, ...]:

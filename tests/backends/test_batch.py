@@ -12,7 +12,7 @@ from specserve.batchcost import BatchCost
 from specserve.config import SamplingParams, SpecParams
 from specserve.drafters import BaseDrafter, Draft
 from specserve.engine import ContextOverflow, Engine
-from specserve.server.batcher import Stepper
+from specserve.server.core.batcher import Stepper
 
 N_CTX = 256
 PROMPTS = ["the cat sat on the mat", "Once upon a time", "the dog ran in the park and", "1 2 3 4 5 1 2 3"]
@@ -202,7 +202,7 @@ def test_batch_cost_extrapolates_and_inverts():
 def test_prompt_chunks_beside_streams_are_cut_to_the_slowdown(tiny_models, slots, monkeypatch, slowdown):
     """With passes costing 10 ms + 1 ms a token, a stream's 1-token pass costs 11 ms: at slowdown 2
     a prompt chunk beside it may add 11 ms (11 tokens, at least MIN_CHUNK); at 0 it fills the pass."""
-    from specserve.server.batcher import MIN_CHUNK
+    from specserve.server.core.batcher import MIN_CHUNK
 
     long_prompt = " ".join(["the quick brown fox jumps over the lazy dog"] * 4)
     n_prompt = len(tiny_models["target"].tokenize(long_prompt))
@@ -233,7 +233,7 @@ def test_prompt_chunks_beside_streams_are_cut_to_the_slowdown(tiny_models, slots
 def test_serve_flag_default_is_the_schedulers():
     """`specserve serve` does not import the server to build its help: its default is a copy, kept equal."""
     from specserve.cli import build_parser
-    from specserve.server.batcher import SLOWDOWN
+    from specserve.server.core.batcher import SLOWDOWN
 
     args = build_parser().parse_args(["serve"])
     assert args.prefill_slowdown == SLOWDOWN
@@ -245,7 +245,7 @@ def test_calls_behind_reader_wakeups_run_at_the_next_step():
     wake-ups drains (one per step, while streams add three a step: a 2,000-token prompt waited a minute)."""
     import threading
 
-    from specserve.server.batcher import Batcher
+    from specserve.server.core.batcher import Batcher
 
     class Busy:  # three streams that each wake the engine once a step
         ready, runs = True, []

@@ -102,3 +102,16 @@ def test_named_endpoints_paired_against_their_own_target_alone(server, tiny_path
     assert entries["other"]["speedup"] == pytest.approx(tps["other"] / tps["own-target"], rel=1e-3)
     assert entries["target"]["baseline"] == "target"
     assert main(["bench", "-m", str(tiny_paths["target"]), "--endpoint", server, "--endpoint-baseline", "nope"]) == 2
+
+
+def test_each_endpoint_may_be_paired_against_its_own_servers_target_alone():
+    """Two servers in one run (llama-server's modes, a specserve with a profile), each with its own
+    target alone: NAME=BASE pairs one endpoint against another; a bare name is the rest's baseline."""
+    from specserve.bench.runner import endpoint_baselines
+
+    named = [("ls-target", "http://a"), ("ls-ngram", "http://b"), ("prof", "http://c"), ("prof-target", "http://d")]
+    assert endpoint_baselines(named, ["ls-target", "prof=prof-target", "prof-target=http://d"]) == {
+        "ls-target": "ls-target", "ls-ngram": "ls-target", "prof": "prof-target", "prof-target": "prof-target"}
+    assert endpoint_baselines(named, None) == dict.fromkeys(["ls-target", "ls-ngram", "prof", "prof-target"], "target")
+    with pytest.raises(ValueError, match="nope"):
+        endpoint_baselines(named, ["prof=nope"])

@@ -74,3 +74,20 @@ def test_twice_sends_each_prompt_then_the_same_request_again():
     assert prompts[0].messages == prompts[1].messages != prompts[2].messages == prompts[3].messages
     assert prompts[0].messages == load_workload("code-edit", 2)[0].messages
     assert {p.workload for p in prompts} == {"code-edit:twice"} and len(load_workload("qa:twice", 3)) == 3
+
+
+def test_again_sends_the_same_requests_after_the_runs_other_workloads():
+    """`NAME:again`: a repeat with other requests between it and its first pass, as a retry or an agent's
+    resent turn comes in use; each configuration's repeat finds its own first answer in its own scope."""
+    prompts = [*load_workload("code-edit:again", 4), *load_workload("coding", 2)]
+    assert [p.turn for p in prompts] == ["first", "first", "again", "again", "", ""]
+    assert prompts[0].messages == prompts[2].messages != prompts[1].messages == prompts[3].messages
+    configs = plan_configs(["suffix"], [], [4], [])
+    local = FakeLocal()
+    results = run_benchmark(BenchPlan(configs, prompts, [0.0], 8), local, {}, progress=False)
+    runs = [(index, scope) for name, index, _, scope in local.calls[len(configs):] if name.startswith("suffix")]
+    workloads = [m.workload for m in results if m.config == "target"]
+    assert workloads == ["code-edit:again"] * 2 + ["coding"] * 2 + ["code-edit:again"] * 2  # the repeats last
+    assert [index for index, _ in runs] == [0, 1, 0, 1, 2, 3] and len({scope for _, scope in runs}) == 1
+    turns = {(e["name"], e["turn"]) for e in summarize_turns(configs, results)}
+    assert ("target", "again") in turns and ("target", "later") in turns

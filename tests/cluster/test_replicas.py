@@ -21,6 +21,7 @@ pytest.importorskip("ray.serve")
 from server_fixtures import API_KEY, ServerProcess, serve_args, tiny_models_dir  # noqa: E402,F401
 
 READY_TIMEOUT_S = 300.0  # Ray, then two model loads, on a busy machine
+TENANT_KEY = "key-of-tenant-a"  # confined to a scope: its /metrics holds its own requests only
 PROMPTS = ["def add(a, b):", "The capital of France is", "Once upon a time", "import numpy as np\n"]
 
 
@@ -58,7 +59,9 @@ class ReplicaServer(ServerProcess):
 
 @pytest.fixture(scope="module")
 def cluster(tiny_models_dir, tmp_path_factory):
-    server = ReplicaServer(serve_args(tiny_models_dir, "-np", "2"), tmp_path_factory.mktemp("ray") / "serve.log",
+    d = tmp_path_factory.mktemp("ray")
+    (d / "keys").write_text(f"{TENANT_KEY} scope=tenant-a\n")
+    server = ReplicaServer(serve_args(tiny_models_dir, "-np", "2", "--api-key-file", str(d / "keys")), d / "serve.log",
                            replicas=2, api_key=API_KEY)
     yield server
     assert server.stop() == 0, server.log()[-3000:]
@@ -123,6 +126,17 @@ def test_metrics_sum_the_replicas(cluster):
         after = _samples(c.get("/metrics").text)
     assert after["specserve:replicas_reporting"] == 2
     assert after["specserve:tokens_predicted_total"] - before["specserve:tokens_predicted_total"] == 5 * len(PROMPTS)
+
+
+def test_metrics_show_a_scoped_key_its_scope_alone(cluster):
+    with httpx.Client(base_url=cluster.url, headers={"Authorization": f"Bearer {TENANT_KEY}"}, timeout=120) as c:
+        time.sleep(2.5)  # replicas report every second
+        before = _samples(c.get("/metrics").text).get("specserve:tokens_predicted_total", 0.0)
+        _complete(c, "Once upon a time", max_tokens=3, ignore_eos=True)
+        time.sleep(2.5)
+        after = _samples(c.get("/metrics").text)
+    assert after["specserve:tokens_predicted_total"] - before == 3
+    assert "specserve:replicas_reporting" not in after and "specserve:batched_passes_total" not in after
 
 
 def _samples(text: str) -> dict[str, float]:

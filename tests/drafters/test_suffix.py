@@ -5,7 +5,7 @@ import time
 import numpy as np
 import pytest
 
-from specserve.drafters.suffix import SuffixDrafter
+from specserve.drafters.suffix import SAME_REQUEST, SuffixDrafter
 from specserve.drafters.suffix_store import ORDERS, SuffixStore, tail_key, tail_keys, window_keys
 
 
@@ -73,9 +73,11 @@ def test_a_retried_request_drafts_the_earlier_answer():
     assert SuffixDrafter(store).propose(prompt, 64).tokens == []  # nothing seen yet
     store.add(prompt, answer)
     d = SuffixDrafter(store)
-    assert d.match(prompt) == (32, 64)
+    assert d.match(prompt) == (SAME_REQUEST, 64)  # the same request again: told apart from a window
     draft = d.propose(prompt, 64)
     assert draft.tokens == answer[:64] and draft.confidence == [1.0] * 64
+    assert draft.note == {"continuations": 1, "share": 1.0, "requests_ago": 1, "same_request": True}
+    assert d.match(prompt + answer[:70]) == (70 + SAME_REQUEST, 20)
     assert d.propose(prompt + answer[:70], 64).tokens == answer[70:]  # mid-answer: the rest, to the doc's end
     # a request in another scope, or one without the store, sees nothing
     assert SuffixDrafter(store, scope="tenant-b").propose(prompt, 64).tokens == []
@@ -93,6 +95,29 @@ def test_counts_across_requests_pick_the_majority_then_the_newest():
     store.add(prompt, b)  # 2 to 2: the newest (b) wins the tie
     draft = SuffixDrafter(store).propose(prompt, 64)
     assert draft.tokens == b and draft.confidence[0] == pytest.approx(1 / 2)
+    assert draft.note == {"continuations": 2, "share": 0.5, "requests_ago": 1, "same_request": True}
+
+
+def test_the_same_request_again_is_told_from_a_shared_ending():
+    """The same request again is the same whole prompt, answered alike so far. Two requests that end
+    alike are not (the same file after another instruction, a stock instruction in two conversations),
+    and a text that merely holds the prompt's last 32 tokens does not vote on a repeat."""
+    rng = np.random.default_rng(8)
+    shared = _doc(rng, 300)  # a file longer than the prompt tail the store keeps, and the template
+    first, other = _doc(rng, 20) + shared, _doc(rng, 20) + shared
+    answer, elsewhere = _doc(rng, 80), _doc(rng, 80)
+    store = SuffixStore(1 << 20)
+    store.add(first, answer)
+    assert SuffixDrafter(store).match(other) == (32, 64)  # the same last 300 tokens: a window, not a repeat
+    store.add(_doc(rng, 30), first[-32:] + elsewhere)  # newer text holding the prompt's last 32 tokens
+    d = SuffixDrafter(store)
+    assert d.match(first) == (SAME_REQUEST, 64)
+    draft = d.propose(first, 64)
+    assert draft.tokens == answer[:64] and draft.confidence == [1.0] * 64  # the other text does not vote
+    assert draft.note["requests_ago"] == 2 and draft.note["same_request"]
+    assert d.match(first + answer[:5] + [7])[0] < SAME_REQUEST  # answered otherwise: no longer the same
+    live = SuffixDrafter()  # a prompt that holds the same exchange already: its own text, a window
+    assert live.match(first + answer + first) == (32, 64)
 
 
 def test_the_longest_window_wins_across_the_request_and_the_store():
@@ -127,8 +152,8 @@ def test_eviction_drops_the_oldest_whole_requests_within_the_bound():
     rng = np.random.default_rng(5)
     one = SuffixStore(1 << 30)
     one.add([], _doc(rng, 200))
-    per_doc = one.nbytes  # 4 bytes a token + 12 per indexed window
-    assert per_doc == 4 * 200 + 8 + 12 * sum(200 - o for o in ORDERS)
+    per_doc = one.nbytes  # 4 bytes a token + 12 per indexed window + 20 a document
+    assert per_doc == 4 * 200 + 20 + 12 * sum(200 - o for o in ORDERS)
     store = SuffixStore(int(per_doc * 10.5))  # room for 10 documents of 200 tokens
     docs = [(_doc(rng, 40), _doc(rng, 160)) for _ in range(25)]
     for i, (p, o) in enumerate(docs):

@@ -12,7 +12,7 @@ from specserve.config import SamplingParams, SpecParams, draft_max_caps_suffix
 from specserve.drafters.suffix_store import SuffixStore
 from specserve.engine import Engine
 from test_lossless import (EPS_TINY, GREEDY_PROMPTS, N_RUNS, assert_greedy_equal, chi_square_pvalue,
-                           exact_first_two, repeating_prompt)
+                           exact_first_two, qwen_pair, repeating_prompt)  # noqa: F401 (qwen_pair: a fixture)
 
 GREEDY = SamplingParams(max_tokens=60, ignore_eos=True)
 
@@ -116,7 +116,7 @@ def test_cli_and_profiles_cap_the_suffix_drafter_only_where_draft_max_is_set():
     import argparse
 
     from specserve.cli.common import add_spec_args, spec_params
-    from specserve.server.profiles import Profile, parse_profile
+    from specserve.server.core.profiles import Profile, parse_profile
 
     p = argparse.ArgumentParser()
     add_spec_args(p)
@@ -153,3 +153,32 @@ def test_greedy_suffix_repeat_equals_target_alone_real_smollm2(real_model_paths)
     # the repeats were drafted from the first answers, 64 tokens a pass (all of an answer in one pass,
     # unless a near-tie flips between a long batch and the first run's shorter ones)
     assert accepted >= 0.6 * generated
+
+
+def test_greedy_auto_repeat_after_another_request_equals_target_alone_qwen_reference_pair(qwen_pair):
+    """The reference pair under auto: a code edit, another request, the edit again. The store offers
+    the repeat its earlier answer as the same request, and the repeat is still the target's own text.
+    (How many passes auto copies it in follows the pass costs it measures: one, on a quiet machine;
+    tests/auto/test_repeats.py holds the plan on fixed costs.)"""
+    from specserve.drafters.suffix import SAME_REQUEST, SuffixDrafter
+    from specserve.prompt import prompt_tokens
+    from test_lossless import EPS_QWEN_F16, QWEN_EDIT_PROMPT
+
+    target, draft = qwen_pair
+    engine = Engine(target, draft, n_ctx=1024, suffix_store=SuffixStore(8 << 20))
+    slot = engine.new_slot()
+    prompt = prompt_tokens(target, QWEN_EDIT_PROMPT, chat=True)
+    params = SamplingParams(max_tokens=64)
+    try:
+        reference = slot.generate(prompt, params, SpecParams(mode="none", cross_request=False)).tokens
+        first = slot.generate(prompt, params, SpecParams())
+        slot.generate(prompt_tokens(target, "Say hello in one short sentence.", chat=True),
+                      SamplingParams(max_tokens=12), SpecParams())
+        assert SuffixDrafter(engine.suffix_store).match(prompt) == (SAME_REQUEST, 64)
+        again = slot.generate(prompt, params, SpecParams())
+    finally:
+        slot.close()
+    assert len(reference) == 64
+    for g, label in ((first, "first"), (again, "repeat")):
+        assert_greedy_equal(target, prompt, reference, g.tokens, EPS_QWEN_F16, f"auto {label} on the code edit")
+    assert again.stats.drafter_steps["suffix"] >= 1

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from specserve.engine import Engine
-from specserve.server.scheduler import SlotPool
+from specserve.server.core.scheduler import SlotPool
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from server_fixtures import ServerProcess, serve_args, tiny_models_dir  # noqa: E402,F401

@@ -10,7 +10,8 @@ from specserve import steps
 from specserve.config import SamplingParams, SpecParams
 from specserve.drafters.draft_model import DraftModelDrafter
 from specserve.engine import Engine
-from specserve.server.infill_rules import LineRules, select_fields, warm_steps
+from specserve.server.apis.infill_rules import LineRules, select_fields
+from specserve.server.core.warm import warm_steps
 from specserve.stats import GenerationStats
 
 

@@ -131,7 +131,8 @@ def test_2_after_a_500_the_connection_still_serves(tiny_models_dir, monkeypatch)
 
     from specserve.config import ModelConfig
     from specserve.engine import Engine
-    from specserve.server import ServerSettings, create_app, jobs
+    from specserve.server import ServerSettings, create_app
+    from specserve.server.core import jobs
 
     def planted_bug(model, req):
         raise RuntimeError("a planted bug")
@@ -232,13 +233,14 @@ def test_4_streams_dropped_and_resent_at_once_get_no_503(server):
 
 def test_5_client_strings_cannot_forge_log_lines(server, http):
     forged = "ERROR specserve.server: forged"
-    assert http.post(C, json={"model": f"x\n{forged} by a model name", "prompt": "hi"}).status_code == 404
+    # any model name is served (by the served model's profile, whose name is what the request line logs)
+    assert http.post(C, json={"model": f"x\n{forged} by a model name", "prompt": "hi", "max_tokens": 1}).status_code == 200
     assert http.post(C, json={"prompt": "hi", "speculative": {f"k\r\n{forged} by a key": 1}}).status_code == 400
     assert http.post(C, json={"prompt": "hi", "speculative": {"mode": f"\u2028{forged} by a mode"}}).status_code == 400
     time.sleep(0.3)
     lines = server.log().splitlines()
     assert not [ln for ln in lines if ln.startswith(forged)]
-    assert sum("forged by a" in ln for ln in lines) == 3  # logged, escaped, on the request's own line
+    assert sum("forged by a" in ln for ln in lines) == 2  # logged, escaped, on the request's own line
 
 
 # --- 7. fields we do not implement are refused, consistently ------------------------------------------

@@ -1,5 +1,5 @@
 """Structured output through the real server: OpenAI's response_format and llama-server's
-json_schema and grammar, constrained with speculation on; and each refusal (server/structured.py)."""
+json_schema and grammar, constrained with speculation on; and each refusal (server/apis/constraint_fields.py)."""
 from __future__ import annotations
 
 import json

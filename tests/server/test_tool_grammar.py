@@ -1,4 +1,4 @@
-"""The tools grammar (server/tools.py) against llguidance with a real vocabulary: per tool_choice,
+"""The tools grammar (server/core/constraints/tools.py) against llguidance with a real vocabulary: per tool_choice,
 which answers it lets through. The tiny model carries Qwen2.5's <tool_call> tokens; a second one
 without them spells the tags as text."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ llguidance = pytest.importorskip("llguidance")
 
 from specserve.backends.llama_cpp import LlamaCppModel  # noqa: E402
 from specserve.grammar import from_lark  # noqa: E402
-from specserve.server.tools import call_form, tools_lark  # noqa: E402
+from specserve.server.core.constraints.tools import call_form, tools_lark  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 import tiny_models  # noqa: E402
@@ -48,14 +48,23 @@ def call(name: str, arguments: dict) -> str:
 
 
 PARIS, TIME_CALL = call("get_weather", {"city": "Paris"}), call("get_time", {})
+FENCED = '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Rome"\n  }\n}\n```'
 ANSWERS = {"text": "It is sunny.", "call": PARIS, "two": PARIS + "\n" + TIME_CALL, "time": TIME_CALL,
            "bad-args": call("get_weather", {"city": "Lyon"}), "loose-layout": PARIS.replace('": "', '":"'),
-           "unknown-fn": call("get_date", {}), "text-then-call": "Let me check.\n" + PARIS}
+           "unknown-fn": call("get_date", {}), "text-then-call": "Let me check.\n" + PARIS,
+           # calls written as JSON in the text (textcalls.py), and text that only looks like one
+           "fenced": "Sure:\n" + FENCED, "bare": '{"name": "get_time", "parameters": {}}',
+           "fenced-bad-args": FENCED.replace("Rome", "Lyon"),
+           "two-fenced": FENCED + "\n" + FENCED.replace("Rome", "Paris"),
+           "mention": 'Call {"name": "get_weather", "arguments": {"city": "Lyon"}} to know.',
+           "undeclared": '{"name": "get_date", "arguments": {"day": 1}}'}
+WRITTEN = {"fenced", "bare", "fenced-bad-args", "two-fenced", "mention", "undeclared"}
 # (tool_choice, parallel) -> the answers it lets through; the rest it refuses
 ALLOWED = {
-    ("auto", True): {"text", "call", "two", "time", "text-then-call"},
-    ("auto", False): {"text", "call", "time", "text-then-call"},
-    ("none", True): {"text"},
+    ("auto", True): {"text", "call", "two", "time", "text-then-call", "fenced", "bare", "two-fenced", "mention",
+                     "undeclared"},
+    ("auto", False): {"text", "call", "time", "text-then-call", "fenced", "bare", "mention", "undeclared"},
+    ("none", True): {"text"} | WRITTEN,  # JSON in the text is text where no call is allowed
     ("required", True): {"call", "two", "time"},
     ("required", False): {"call", "time"},
     ("get_time", True): {"time"},
@@ -75,9 +84,11 @@ def test_each_choice_lets_through_what_it_should(model, choice, parallel):
     form = call_form(model)
     grammar = from_lark(tools_lark(form, NAMES, SCHEMAS, choice, parallel))
     allowed = set(ALLOWED[choice, parallel])
-    if not form.special:  # tags spelled as text: a call only at the start; text may then spell a tag
-        allowed = {a for a in allowed if a != "text-then-call"} | ({"text-then-call"} if choice in ("auto", "none")
-                                                                  else set())
+    if not form.special:  # tags spelled as text: a call only at the start; text may then spell a tag. Under
+        # "auto" the JSON on the line after it is a call written in the text: the closing tag after it is
+        # text that may follow only where more than one call may
+        later = choice == "none" or choice == "auto" and parallel
+        allowed = {a for a in allowed if a != "text-then-call"} | ({"text-then-call"} if later else set())
     got = {name for name, text in ANSWERS.items() if _complete(model, grammar, text)}
     assert got == allowed
 

@@ -1,6 +1,6 @@
 """OpenAI tool calls through the real server with the official `openai` client: the tiny model
 carries Qwen2.5's chat template and <tool_call> tokens (server_fixtures.tiny_tools_pair), so
-calls are constrained, read back and rendered as they are for Qwen2.5 (server/tools.py)."""
+calls are constrained, read back and rendered as they are for Qwen2.5 (server/core/constraints/tools.py)."""
 from __future__ import annotations
 
 import json

@@ -8,7 +8,7 @@ import random
 
 from specserve.auto import Controller
 from specserve.engine import Chunk
-from specserve.server.trace import Tracer, sources, target_alone_tokens_per_s
+from specserve.server.core.trace import Tracer, sources, target_alone_tokens_per_s
 from specserve.stats import GenerationStats
 from specserve.text import StreamDecoder
 
@@ -87,3 +87,12 @@ def test_target_alone_speed_pays_the_requests_own_cost_beside_its_passes():
     # 10 steps in 1.1 s after the prompt, 0.5 s of them drafting and 0.5 s verifying: 0.01 s a step beside both
     stats = GenerationStats(n_passes=10, t_prompt=0.1, t_total=1.2, t_draft=0.5, t_verify=0.5)
     assert target_alone_tokens_per_s(ctl, stats) == round(1 / 0.03, 2)
+
+
+def test_a_drafted_run_says_where_the_drafter_found_it():
+    """A suffix draft copied from an earlier request: its runs carry the drafter's note (which
+    continuation, of how many); the target's own token carries none."""
+    note = {"continuations": 2, "share": 0.667, "requests_ago": 1, "same_request": True}
+    tracer = Tracer(lambda t: b"ab"[t:t + 1])
+    runs = tracer.feed(Chunk([0, 1], "ab", "suffix", 1, note))
+    assert runs == [{"text": "a", "source": "suffix", "from": note}, {"text": "b", "source": "target"}]

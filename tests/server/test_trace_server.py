@@ -134,3 +134,19 @@ def test_infill_refuses_the_trace(server):
     r = httpx.post(server.url + "/infill", json={"input_prefix": "def f(", "input_suffix": ")\n",
                                                   "speculative": {"trace": True}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "speculative.trace"
+
+
+def test_a_repeated_request_traces_its_copy_to_the_earlier_answer(server):
+    """The same request again, with another request between: the suffix drafter copies the earlier
+    answer, and each copied run says so (`from`: the same request, one continuation, the request it
+    came from)."""
+    prompt = " ".join(f"item{i} costs {i * 7 % 13} coins" for i in range(12))  # > 64 tokens, no repeats
+    spec = {"mode": "suffix", "cross_request_scope": "trace-repeat"}
+    body = {"prompt": prompt, "temperature": 0, "max_tokens": 24, "cache_prompt": False, "speculative": spec}
+    first = json.loads(post(server, "/completion", body))
+    post(server, "/completion", {**body, "prompt": "the dog ran past the cat and the dog"})
+    again = json.loads(post(server, "/completion", {**body, "speculative": {**spec, "trace": True}}))
+    assert again["content"] == first["content"] != ""
+    copied = [e for e in again["speculative_trace"] if e["source"] == "suffix"]
+    assert copied and all(e["from"]["same_request"] and e["from"]["continuations"] == 1 for e in copied)
+    assert {e["from"]["requests_ago"] for e in copied} == {2}  # the other request came between

@@ -44,6 +44,12 @@ ORDER_PRIOR = {1: 0.15, 2: 0.3, 3: 0.45, 4: 0.6, 8: 0.7, 16: 0.8, 32: 0.85}
 # opening, right only where the question repeats; learnt apart from matches within an answer
 OPENING = -1
 ORDER_PRIOR[OPENING] = 0.15
+# a suffix match that is the same request again (drafters.suffix.SAME_REQUEST: the store's earlier
+# answer to this very prompt, as answered so far), which a greedy request copies to its last token.
+# Learnt apart from the windows and openings that other workloads' text breaks: a repeat after
+# other requests had been planned from their failures (4x the target alone, not 8x)
+REPEAT = -2
+ORDER_PRIOR[REPEAT] = 0.995
 
 
 def match_bucket(order: int) -> int:

@@ -99,7 +99,7 @@ class Learning:
         if used == HYBRID:
             self._observe_hybrid(o)
             return
-        opening = used and used not in FREE and self._step_opening
+        opening = used and used not in FREE and not self._step_at
         # a grammar's forced run led the draft (drafters.forced): the drafter is judged on its own
         # tokens after it (none where a forced token was rejected), as the hybrid's model is
         f = o.forced
@@ -126,7 +126,7 @@ class Learning:
                                   min(n, acc + 1), acc)
             order = self._step_offers.get(used, (0, 0))[0]
             if order:
-                self._learn_lookup(used, self._bucket(order, self._step_opening), min(n, acc + 1), acc)
+                self._learn_lookup(used, self._bucket(used, order, self._step_at), min(n, acc + 1), acc)
             if used == MODEL and o.confidence:
                 ctl.confidence_map(MODEL, self.regime).add(o.confidence[f:], acc)
             if used == MODEL and o.target_top and not opening:  # (an opening is judged apart, OPENING)
@@ -200,7 +200,7 @@ class Learning:
             tried = min(tried, self.caps.get(name, 0))
             hit = min(hit, tried)
             if name in FREE and name in self.caps and name not in (used, head) and order and tried:
-                self._learn_lookup(name, self._bucket(order, self._step_opening), tried, hit)
+                self._learn_lookup(name, self._bucket(name, order, self._step_at), tried, hit)
                 self.acc[name].add(tried, hit)
                 self.ctl.shadowed.add(name)
                 self._forget_plans(name)

@@ -7,14 +7,17 @@ target's speed, which a short answer never wins back. It saves only on the token
 do not copy for free (a summary's, a code edit's): that catch-up, up front or at its first
 step, is weighed over the share of the request's tokens the lookups are not expected to cover
 (_uncovered), learnt per request from what they kept or would have kept, from the engine's
-share at the regime.
+share at the regime. The same request again leaves nothing to it: the suffix drafter copies the
+earlier answer (taking a 400-token prompt would cost the reference pair's 0.5B about as long as the
+two 64-token passes that copy a 128-token answer).
 """
 from __future__ import annotations
 
 import math
 
+from ..drafters.suffix import SuffixDrafter
 from . import planner
-from .acceptance import PRIOR_W
+from .acceptance import PRIOR_W, REPEAT
 from .names import FREE
 
 _TRIAL_STEPS = 3  # steps a request drafts before its own acceptance overrules a prior that was too hopeful
@@ -61,9 +64,16 @@ class Prefill:
         and the request ran at 0.90x the target alone (1.4x without that prefill)."""
         if not self.has_lookups:
             return 1.0
+        if self._repeating():  # the same request again: its earlier answer is copied, not drafted
+            return _UNCOVERED_MIN
         prior = self.ctl.share_of_lookups(self.regime)
         share = (self.covered + _SHARE_W * prior) / (self.generated + _SHARE_W)
         return max(1.0 - share, _UNCOVERED_MIN)
+
+    def _repeating(self) -> bool:
+        """Whether the suffix drafter's match is the same request again (acceptance.REPEAT)."""
+        order = self.offers.get(SuffixDrafter.name, (0, 0))[0]
+        return self._bucket(SuffixDrafter.name, order, self.generated) == REPEAT
 
     def prefill(self, name: str, n_missing: int, max_tokens: int) -> bool:
         """Whether a model drafter should take the prompt before the first step.
@@ -78,6 +88,8 @@ class Prefill:
         """
         self.max_tokens = max_tokens
         if name not in self.names or name in FREE or max_tokens < 2:  # one token: nothing to draft
+            return False
+        if self._repeating():  # the same request again: copied; a catch-up, if ever needed, comes then
             return False
         with self.ctl.lock:
             self.missing[name] = n_missing

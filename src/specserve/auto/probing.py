@@ -8,7 +8,9 @@ saved before it). A drafter never run in this process is probed at once if nothi
 of it; if a loaded profile measured it, its budget counts from the process's start. A fully
 accepted probe is followed up at once, a few times (learning.py sets the next interval); one
 whose catch-up cost is still unknown, while its lag is short; one that could not pay even at
-100% acceptance, at 1/8 of the budget. The hybrid is never probed: its parts are.
+100% acceptance, at 1/8 of the budget. Those outside the budget wait while even 100% acceptance would
+not beat the plan in hand (they would show nothing that changes the step's choice). The hybrid is never
+probed: its parts are.
 
 While the engine has judged few of a draft model's tokens at the request's temperature, a request
 may also spend up to EXPLORE_PASSES plain passes' worth on probing it (`_explore`): from an empty
@@ -49,7 +51,14 @@ class Probing:
         # (never while its cache lacks this request's prompt: that catch-up is what makes a probe costly)
         early = (name not in FREE and name not in self.fresh and fit is not None and not fit.lag_known()
                  and self.lag[name] <= 2 * PROBE_MIN)
-        if not (early or self.follow_up and self.follow_up[0] == name):
+        if early or self.follow_up and self.follow_up[0] == name:  # outside the budget, but
+            if best_rate * V[1] > 1.0 and not self._could_pay(name, V, best_rate):
+                # not where it would lose to the plan in hand even keeping every token it drafts (a lookup
+                # copying 64 tokens a pass): nothing it shows would change this step's choice. A repeat's
+                # first steps had gone to a 1-token probe of the draft model and its follow-ups, each in
+                # place of a 64-token copy
+                return None
+        else:
             if budget < self._probe_cost.get(name, 0.0):
                 return None  # below the cost last computed (a lagging cache only adds to it)
             # seconds a probe that drafts loses against the best choice making its expected tokens
@@ -64,9 +73,10 @@ class Probing:
                 self.explore_left[name] -= (cost - earned) / V[1]
         return self._plan(name, V, kmin=k, kmax=k)
 
-    def _could_pay(self, name: str, V) -> bool:
-        """Whether the drafter would pay if every token it drafted were accepted."""
-        return self._plan(name, V, kmin=self.kmin[name], found=True, ceiling=True).rate > 1.0 / V[1]
+    def _could_pay(self, name: str, V, rate: float | None = None) -> bool:
+        """Whether the drafter would beat `rate` (default: plain decoding's) if every token it drafted
+        were accepted."""
+        return self._plan(name, V, kmin=self.kmin[name], found=True, ceiling=True).rate > (rate or 1.0 / V[1])
 
     def _explore(self, name: str, V) -> float:
         """Seconds this request may still lose probing a draft model beyond the 1% budget, while the

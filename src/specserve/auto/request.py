@@ -22,9 +22,10 @@ import logging
 from typing import TYPE_CHECKING
 
 from ..config import SpecParams
+from ..drafters.suffix import SAME_REQUEST, SuffixDrafter
 from ..policy import OFF, Choice, Outcome
 from . import planner
-from .acceptance import OPENING, ConfidenceMap, Rates, match_bucket
+from .acceptance import OPENING, REPEAT, ConfidenceMap, Rates, match_bucket
 from .learning import Learning
 from .names import FORCED, FREE, HYBRID, HYBRID_LOOKUPS, MODEL
 from .prefill import Prefill
@@ -65,7 +66,7 @@ class AutoPolicy(Learning, Probing, Prefill):
         self._judged: dict[tuple[str, int], list] = {}  # (drafter, bucket) -> [hit, tried] per Shape group
         self.offers: dict[str, tuple[int, int]] = {}  # lookup drafter -> (match length, tokens available)
         self._step_offers: dict[str, tuple[int, int]] = {}
-        self._step_opening = True
+        self._step_at = 0  # tokens generated when this step was chosen (0: the request's first step)
         self._step_head: tuple[str, int, int] | None = None  # a hybrid step's (lookup, match bucket, m)
         self.dlv = {n: Rates(self.caps[n]) for n in self.names}
         self.lag = dict.fromkeys(self.names, 0)  # tokens the drafter's cache is behind (after the prompt)
@@ -112,9 +113,13 @@ class AutoPolicy(Learning, Probing, Prefill):
                 plans.clear()
 
     @staticmethod
-    def _bucket(order: int, opening: bool) -> int:
-        """The acceptance bucket of a lookup's match: by its length, or OPENING at a request's first step."""
-        return OPENING if opening else match_bucket(order)
+    def _bucket(name: str, order: int, at: int) -> int:
+        """The acceptance bucket of a lookup's match offered after `at` generated tokens: REPEAT where the
+        suffix drafter's match is the same request again (its earlier answer to this prompt), else
+        OPENING at a request's first step, else by its length."""
+        if name == SuffixDrafter.name and order >= at + SAME_REQUEST:
+            return REPEAT
+        return OPENING if at == 0 else match_bucket(order)
 
     def _lookup_rates(self, name: str, bucket: int) -> list[float]:
         return self._rates(name, bucket, self.acc_order.setdefault((name, bucket), Rates(self.caps[name])))
@@ -157,7 +162,7 @@ class AutoPolicy(Learning, Probing, Prefill):
             found, kmax = True, min(kmax, available)
             if not order or kmax < kmin:
                 return planner.plain(V)._replace(rate=0.0)  # no match: nothing to draft
-            order = self._bucket(order, self.generated == 0)
+            order = self._bucket(name, order, self.generated)
         opening = not order and name not in FREE and self.generated == 0
         key = (kmin, kmax, found, ceiling, OPENING if opening else order)
         best = self._plans[name].get(key)
@@ -186,7 +191,7 @@ class AutoPolicy(Learning, Probing, Prefill):
             order, available = self.offers.get(name, (0, 0))
             if name in self.caps and order:
                 # the draft model continues only where the match runs out before the caps
-                bucket = self._bucket(order, self.generated == 0)
+                bucket = self._bucket(name, order, self.generated)
                 return (name, bucket, available) if available < min(self.caps[name], self.cap) else None
         return None
 
@@ -262,7 +267,7 @@ class AutoPolicy(Learning, Probing, Prefill):
         self.probing = None
         self._step_plan = (None, None)
         self._step_offers = dict(self.offers)
-        self._step_opening = self.generated == 0  # the request's first step: its lookups match the prompt's end
+        self._step_at = self.generated  # at the request's first step its lookups match the prompt's end
         self._step_head = self._hybrid_head() if self.hybrid else None
         # the grammar's forced run is drafted first whatever the plan: free to draft, kept by construction
         forced = self.offers.get(FORCED, (0, 0))[1]
@@ -271,8 +276,11 @@ class AutoPolicy(Learning, Probing, Prefill):
             return Choice(FORCED, forced) if forced else OFF
         name, plan, rate = self._best(V)
         pending, self.pending = self.pending, None
+        # the same request again is copied, never displaced by a probe: while the copy holds, nothing a
+        # probe shows would be used (a probe's budget had let a repeat's first step go to the draft model)
+        copying = name == SuffixDrafter.name and self._repeating()
         for other in self.names:
-            if other == name:
+            if other == name or copying:
                 continue
             probe = pending[1] if pending and pending[0] == other and not plan.k else self._probe(other, V, rate)
             if probe:
@@ -298,11 +306,12 @@ class AutoPolicy(Learning, Probing, Prefill):
         if lookup in self._step_offers:  # what the lookup matched: its length, and the tokens it had
             planned += " (match %d, %d available)" % self._step_offers[lookup]
         probe = f" probe of {self.probing[0]}" if self.probing else ""
+        offers = " ".join(f"{d}:{o[0]}/{o[1]}" for d, o in self._step_offers.items())
         rates = " ".join(f"{d}:{r.rate:.2f}" for d, r in self.acc.items() if r.rate is not None)
         trace.debug("step %d T%s: planned %s%s; ran %s k=%d drafted %d accepted %d; draft %.3f s verify %.3f s; "
-                    "lags %s; acceptance so far %s", self.step, self.regime, planned, probe,
+                    "lags %s; acceptance so far %s; offers %s", self.step, self.regime, planned, probe,
                     o.choice.drafter if o.choice.k else "plain", o.choice.k, o.n_drafted, o.n_accepted,
-                    o.t_draft, o.t_verify, dict(self.lag), rates or "-")
+                    o.t_draft, o.t_verify, dict(self.lag), rates or "-", offers or "-")
 
     def _forget_plans(self, *names: str) -> None:
         """Their estimates changed: their cached plans, and the hybrid's, are stale."""

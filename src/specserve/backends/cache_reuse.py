@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import llama_cpp as C
+import numpy as np
 
 from .base import common_prefix
 
@@ -38,18 +39,39 @@ def plan_reuse(cached: Sequence[int], tokens: Sequence[int], n_min: int) -> tupl
     moves: list[tuple[int, int, int]] = []
     if n_min <= 0:
         return head_p, moves
-    n_c, n_p = len(cached), len(tokens)
-    while head_c < n_c and head_p < n_p:
-        n = 0
-        while head_c + n < n_c and head_p + n < n_p and cached[head_c + n] == tokens[head_p + n]:
-            n += 1
-        if n >= n_min:
-            moves.append((head_c, head_p, n))
-            head_c += n
-            head_p += n
-        else:
-            head_c += 1
+    # The walk in numpy (the server matches every free slot's cache on its event loop: in Python it took
+    # 0.2 s a slot at 8k tokens). The walk keeps the first cell from head_c where a run of n_min starts:
+    # found for all cells at once, narrowing the candidates one token of the run at a time.
+    c_arr, t_arr = np.asarray(cached, np.int64), np.asarray(tokens, np.int64)
+    while (c := _first_run(c_arr, t_arr, head_c, head_p, n_min)) is not None:
+        n = _run(c_arr, t_arr, c, head_p)
+        moves.append((c, head_p, n))
+        head_c, head_p = c + n, head_p + n
     return head_p, moves
+
+
+def _first_run(cached: np.ndarray, tokens: np.ndarray, c0: int, p: int, n_min: int) -> int | None:
+    """The first c >= c0 with cached[c:c + n_min] == tokens[p:p + n_min], or None."""
+    if len(tokens) - p < n_min:
+        return None
+    cand = np.flatnonzero(cached[c0:len(cached) - n_min + 1] == tokens[p]) + c0
+    for k in range(1, n_min):
+        if not len(cand):
+            return None
+        cand = cand[cached[cand + k] == tokens[p + k]]
+    return int(cand[0]) if len(cand) else None
+
+
+def _run(cached: np.ndarray, tokens: np.ndarray, c: int, p: int) -> int:
+    """How many tokens cached[c:] and tokens[p:] agree on, from the first (compared in growing chunks)."""
+    n, i, step = min(len(cached) - c, len(tokens) - p), 0, 256
+    while i < n:
+        j = min(n, i + step)
+        differ = np.flatnonzero(cached[c + i:c + j] != tokens[p + i:p + j])
+        if len(differ):
+            return i + int(differ[0])
+        i, step = j, 2 * step
+    return n
 
 
 def reuse_chunks(mem, seq_id: int, cached: Sequence[int], tokens: Sequence[int], n_min: int) -> int | None:

@@ -21,7 +21,7 @@ from collections import Counter, defaultdict
 
 from .runner import IN_PROCESS, BenchConfig, Measurement
 from .structured import valid_share
-from .workloads import TURNS
+from .workloads import TURN_KINDS
 
 ALL = "all"
 NOISE = 0.03  # paired gains below this are within run-to-run noise on a quiet machine
@@ -140,7 +140,7 @@ def summarize_turns(configs: list[BenchConfig], results: list[Measurement]) -> l
         at_t = [m for m in turned if m.temperature == t]
         baselines = {b: _per_prompt([m for m in at_t if m.config == b], "tokens_per_s")
                      for b in {c.baseline for c in configs}}
-        kinds = [k for k in TURNS if any(m.turn == k for m in at_t)]
+        kinds = [k for k in TURN_KINDS if any(m.turn == k for m in at_t)]
         for c in configs:
             runs = [m for m in at_t if m.config == c.name]
             for kind in [*kinds, "later"]:

@@ -26,7 +26,7 @@ from ..drafters.suffix_store import SuffixStore
 from ..engine import Engine, token_seconds
 from ..prompt import chat_tokens, prompt_tokens
 from .structured import grammar_for, validates
-from .workloads import BenchPrompt, resolve_messages
+from .workloads import BenchPrompt, in_run_order, resolve_messages
 
 WARMUP_TOKENS = 16
 # A conversation's first turn must be new to every server measured: warm up on something else.
@@ -64,13 +64,15 @@ IN_PROCESS = " (in-process)"  # what an in-process configuration's name ends in 
 
 def plan_configs(specs: list[str], drafts: list[str], draft_maxes: list[int],
                  endpoints: list[str], ngram_maxes: list[int] | None = None,
-                 vias: tuple[str, ...] = ("inprocess",), endpoint_baseline: str | None = None) -> list[BenchConfig]:
+                 vias: tuple[str, ...] = ("inprocess",),
+                 endpoint_baseline: str | list[str] | None = None) -> list[BenchConfig]:
     """The target alone, then each drafter x each draft length (prompt lookup's own lengths if
     given; suffix: once, at its own cap), auto at the largest (auto-fresh too, each run as a new
     process's first request), then endpoints; each through every one of `vias`, served first. Beside
     served configurations an in-process one is named so (IN_PROCESS); auto-fresh runs in-process only.
-    An endpoint is a URL or NAME=URL; endpoint_baseline (a URL or NAME among them) runs its target alone,
-    and the endpoints' speedups are paired against it (each server against its own target alone)."""
+    An endpoint is a URL or NAME=URL; endpoint_baseline (a URL or NAME among them, or several:
+    `endpoint_baselines`) runs its target alone, and the endpoints' speedups are paired against it
+    (each server against its own target alone)."""
     local = _plan_local(specs, drafts, draft_maxes, ngram_maxes)
     configs = []
     for via in [v for v in VIAS if v in vias]:
@@ -81,12 +83,30 @@ def plan_configs(specs: list[str], drafts: list[str], draft_maxes: list[int],
         configs += [BenchConfig(c.name + IN_PROCESS, c.spec, c.draft_model, c.draft_max)
                     for c in local if c.spec == "auto-fresh"]
     named = [endpoint_name(e) for e in endpoints]
-    base = "target"
-    if endpoint_baseline is not None:
-        base = next((name for name, url in named if endpoint_baseline in (name, url)), None)
-        if base is None:
-            raise ValueError(f"--endpoint-baseline {endpoint_baseline} names none of the --endpoint servers")
-    return configs + [BenchConfig(name, "endpoint", endpoint=url, baseline=base) for name, url in named]
+    base = endpoint_baselines(named, endpoint_baseline)
+    return configs + [BenchConfig(name, "endpoint", endpoint=url, baseline=base[name]) for name, url in named]
+
+
+def endpoint_baselines(named: list[tuple[str, str]], given: str | list[str] | None) -> dict[str, str]:
+    """{endpoint name: the configuration its speedups are paired against} for the (name, url) endpoints.
+
+    given: each a NAME or URL among them, which runs its target alone and is the baseline of every
+    endpoint not named otherwise, or ENDPOINT=BASELINE, one endpoint paired against another (two servers
+    in one run, each against its own target alone); none: specserve's own target alone ("target")."""
+    def find(ref: str) -> str:
+        name = next((n for n, url in named if ref in (n, url)), None)
+        if name is None:
+            raise ValueError(f"--endpoint-baseline {ref} names none of the --endpoint servers")
+        return name
+
+    default, pairs = "target", {}
+    for item in [given] if isinstance(given, str) else given or []:
+        left, sep, right = item.partition("=")
+        if sep and "://" not in left:
+            pairs[find(left)] = find(right)
+        else:
+            default = find(item)
+    return {name: pairs.get(name, default) for name, _ in named}
 
 
 def endpoint_name(endpoint: str) -> tuple[str, str]:
@@ -159,7 +179,7 @@ class BenchPlan:
 
     def __post_init__(self) -> None:
         self.jobs = []  # (temperature, prompt): every prompt at every temperature
-        for p in self.prompts:
+        for p in in_run_order(self.prompts):
             temperatures = self.temperatures if self.temperatures is not None else [p.temperature or 0.0]
             self.jobs += [(t, p) for t in temperatures]
 

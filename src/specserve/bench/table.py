@@ -70,7 +70,8 @@ def memory_lines(memory: dict) -> list[str]:
 
 
 def turn_table(turns: list[dict]) -> list[str]:
-    """Speedup by turn of the multi-turn conversations: first request against the later ones."""
+    """Speedup by turn of the multi-turn conversations and of repeated requests: first request against the later
+    ones."""
     lines = []
     for t in dict.fromkeys(e["temperature"] for e in turns):
         at_t = [e for e in turns if e["temperature"] == t]
@@ -78,8 +79,9 @@ def turn_table(turns: list[dict]) -> list[str]:
         names = list(dict.fromkeys(e["name"] for e in at_t))
         cell = {(e["name"], e["turn"]): e for e in at_t}
         width, name_width = max(10, *(len(k) + 1 for k in kinds)), _name_width(at_t)
-        lines.append(f"multi-turn conversations, temperature {t:g}: speedup over the target alone by turn "
-                     f"(later: every turn after the first; tau: mean accepted length there)")
+        lines.append(f"multi-turn conversations and repeats, temperature {t:g}: speedup over the target alone by "
+                     f"turn (retry: the same request at once; again: after the run's other requests; later: every "
+                     f"turn after the first; tau: mean accepted length there)")
         lines.append(f"{'configuration':<{name_width}} " + " ".join(f"{k:>{width}}" for k in kinds) + f" {'tau':>6}")
         for name in names:
             later = cell.get((name, "later"))

@@ -11,7 +11,9 @@ prompts, answers that copy most of them, the work of an editor's assistant) and
 drafting pays; see `multi_turn`), `structured` (extraction, classification, nested objects and
 tool calls, each prompt with its JSON Schema: run constrained to it, docs/structured.md), `long-file[:N]` and
 `long-chat[:N]` (a 1-3k-token source file with an edit or a question, a conversation about one: long_prompts.py). Any workload's name followed by `:twice` (`code-edit:twice`) sends each
-of its prompts, then the same request again (turns first and retry); followed by `:unconstrained`, the same
+of its prompts, then the same request again (turns first and retry); followed by `:again`, each of its prompts,
+then every other workload of the run, then the same requests again (turns first and again: a retry, a regenerate
+or an agent's resent turn comes after other requests, not back to back); followed by `:unconstrained`, the same
 prompts unconstrained (still validated against their schemas: to compare constrained with free generation in one run). Anything else is read as a JSONL file, one prompt a
 line:
 
@@ -33,12 +35,14 @@ SPEC_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "
 BUILTIN_WORKLOADS = ("code-edit", "code-edit-long", "multi-turn", "structured", "long-file", "long-chat",
                      "spec-bench", *SPEC_BENCH_CATEGORIES)
 TWICE = ":twice"  # a workload name's suffix: each of its prompts, then the same request again
+AGAIN = ":again"  # a workload name's suffix: its prompts, the run's other workloads, then the same requests again
 UNCONSTRAINED = ":unconstrained"  # a workload name's suffix: its prompts without their schemas
 # The later turns of a multi-turn conversation, after the question and a retry of it.
 FOLLOW_UPS = (("rename", "Rename the first function you defined to `solution`, update every use of it, and "
                          "return the whole file."),
               ("docstring", "Add a docstring (or a doc comment) to every function and return the whole file."))
 TURNS = ("first", "retry", *(kind for kind, _ in FOLLOW_UPS))
+TURN_KINDS = (*TURNS, "again")  # every kind of turn a workload's prompts may have (`:again`'s repeats: "again")
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,7 @@ class BenchPrompt:
     turn: str = ""  # in a multi-turn conversation: its kind, one of TURNS
     schema: dict | None = None  # a JSON Schema the output is validated against, and constrained to if `constrain`
     constrain: bool = True
+    last: bool = False  # sent after every prompt of the run that is not (`:again`'s repeats: `in_run_order`)
 
     @property
     def answers_needed(self) -> list[int]:
@@ -80,6 +85,8 @@ def load_workload(name_or_path: str, n_prompts: int) -> list[BenchPrompt]:
                 for p in load_workload(name_or_path[:-len(UNCONSTRAINED)], n_prompts)]
     if name_or_path.endswith(TWICE):
         return sent_twice(load_workload(name_or_path[:-len(TWICE)], -(-n_prompts // 2)), name_or_path)[:n_prompts]
+    if name_or_path.endswith(AGAIN):
+        return sent_again(load_workload(name_or_path[:-len(AGAIN)], -(-n_prompts // 2)), name_or_path)[:n_prompts]
     if is_long(name_or_path):
         return [BenchPrompt(name_or_path, i, messages, kind) for i, (kind, messages) in
                 enumerate(load_long(name_or_path, n_prompts))]
@@ -127,6 +134,21 @@ def sent_twice(prompts: list[BenchPrompt], name: str) -> list[BenchPrompt]:
     """Each prompt, then the same request again (turns "first" and "retry"): what a server's memory of
     earlier requests is worth when a client repeats one (a retry, a regenerate button, an agent's loop)."""
     return [replace(p, workload=name, index=2 * i + t, turn=turn) for i, p in enumerate(prompts) for t, turn in enumerate(("first", "retry"))]
+
+
+def sent_again(prompts: list[BenchPrompt], name: str) -> list[BenchPrompt]:
+    """Each prompt (turn "first"), then, after every other prompt of the run (`in_run_order`), the same
+    requests again (turn "again"). Back to back (`sent_twice`) the repeat follows its first pass at once; in
+    use a retry or an agent's next turn comes after other requests, which is what the server's memory of
+    earlier requests and auto's learning must hold up through."""
+    n = len(prompts)
+    first = [replace(p, workload=name, index=i, turn="first") for i, p in enumerate(prompts)]
+    return first + [replace(p, workload=name, index=n + i, turn=TURN_KINDS[-1], last=True) for i, p in enumerate(prompts)]
+
+
+def in_run_order(prompts: list[BenchPrompt]) -> list[BenchPrompt]:
+    """The prompts as a run sends them: in the order given, `:again`'s repeats after all the others."""
+    return [p for p in prompts if not p.last] + [p for p in prompts if p.last]
 
 
 def resolve_messages(prompt: BenchPrompt, answers: dict[int, str]) -> list[dict]:

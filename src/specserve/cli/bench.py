@@ -62,13 +62,15 @@ def add_parser(sub) -> None:
                    help="prompt lookup's draft lengths, where they should differ from --draft-max")
     g.add_argument("--workload", nargs="+", action="extend", metavar="NAME|FILE.jsonl",
                    help=f"built-in ({', '.join(BUILTIN_WORKLOADS)}, fim-replay: editor completion through /infill, "
-                        "docs/infill.md) or a JSONL file of "
+                        "docs/infill.md; agent-loop[:messages|:chat]: an agent's tool loop through /v1/messages and "
+                        "/v1/chat/completions, docs/agents.md) or a JSONL file of "
                         "{prompt|messages, temperature, max_tokens, category}; NAME:twice sends each prompt, then "
-                        "the same request again; long-file:N and long-chat:N cut their source files to about N "
-                        "tokens (default: code-edit spec-bench)")
+                        "the same request again; NAME:again sends its prompts, then the other workloads', then its "
+                        "own again; long-file:N and long-chat:N cut their source files to about N tokens "
+                        "(default: code-edit spec-bench)")
     g.add_argument("--prompts-per-workload", type=int, default=10, metavar="P",
                    help="prompts per workload (default 10; multi-turn: requests, 4 a conversation; fim-replay: cut "
-                        "points, 3 requests each)")
+                        "points, 3 requests each; agent-loop: conversations, 3 turns each, at most 10)")
     g.add_argument("--temp", type=float, nargs="+", default=None, metavar="T",
                    help="temperature(s); each runs everything (default: the workload's own, else 0)")
     g.add_argument("-n", "--n-predict", type=int, default=None, metavar="N",
@@ -93,9 +95,10 @@ def add_parser(sub) -> None:
     g.add_argument("--endpoint", nargs="+", action="extend", default=[], metavar="URL",
                    help="also run the prompts against OpenAI-compatible server(s), as URL or NAME=URL, e.g. "
                         "llama-ngram=http://127.0.0.1:8081")
-    g.add_argument("--endpoint-baseline", metavar="NAME|URL",
+    g.add_argument("--endpoint-baseline", nargs="+", metavar="NAME|URL|NAME=BASE",
                    help="one of the --endpoint servers that runs its target alone: the endpoints' speedups are "
-                        "paired against it (each server against its own target alone) instead of specserve's")
+                        "paired against it (each server against its own target alone) instead of specserve's; "
+                        "NAME=BASE pairs one endpoint against another (two servers' endpoints in one run)")
     g.add_argument("--endpoint-api-key", metavar="KEY", help="API key sent to the endpoints")
     out = p.add_argument_group("output")
     out.add_argument("--json", metavar="OUT", help="write the full results as JSON")
@@ -183,7 +186,8 @@ def run(args) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per endpoint request otherwise
     try:
         workloads = args.workload or _DEFAULT_WORKLOADS
-        prompts = [p for w in workloads if w != "fim-replay" for p in load_workload(w, args.prompts_per_workload)]
+        prompts = [p for w in workloads if w != "fim-replay" and not w.startswith("agent-loop")
+                   for p in load_workload(w, args.prompts_per_workload)]
     except ValueError as e:
         raise CliError(str(e), 2) from None
     target_path, draft_paths = _model_paths(args)
@@ -193,6 +197,9 @@ def run(args) -> int:
     if "fim-replay" in workloads:  # editor completion through /infill: a run of its own (bench_fim.py)
         from . import bench_fim
         return bench_fim.run(args, target_path, draft_paths, specs)
+    if any(w.startswith("agent-loop") for w in workloads):  # an agent's tool loop through its APIs (bench_agent.py)
+        from . import bench_agent
+        return bench_agent.run(args, target_path, draft_paths, specs)
     try:
         configs = plan_configs(specs, list(draft_paths), args.draft_max, args.endpoint, args.ngram_max,
                                tuple(args.via), args.endpoint_baseline)

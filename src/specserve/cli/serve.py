@@ -60,7 +60,7 @@ def add_parser(sub) -> None:
     g.add_argument("-ub", "--ubatch-size", type=int, default=512, metavar="N",
                    help="most tokens in one forward pass: every slot's verification, then chunks of prompts "
                         "being processed, so that a long prompt does not stall the other streams (default 512)")
-    g.add_argument("--prefill-slowdown", type=float, default=2.0, metavar="F",  # server.batcher.SLOWDOWN
+    g.add_argument("--prefill-slowdown", type=float, default=2.0, metavar="F",  # server.core.batcher.SLOWDOWN
                    help="while streams are generating, a prompt being processed beside them takes only as many "
                         "tokens a pass as keep each pass within F x what the streams' tokens alone cost, so they "
                         "slow by about F at most (default %(default)s; 0: whole --ubatch-size chunks, the fastest "
@@ -77,6 +77,13 @@ def add_parser(sub) -> None:
                    help="largest request body; bigger ones get 413 (default 4)")
     g.add_argument("--no-webui", action="store_true",
                    help="no chat page at / (it answers 404), as llama-server's flag (docs/webui.md)")
+    g.add_argument("--reasoning-format", choices=("none", "deepseek", "auto"), default="auto",
+                   help="as llama-server's: a reasoning model's <think> block in a chat's answer is parted from it "
+                        "(reasoning_content) with deepseek; auto (default): the same, with the markers the chat "
+                        "template spells; none: the raw text. A request's reasoning_format overrides it")
+    g.add_argument("--reasoning-budget", type=int, default=-1, metavar="N",
+                   help="as llama-server's: a chat's reasoning block is closed after N tokens (its close tag forced, "
+                        "then the answer); -1 (default): unlimited, 0: closed at once. Per request: reasoning_budget")
     g = p.add_argument_group("connections and browsers")
     g.add_argument("--read-timeout", type=float, default=30.0, metavar="S",
                    help="seconds a client has to send a request's headers (else the connection is closed), "
@@ -88,9 +95,13 @@ def add_parser(sub) -> None:
                    help="connections served at once; requests on more get 503, except /health, which is always "
                         "answered (default 256)")
     g.add_argument("--max-connections-per-client", type=int, default=32, metavar="N",
-                   help="open connections from one client address (loopback included); more are answered 503 and "
-                        "closed at once (default 32; 0: no limit). Behind a reverse proxy every client has the "
-                        "proxy's address: raise it or set 0 there")
+                   help="open connections from one client address (loopback included); one more may ask for "
+                        "/health, anything else gets 503 and it is closed (default 32; 0: no limit). Behind a "
+                        "reverse proxy every client has the proxy's address: name it with --trusted-proxy")
+    g.add_argument("--trusted-proxy", action="append", default=[], metavar="ADDR",
+                   help="a reverse proxy's address or network (repeatable): its connections are not limited per "
+                        "client; each request on them counts, as requests in flight, against the client its "
+                        "X-Forwarded-For names (the rightmost address that is not a trusted proxy)")
     g.add_argument("--drain-timeout", type=float, default=20.0, metavar="S",
                    help="on SIGTERM, seconds the requests in flight may take to finish before streams end with "
                         "an error event and queued requests get 503 (default 20)")
@@ -186,7 +197,7 @@ def allowed_hosts(bind: str, extra: list[str]) -> frozenset[str]:
 def settings_from(args, target_path: str):
     """ServerSettings from the flags; raises CliError(2) on bad values, before any model loads."""
     from ..server import ServerSettings
-    from ..server.profiles import Profile, build_profiles
+    from ..server.core.profiles import Profile, build_profiles
 
     if args.parallel < 1:
         raise CliError(f"--parallel must be >= 1, got {args.parallel}", 2)
@@ -209,7 +220,9 @@ def settings_from(args, target_path: str):
                               read_timeout=args.read_timeout, drain_timeout=args.drain_timeout,
                               max_connections=args.max_connections,
                               max_connections_per_client=args.max_connections_per_client,
-                              request_line_timeout=args.request_line_timeout, webui=not args.no_webui)
+                              trusted_proxies=tuple(args.trusted_proxy),
+                              request_line_timeout=args.request_line_timeout, webui=not args.no_webui,
+                              reasoning_format=args.reasoning_format, reasoning_budget=args.reasoning_budget)
     except ValueError as e:
         raise CliError(str(e), 2) from None
 
@@ -251,7 +264,7 @@ def run(args) -> int:
             args.threads = max(1, (os.cpu_count() or 1) // max(1, args.replicas or 1))
         return replicas.run(args, *configs(args))
     from ..server import create_app, logsafe
-    from ..server.listener import serve
+    from ..server.http.listener import serve
 
     logsafe.install()  # clients' strings reach log lines: escape them
     cfg, settings = configs(args)

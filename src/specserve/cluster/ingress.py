@@ -27,8 +27,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..server.app import access_middleware
-from ..server.errors import ApiError, error_body, install_handlers
-from ..server.params import read_body
+from ..server.http.body import read_body
+from ..server.http.errors import ApiError, error_body, install_handlers
+from ..server.http.guard import KEY_SCOPE
 from ..server.state import ServerSettings
 from . import metrics_merge
 from .routing import route_key
@@ -108,7 +109,12 @@ class Ingress:
         return JSONResponse(info, status_code=503 if live == 0 else 200)
 
     async def metrics(self, request: Request) -> Response:
+        """The replicas' metrics summed; for a key confined to a scope, that scope's requests alone."""
         reports = await self.registry.snapshot.remote()
+        key_scope = request.scope.get(KEY_SCOPE)
+        if key_scope is not None:
+            text = metrics_merge.merge([r.get("scoped", {}).get(key_scope, "") for r in reports.values()])
+            return Response(text, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
         text = metrics_merge.merge([r["metrics"] for r in reports.values()] + [generate_latest(self.prom).decode()],
                                    [("specserve:replicas_reporting", "Engine replicas whose metrics are summed here",
                                      len(reports))])

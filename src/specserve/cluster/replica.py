@@ -92,7 +92,9 @@ class EngineReplica:
         self._start_reporting()
 
     def _report(self) -> dict:
-        return {"health": self.state.health(), "metrics": self.state.metrics.render().decode(),
+        metrics = self.state.metrics
+        return {"health": self.state.health(), "metrics": metrics.render().decode(),
+                "scoped": {s: metrics.render(s).decode() for s in metrics.scoped},  # what a scoped key sees
                 "pid": os.getpid(), "node": socket.gethostname()}
 
     def _start_reporting(self) -> None:

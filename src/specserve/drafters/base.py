@@ -37,6 +37,8 @@ class Draft:
     tokens: list[int]
     dists: list[Candidates] | None = None  # one one-row q per token, or None (deterministic)
     confidence: list[float] | None = None  # [len(tokens)] per-token estimate in (0, 1], or None
+    # where the drafter found it, for the token trace (a lookup's: which earlier text); None: nothing to say
+    note: dict | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -145,7 +145,10 @@ class DraftModelDrafter(BaseDrafter):
         dists = []
         confidence: list[float] = []
         eog = self.model.vocab.eog
+        rules = sampler.rules
         for i in range(k):
+            if rules is not None:  # the request's logit_bias and penalties, over what it has seen and drafted
+                logits = rules.apply(logits, rules.window(view) + tokens)
             if walk is not None:
                 logits = walk.mask(logits)
                 if logits is None:

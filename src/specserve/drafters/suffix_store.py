@@ -16,17 +16,21 @@ at most ~8 full segments plus O(log n) small ones, and no merge or eviction copi
 more than 1/8 of the store. Within one key, positions ascend, so the newest
 occurrences are the last.
 
+Each document also keeps a key of its request's whole prompt and where its output starts, so that
+the same request sent again is told from one that merely ends alike (`Hits.same`).
+
 Memory: 4 bytes a token plus 12 bytes per (window, order), about 52 bytes a token
-with the default orders, counted exactly from the arrays. Past the budget, whole
+with the default orders, and 20 bytes a document, counted exactly from the arrays. Past the budget, whole
 documents go, oldest first, across scopes (the segments are trimmed in place).
 
 Scopes keep tenants apart: a lookup sees only its own scope's documents.
 """
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections import deque
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -102,19 +106,27 @@ def window_keys(tokens: np.ndarray, order: int, lo: int, hi: int) -> np.ndarray:
     return _mix_np(h + np.uint64(order * _ORDER_SALT & _MASK))
 
 
+def prompt_key(prompt: Sequence[int]) -> int:
+    """A 64-bit key of a whole prompt: two requests with the same key asked the same thing."""
+    return int.from_bytes(hashlib.blake2b(np.asarray(prompt, np.int32).tobytes(), digest_size=8).digest(), "little")
+
+
 class _Segment:
     """Whole documents, concatenated, and their windows' keys sorted (positions ascending within a key)."""
 
-    __slots__ = ("tokens", "ends", "keys", "pos")
+    __slots__ = ("tokens", "ends", "prompts", "answers", "keys", "pos")
 
-    def __init__(self, tokens: np.ndarray, ends: np.ndarray, keys: np.ndarray, pos: np.ndarray):
+    def __init__(self, tokens: np.ndarray, ends: np.ndarray, prompts: np.ndarray, answers: np.ndarray,
+                 keys: np.ndarray, pos: np.ndarray):
         self.tokens = tokens  # [n] int32
         self.ends = ends  # [n_docs] int64: each document's end offset
+        self.prompts = prompts  # [n_docs] uint64: each document's whole prompt's key (prompt_key)
+        self.answers = answers  # [n_docs] int32: where each document's output starts, from its start
         self.keys = keys  # [m] uint64, sorted
         self.pos = pos  # [m] int32: the position after each window (its continuation's start)
 
     @classmethod
-    def of(cls, doc: np.ndarray, orders: Sequence[int]) -> "_Segment":
+    def of(cls, doc: np.ndarray, orders: Sequence[int], prompt: int, answer: int) -> "_Segment":
         keys, pos = [], []
         for order in orders:  # windows with something after them: ends in [order, n)
             if len(doc) > order:
@@ -123,7 +135,8 @@ class _Segment:
         keys_a = np.concatenate(keys) if keys else np.empty(0, np.uint64)
         pos_a = np.concatenate(pos) if pos else np.empty(0, np.int32)
         order_ = np.argsort(keys_a, kind="stable")  # per order, positions were ascending
-        return cls(doc, np.array([len(doc)], np.int64), keys_a[order_], pos_a[order_])
+        return cls(doc, np.array([len(doc)], np.int64), np.array([prompt], np.uint64), np.array([answer], np.int32),
+                   keys_a[order_], pos_a[order_])
 
     @property
     def n_docs(self) -> int:
@@ -131,7 +144,7 @@ class _Segment:
 
     @property
     def nbytes(self) -> int:
-        return self.tokens.nbytes + self.ends.nbytes + self.keys.nbytes + self.pos.nbytes
+        return sum(a.nbytes for a in (self.tokens, self.ends, self.prompts, self.answers, self.keys, self.pos))
 
     def merge(self, newer: "_Segment") -> "_Segment":
         """One segment of self's documents, then newer's. Two sorted runs: a stable sort merges them
@@ -141,6 +154,7 @@ class _Segment:
         order = np.argsort(keys, kind="stable")
         pos = np.concatenate([self.pos, newer.pos + np.int32(n)])
         return _Segment(np.concatenate([self.tokens, newer.tokens]), np.concatenate([self.ends, newer.ends + n]),
+                        np.concatenate([self.prompts, newer.prompts]), np.concatenate([self.answers, newer.answers]),
                         keys[order], pos[order])
 
     def drop_front(self, n_docs: int) -> "_Segment | None":
@@ -149,8 +163,14 @@ class _Segment:
             return None
         cut = int(self.ends[n_docs - 1])
         keep = self.pos > cut  # a window's continuation lies in the window's own document
-        return _Segment(self.tokens[cut:].copy(), self.ends[n_docs:] - cut, self.keys[keep],
-                        self.pos[keep] - np.int32(cut))
+        return _Segment(self.tokens[cut:].copy(), self.ends[n_docs:] - cut, self.prompts[n_docs:].copy(),
+                        self.answers[n_docs:].copy(), self.keys[keep], self.pos[keep] - np.int32(cut))
+
+    def same_request(self, p: int, d: int, prompt: int, answer: np.ndarray) -> bool:
+        """Whether document d asked the same prompt and answered `answer` before position p."""
+        at = (int(self.ends[d - 1]) if d else 0) + int(self.answers[d])
+        return (int(self.prompts[d]) == prompt and p - at == len(answer)
+                and np.array_equal(self.tokens[at:p], answer))
 
 
 class SuffixStore:
@@ -181,7 +201,7 @@ class SuffixStore:
             return False
         tail = list(prompt[-self.prompt_tail:]) if self.prompt_tail else []
         doc = np.asarray(tail + list(output), dtype=np.int32)
-        seg = _Segment.of(doc, ORDERS)  # built outside the lock: lookups go on meanwhile
+        seg = _Segment.of(doc, ORDERS, prompt_key(prompt), len(tail))  # built outside the lock: lookups go on
         if seg.nbytes > self.max_bytes:
             return False
         with self._lock:
@@ -220,36 +240,50 @@ class SuffixStore:
             if not segs:
                 del self._scopes[scope]
 
-    def lookup(self, keys: Sequence[int], scope: str = "", limit: int = 16,
-               span: int = 64) -> tuple[int, list[list[int]]]:
-        """(i, continuations): i is the first index in `keys` (longest window first) that occurs in
-        the scope (-1: none); then up to `limit` of its continuations, newest first, each up to
-        `span` tokens (it ends where its document ends)."""
+    def lookup(self, keys: Sequence[int], scope: str = "", limit: int = 16, span: int = 64,
+               request: tuple[int, np.ndarray] | None = None) -> "Hits":
+        """The continuations of the first key in `keys` (longest window first) that occurs in the scope:
+        up to `limit`, newest first, each up to `span` tokens (it ends where its document ends).
+
+        request: (prompt_key of a request's whole prompt, its answer so far [m]): each hit says whether
+        it is that request's own earlier answer at the same point (`Hits.same`)."""
         with self._lock:
             segs = self._scopes.get(scope)
             if not segs or not keys:
-                return -1, []
+                return Hits(-1, [], [], [])
             q = np.array([k & _MASK for k in keys], np.uint64)
-            found, best = [], len(keys)
+            found, best, after = [], len(keys), 0
             for seg in reversed(segs):  # newest first
-                if not seg.keys.size:  # a request too short to hold a window
-                    continue
-                lo = np.searchsorted(seg.keys, q)
-                hit = np.flatnonzero(seg.keys.take(lo, mode="clip") == q)
-                if hit.size:
-                    best = min(best, int(hit[0]))
-                    found.append((seg, lo))
+                if seg.keys.size:  # (a request too short to hold a window has none)
+                    lo = np.searchsorted(seg.keys, q)
+                    hit = np.flatnonzero(seg.keys.take(lo, mode="clip") == q)
+                    if hit.size:
+                        best = min(best, int(hit[0]))
+                        found.append((seg, lo, after))
+                after += seg.n_docs  # documents newer than the next segment's
             if best == len(keys):
-                return -1, []
-            conts: list[list[int]] = []
-            for seg, lo in found:
+                return Hits(-1, [], [], [])
+            out = Hits(best, [], [], [])
+            for seg, lo, after in found:
                 a = int(lo[best])
                 b = int(np.searchsorted(seg.keys, q[best], "right"))
                 if b <= a:
                     continue
-                starts = seg.pos[max(a, b - (limit - len(conts))):b][::-1]  # newest first
-                ends = seg.ends[np.searchsorted(seg.ends, starts, "right")]
-                conts += [seg.tokens[p:min(p + span, e)].tolist() for p, e in zip(starts.tolist(), ends.tolist())]
-                if len(conts) >= limit:
+                starts = seg.pos[max(a, b - (limit - len(out.continuations))):b][::-1]  # newest first
+                docs = np.searchsorted(seg.ends, starts, "right")
+                for p, d in zip(starts.tolist(), docs.tolist()):
+                    out.continuations.append(seg.tokens[p:min(p + span, int(seg.ends[d]))].tolist())
+                    out.same.append(request is not None and seg.same_request(p, d, *request))
+                    out.ago.append(after + seg.n_docs - d)
+                if len(out.continuations) >= limit:
                     break
-            return best, conts
+            return out
+
+
+class Hits(NamedTuple):
+    """What SuffixStore.lookup found."""
+
+    index: int  # the first of the keys that occurs (-1: none)
+    continuations: list[list[int]]  # newest first
+    same: list[bool]  # [len(continuations)] whether it is the asking request's own earlier answer (`request`)
+    ago: list[int]  # [len(continuations)] the stored request it comes from: 1 the scope's newest, 2 the one before, ...

@@ -17,7 +17,9 @@ import numpy as np
 import llguidance
 import llguidance.numpy as llg_np
 
+from .compiled import CompiledGrammar
 from .healing import TokenHealing, vocab_of
+from .reasoning import ReasoningRule, with_reasoning
 from .sources import GrammarError
 
 _ROWS = 65  # mask rows kept ready: a draft of up to 64 tokens and the bonus row
@@ -25,8 +27,12 @@ _ROWS = 65  # mask rows kept ready: a draft of up to 64 tokens and the bonus row
 
 class Constraint:
     def __init__(self, tokenizer: llguidance.LLTokenizer, grammar: str):
+        """grammar: a CompiledGrammar (compiled.py) is copied, any other text compiled here."""
         t = time.perf_counter()
-        self.matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        if isinstance(grammar, CompiledGrammar):
+            self.matcher = grammar.matcher()
+        else:
+            self.matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
         self.n_vocab = tokenizer.vocab_size
         self._bits = llg_np.allocate_token_bitmask(_ROWS, self.n_vocab)
         self._row0_at = -1  # the committed length whose row-0 mask _bits[0] holds; -1: none
@@ -154,15 +160,19 @@ class Ahead:
         return out.reshape(logits.shape) if np.isfinite(out).any() else None
 
 
-def for_request(grammar: str | None, heal: bytes, tokenizer, model) -> "Constraint | TokenHealing | None":
-    """A request's constraint: its grammar's matcher (tokenizer(): the target's llguidance
-    tokenizer), else its token healing over the model's vocabulary, else None."""
-    if grammar is not None:
-        constraint = Constraint(tokenizer(), grammar)
-        if constraint.error:
-            raise GrammarError(f"invalid grammar: {constraint.error}")
-        return constraint
-    return TokenHealing(vocab_of(model), heal) if heal else None
+def for_request(params, tokenizer, model) -> "Constraint | TokenHealing | ReasoningRule | None":
+    """A request's constraint (params: its SamplingParams): its grammar's matcher (tokenizer(): the
+    target's llguidance tokenizer; a CompiledGrammar's matcher is copied, not compiled again), else its
+    token healing over the model's vocabulary, else None; inside its reasoning rule where it has one
+    (grammar.reasoning: a budget, a grammar after the block)."""
+    inner = None
+    if params.grammar is not None:
+        inner = Constraint(tokenizer(), params.grammar)
+        if inner.error:
+            raise GrammarError(f"invalid grammar: {inner.error}")
+    elif params.heal:
+        inner = TokenHealing(vocab_of(model), params.heal)
+    return with_reasoning(params.reasoning, inner, model)
 
 
 def _first_line(message: str) -> str:

@@ -1,10 +1,12 @@
 """The HTTP server: OpenAI-compatible and llama-server-compatible endpoints over one Engine.
 
-Layout: `app` (routes, auth, lifespan), `openai_api` and `llama_api` (endpoints),
-`params` (request validation), `jobs` (one request's generation), `scheduler`
-(the engine thread, slots and queue), `metrics` (Prometheus, request log line),
-`profiles` (named presets), `errors` (OpenAI error shape). The load and interference tools that
-measure a server are in specserve/tools.
+Layout: `app` (the routes of every API, the server's own, lifespan), `state` (settings and what one
+server holds); `http/` the edge (listener, guards, errors and their shapes, body reading, SSE);
+`apis/` one adapter per API (OpenAI chat, completions and models, llama-server's /completion,
+/infill), each turning its bodies into the one internal request; `core/` what serves any request
+(the request, sampling and speculation over profiles, jobs, scheduler, batcher, the answer's events,
+constraints and tools, metrics, trace). The load and interference tools that measure a server are in
+specserve/tools.
 """
 from .app import create_app
 from .state import ServerSettings

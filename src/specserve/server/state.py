@@ -5,10 +5,13 @@ import os
 from dataclasses import dataclass, field
 
 from ..engine import Engine
-from .metrics import ServerMetrics
-from .profiles import Profile
-from .batcher import SLOWDOWN
-from .scheduler import Scheduler
+from ..grammar import GrammarWorker
+from .core.batcher import SLOWDOWN
+from .core.metrics import ServerMetrics
+from .core.profiles import Profile
+from .core.reasoning import FORMATS as REASONING_FORMATS
+from .core.scheduler import Scheduler
+from .http.proxies import networks
 
 MAX_BODY_BYTES = 4 << 20
 READ_TIMEOUT_S = 30.0
@@ -38,8 +41,11 @@ class ServerSettings:
     drain_timeout: float = DRAIN_TIMEOUT_S  # seconds a drain waits before it ends the requests in flight
     max_connections: int = MAX_CONNECTIONS  # connections served at once; requests on more get 503
     max_connections_per_client: int = MAX_CONNECTIONS_PER_CLIENT  # open connections from one address; 0: no limit
+    trusted_proxies: tuple[str, ...] = ()  # addresses or networks whose X-Forwarded-For is believed (http/proxies.py)
     request_line_timeout: float = REQUEST_LINE_TIMEOUT_S  # seconds a connection may wait before its request line
     webui: bool = True  # the chat page at / (webui.py); --no-webui: off, / is 404
+    reasoning_format: str = "auto"  # how a chat's reasoning block is parted from its answer (core/reasoning.py)
+    reasoning_budget: int = -1  # a chat's reasoning budget in tokens unless it gives one; -1: unlimited
 
     def __post_init__(self) -> None:
         if self.model_name not in self.profiles:
@@ -50,6 +56,7 @@ class ServerSettings:
             raise ValueError("an API key must be non-empty and have no surrounding whitespace")
         if any(k not in self.api_keys or not s or len(s) > 128 for k, s in self.key_scopes.items()):
             raise ValueError("a key scope must belong to a listed API key and be 1 to 128 characters")
+        networks(self.trusted_proxies)  # ValueError naming a bad one
         if self.max_connections_per_client < 0:
             raise ValueError(f"max_connections_per_client must be >= 0 (0: no limit), "
                              f"got {self.max_connections_per_client}")
@@ -57,6 +64,11 @@ class ServerSettings:
                             ("request_line_timeout", self.request_line_timeout)):
             if not 0 < value < 1e6:  # also refuses NaN
                 raise ValueError(f"{name} must be > 0 seconds, got {value}")
+        if self.reasoning_format not in REASONING_FORMATS:
+            raise ValueError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got "
+                             f"{self.reasoning_format!r}")
+        if self.reasoning_budget < -1:
+            raise ValueError(f"reasoning_budget must be -1 (unlimited) or >= 0, got {self.reasoning_budget}")
         if self.ubatch < MIN_UBATCH:
             raise ValueError(f"ubatch must be >= {MIN_UBATCH} (a verification of the longest draft), got {self.ubatch}")
         if not 0 <= self.prefill_slowdown < 1e6 or 0 < self.prefill_slowdown <= 1:
@@ -75,9 +87,10 @@ class ServerState:
         self.profiles = settings.profiles
         self.metrics = ServerMetrics(busy_slots=lambda: self.scheduler.pool.busy,
                                      queue_depth=lambda: self.scheduler.pool.waiting,
-                                     suffix_store=engine.suffix_store)
+                                     suffix_store=engine.suffix_store, scopes=set(settings.key_scopes.values()))
         self.scheduler = Scheduler(engine, settings.parallel, settings.queue, settings.ubatch,
                                    on_pass=self.metrics.target_pass, prefill_slowdown=settings.prefill_slowdown)
+        self.grammars = GrammarWorker()  # compiles grammars off the event loop (core/constraints/compiling.py)
 
     def health(self) -> dict:
         pool = self.scheduler.pool

@@ -1,0 +1,138 @@
+"""Anthropic's Messages API: POST /v1/messages and /v1/messages/count_tokens, for Claude-Code-style agents.
+
+The body (anthropic_request.py) becomes the one GenRequest: system and messages as a chat in the
+templates' form, tools through the core's tools grammar, `max_tokens`, `stop_sequences` and sampling
+over the request's profile, the `speculative` object as on every API. The answer's events are shaped
+as a `message` with content blocks (text, tool_use; thinking once the core parts reasoning out), or
+streamed as Anthropic's named events (anthropic_stream.py). `usage` counts the prompt tokens read from
+the slot's cache as `cache_read_input_tokens` (Anthropic's input_tokens are the rest) and carries
+`speculative`. Every refusal on these paths has Anthropic's error body. `x-api-key` is read by the
+key guard (http/guard.py); `anthropic-version` and `anthropic-beta` are accepted and not needed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ...chat import ChatTemplateError
+from ...prompt import chat_tokens
+from ..core.answer import Answer, answer
+from ..core.jobs import CLIENT_GONE, start
+from ..core.params import Limit
+from ..core.request import GenRequest
+from ..http.body import read_json
+from ..http.endpoint import Endpoint
+from ..http.errors import ApiError, bad_request
+from ..http.guard import KEY_SCOPE
+from ..http.sse import sse_response
+from . import anthropic_stream
+from .anthropic_stream import stop_reason, usage
+from .anthropic_request import MessagesRequest, chat_messages, check_tools, template_tools, tool_request
+from .constraint_fields import output_grammar
+from .fields import params_of, resolve_profile
+from .validation import parse
+
+# Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors)
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                404: "not_found_error", 408: "timeout_error", 413: "request_too_large", 429: "rate_limit_error",
+                503: "overloaded_error", 529: "overloaded_error"}
+
+
+def error_body(err: ApiError) -> dict:
+    """Anthropic's error shape: {"type": "error", "error": {"type", "message"}}."""
+    kind = _ERROR_TYPES.get(err.status, "api_error" if err.status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": err.message}}
+
+
+def routes() -> list[Endpoint]:
+    return [Endpoint("/v1/messages", messages, render_error=error_body),
+            Endpoint("/v1/messages/count_tokens", count_tokens, render_error=error_body)]
+
+
+async def _fields(request: Request) -> MessagesRequest:
+    state = request.app.state.server
+    return parse(MessagesRequest, await read_json(request, state.settings.max_body, state.settings.read_timeout))
+
+
+async def messages_request(request: Request) -> tuple[GenRequest, MessagesRequest]:
+    """The body as a GenRequest (and its fields, for what shapes the answer)."""
+    state = request.app.state.server
+    fields = await _fields(request)
+    profile = resolve_profile(fields.model, state.profiles, state.settings.model_name)
+    if fields.max_tokens is None:
+        raise bad_request("max_tokens is required", "max_tokens")
+    sampling, limit, spec, verify = params_of(state, fields, profile, request.scope.get(KEY_SCOPE),
+                                              Limit("max_tokens", fields.max_tokens))
+    chat = chat_messages(fields)
+    tools = tool_request(fields, chat, state.engine.target)
+    grammar = await output_grammar(state, fields, tools, fields.format_grammar())
+    if grammar is not None:
+        sampling = dataclasses.replace(sampling, grammar=grammar)
+    req = GenRequest("messages", profile.name, sampling, spec, verify, stream=bool(fields.stream), messages=chat,
+                     cache_prompt=fields.cache_prompt is not False, limit=limit, tools=tools,
+                     reasoning_budget=fields.reasoning_budget())
+    return req, fields
+
+
+def message_id() -> str:
+    return "msg_" + uuid.uuid4().hex[:24]
+
+
+def head(req: GenRequest, fields: MessagesRequest) -> dict:
+    return {"id": message_id(), "type": "message", "role": "assistant", "model": fields.model or req.model}
+
+
+def content_blocks(out: Answer) -> list[dict]:
+    """The whole answer's content blocks: its reasoning as a thinking block (signed "": nothing here signs),
+    text (omitted when blank beside tool calls), then each call's tool_use with its arguments as an object."""
+    blocks = [{"type": "thinking", "thinking": out.reasoning, "signature": ""}] if out.reasoning else []
+    if out.content and (out.content.strip() or not out.calls):
+        blocks.append({"type": "text", "text": out.content})
+    for call in out.calls:
+        try:
+            arguments = json.loads(call.arguments)
+        except ValueError:  # cut short
+            arguments = {}
+        blocks.append({"type": "tool_use", "id": call.id, "name": call.name, "input": arguments})
+    return blocks
+
+
+async def messages(request: Request) -> Response:
+    req, fields = await messages_request(request)
+    state = request.app.state.server
+    job = await start(state, req, request)
+    if req.stream:
+        return sse_response(anthropic_stream.events(job, head(req, fields)), job, state.metrics.error,
+                            f"{request.method} {request.url.path}", error_body, anthropic_stream.write)
+    out = await answer(job, request)
+    if out is None:
+        return Response(status_code=CLIENT_GONE)
+    body = {**head(req, fields), "content": content_blocks(out),
+            "stop_reason": stop_reason(out.reason, job.stats.stop_word), "stop_sequence": job.stats.stop_word or None,
+            "usage": usage(job), **out.detail}
+    if out.trace is not None:
+        body["speculative_trace"] = out.trace
+    return JSONResponse(body)
+
+
+def _count(model, chat: list[dict], tools: list[dict] | None) -> int:
+    try:
+        return len(chat_tokens(model, chat, tools))
+    except (ChatTemplateError, ValueError) as e:
+        raise bad_request(str(e), "messages") from None
+
+
+async def count_tokens(request: Request) -> Response:
+    """The prompt's tokens as /v1/messages would evaluate them: the same chat, tools and template."""
+    state = request.app.state.server
+    fields = await _fields(request)
+    chat = chat_messages(fields)
+    model = state.engine.target
+    check_tools(fields, chat, model)
+    n = await anyio.to_thread.run_sync(_count, model, chat, template_tools(fields) or None)
+    return JSONResponse({"input_tokens": n})

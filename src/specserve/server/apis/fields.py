@@ -1,0 +1,190 @@
+"""The request fields OpenAI's and llama-server's generating endpoints share, and what every adapter
+does with them: the profile a `model` names, sampling and speculation (core/params.py), and the fields
+this server refuses rather than ignore.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+from pydantic import field_validator, model_validator
+
+from ..core.params import SAMPLING_FIELDS, SPEC_FIELDS, Limit, sampling_params, spec_params
+from ..core.profiles import Profile
+from ..http.errors import bad_request
+from .constraint_fields import ConstraintFields
+from .validation import Fields
+
+MAX_STOP = 16  # stop strings per request
+MAX_STOP_LEN = 256  # characters per stop string
+
+
+def _one_of(*values) -> Callable[[object], bool]:
+    return lambda v: not isinstance(v, bool) and v in values
+
+
+def _off(v) -> bool:
+    return not v
+
+
+# Fields we do not implement (OpenAI's and llama-server's): refused with `unsupported_parameter`
+# unless absent, null, or neutral (what the field means when it is left out). Answering
+# while ignoring them would hand back output the client did not ask for.
+_UNSUPPORTED: dict[str, Callable[[object], bool]] = {
+    "n": _one_of(1), "best_of": _one_of(1),
+    "echo": _off, "logprobs": _off, "top_logprobs": _off, "suffix": _off, "logit_bias": _off,
+    "presence_penalty": _off, "frequency_penalty": _off,
+    "functions": _off, "function_call": _one_of("none", "auto"),  # the deprecated form of tools
+    "audio": _off, "modalities": lambda v: v == ["text"], "prediction": _off,
+    # llama-server's sampling fields
+    "n_probs": _off, "image_data": _off, "multimodal_data": _off,
+    "repeat_penalty": _one_of(1), "typical_p": _one_of(1), "mirostat": _off, "dry_multiplier": _off,
+    "xtc_probability": _off, "dynatemp_range": _off, "top_n_sigma": lambda v: _one_of(-1)(v) or not v,
+    "lora": _off,
+    # llama-server fields for its slots and context shift, which this server does not have
+    # (id_slot: /completion and /infill implement it and skip this entry)
+    "id_slot": _one_of(-1), "n_keep": _one_of(0, -1), "t_max_predict_ms": _off,
+}
+
+
+def check_unsupported(body: dict, handled: tuple[str, ...] = ()) -> None:
+    """400 `unsupported_parameter` for the first field we do not implement that is set to a non-neutral
+    value (`handled`: fields of that list the endpoint does implement)."""
+    for key, neutral in _UNSUPPORTED.items():
+        value = body.get(key) if key not in handled else None
+        if value is None or neutral(value):
+            continue
+        raise bad_request(f"{key}={json.dumps(value)[:40]} is not supported by this server", key,
+                          "unsupported_parameter")
+    for key in SPEC_FIELDS:  # a speculation field sent at the top level would otherwise be ignored
+        if body.get(key) is not None:
+            raise bad_request(f"{key} is a field of the speculative object: send "
+                              f'"speculative": {{"{key}": {json.dumps(body[key])[:40]}}}', key, "unsupported_parameter")
+
+
+class Speculative(Fields):
+    """The `speculative` object (a specserve extension): per-request speculation settings."""
+
+    mode: str | None = None
+    draft_max: int | None = None
+    draft_min: int | None = None
+    draft_p_min: float | None = None
+    ngram_min: int | None = None
+    ngram_max: int | None = None
+    suffix_max: int | None = None
+    cross_request: bool | None = None
+    cross_request_scope: str | None = None
+    verify: str | None = None
+    trace: bool | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known(cls, value):
+        if not isinstance(value, dict):
+            raise bad_request("speculative must be an object", "speculative")
+        for key in value:
+            if key not in SPEC_FIELDS:
+                raise bad_request(f"speculative.{key} is unknown; known: {', '.join(SPEC_FIELDS)}",
+                                  f"speculative.{key}")
+        return value
+
+    def asked(self) -> dict:
+        """The fields set (not null), for core.params.spec_params."""
+        return {k: getattr(self, k) for k in SPEC_FIELDS if getattr(self, k) is not None}
+
+
+class Generation(ConstraintFields):
+    """What OpenAI's and llama-server's generating endpoints share: sampling, stop strings, streaming,
+    the prompt cache, speculation and output constraints. Unknown fields are left to the endpoint."""
+
+    model: str | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    ignore_eos: bool | None = None
+    samplers: str | list[str] | None = None  # llama-server's chain (core/params.py)
+    stop: tuple[str, ...] = ()
+    stream: bool | None = None
+    cache_prompt: bool | None = None
+    speculative: Speculative | None = None
+
+    @field_validator("samplers", mode="before")
+    @classmethod
+    def _samplers(cls, value):
+        if value is not None and not isinstance(value, str) and not (
+                isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            raise bad_request("samplers must be an array of sampler names or a string of their letters", "samplers")
+        return value
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop(cls, value) -> tuple[str, ...]:
+        if value is None:
+            return ()
+        stops = [value] if isinstance(value, str) else value
+        if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+            raise bad_request("stop must be a string or an array of strings", "stop")
+        if len(stops) > MAX_STOP or any(len(s) > MAX_STOP_LEN for s in stops):
+            raise bad_request(f"stop takes at most {MAX_STOP} strings of at most {MAX_STOP_LEN} characters", "stop")
+        return tuple(s for s in stops if s)
+
+    def sampling_asked(self, random_seed: int | None = None) -> dict:
+        """The sampling fields set (not null); `random_seed`: the seed value that means a random one
+        (llama-server's -1), given as None."""
+        asked = {k: getattr(self, k) for k in SAMPLING_FIELDS if getattr(self, k) is not None}
+        if random_seed is not None and asked.get("seed") == random_seed:
+            asked["seed"] = None
+        return asked
+
+
+def resolve_profile(name: str | None, profiles: dict[str, Profile], default: str) -> Profile:
+    """The profile named by `model`; any other name (or none) is the served model's own profile, as
+    llama-server serves whatever name a client sends: editors and agents send their own defaults
+    (`gpt-4o-mini`, `qwen2.5-coder:1.5b`, `claude-...`)."""
+    return profiles.get(name or default) or profiles[default]
+
+
+def params_of(state, fields: Generation, profile: Profile, key_scope: str | None, limit: Limit | None, *,
+             default: Limit | None = None, random_seed: int | None = None, spec: dict | None = None):
+    """(SamplingParams, what set max_tokens, SpecParams, verify) of a request over its profile.
+    spec: the speculative fields asked for, where the API spells them its own way (else `speculative`)."""
+    sampling, described = sampling_params(profile, state.engine.n_ctx, fields.sampling_asked(random_seed),
+                                          limit=limit, default=default, samplers=fields.samplers, stop=fields.stop)
+    if spec is None:
+        spec = fields.speculative.asked() if fields.speculative is not None else {}
+    spec_p, verify = spec_params(spec, profile, state.engine.draft is not None, key_scope)
+    return sampling, described, spec_p, verify
+
+
+def first_limit(fields: Fields, keys: tuple[str, ...]) -> Limit | None:
+    """The limit on generated tokens from the first of `keys` the request set."""
+    for key in keys:
+        n = getattr(fields, key)
+        if n is not None:
+            return Limit(key, n)
+    return None
+
+
+def prompt_value(value: Any, key: str = "prompt") -> str | list[int] | None:
+    """A prompt: a string or token ids (or a one-element array of either); None if absent."""
+    if value is None:
+        return None
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+        value = value[0]  # OpenAI's batch form with one prompt
+    if isinstance(value, str):
+        if not value:
+            raise bad_request(f"{key} is empty", key)
+        return value
+    if isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        if not value:
+            raise bad_request(f"{key} is empty", key)
+        return list(value)
+    raise bad_request(f"{key} must be a string or an array of token ids (one prompt per request)", key)
+
+
+def required(value, key: str):
+    if value is None:
+        raise bad_request(f"{key} is required", key)
+    return value

@@ -1,0 +1,117 @@
+"""OpenAI's Responses API: POST /v1/responses and /v1/responses/input_tokens (and llama-server's
+un-prefixed /responses), for Codex-style agents and `client.responses` of the openai SDK.
+
+The body (responses_request.py) becomes the one GenRequest: instructions and input items as a chat in
+the templates' form, function tools through the core's tools grammar, `text.format` as an output
+constraint, `max_output_tokens` and sampling over the request's profile, the `speculative` object as
+on every API. The answer's events are shaped as a `response` (responses_output.py) or streamed as
+Responses events (responses_stream.py). Stateless: nothing is stored, so `previous_response_id` is
+refused with a 400 that says to send the conversation (a store would hold each conversation in one
+process's memory, which replicas behind one endpoint do not share; agents send the whole input
+anyway, and llama-server refuses it too). Errors keep OpenAI's shape.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ...chat import ChatTemplateError
+from ...prompt import chat_tokens
+from ..core.answer import Answer, answer
+from ..core.jobs import CLIENT_GONE, start
+from ..core.params import Limit
+from ..core.request import GenRequest
+from ..http.body import read_json
+from ..http.endpoint import Endpoint
+from ..http.errors import bad_request
+from ..http.guard import KEY_SCOPE
+from ..http.sse import sse_response
+from .constraint_fields import output_grammar
+from .fields import check_unsupported, params_of, resolve_profile
+from .responses_output import ResponseHead, call_item, message_item, new_id, reasoning_item
+from .responses_request import ResponsesRequest, chat_messages, check_stateless, tools_of
+from .responses_stream import ResponseStream
+from .validation import parse
+
+
+def routes() -> list[Endpoint]:
+    return [Endpoint("/v1/responses", responses), Endpoint("/responses", responses),
+            Endpoint("/v1/responses/input_tokens", input_tokens), Endpoint("/responses/input_tokens", input_tokens)]
+
+
+async def _fields(request: Request) -> ResponsesRequest:
+    state = request.app.state.server
+    body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
+    fields = parse(ResponsesRequest, body)
+    check_unsupported(body)
+    check_stateless(fields)
+    return fields
+
+
+async def responses_request(request: Request) -> tuple[GenRequest, ResponsesRequest]:
+    """The body as a GenRequest (and its fields, for what shapes the answer)."""
+    state = request.app.state.server
+    fields = await _fields(request)
+    profile = resolve_profile(fields.model, state.profiles, state.settings.model_name)
+    limit = Limit("max_output_tokens", fields.max_output_tokens) if fields.max_output_tokens is not None else None
+    sampling, limit, spec, verify = params_of(state, fields, profile, request.scope.get(KEY_SCOPE), limit)
+    chat = chat_messages(fields)
+    tools = tools_of(fields, chat, state.engine.target)
+    grammar = await output_grammar(state, fields, tools, fields.format_grammar())
+    if grammar is not None:
+        sampling = dataclasses.replace(sampling, grammar=grammar)
+    req = GenRequest("responses", profile.name, sampling, spec, verify, stream=bool(fields.stream), messages=chat,
+                     cache_prompt=fields.cache_prompt is not False, limit=limit, tools=tools,
+                     reasoning_budget=fields.reasoning_budget())
+    return req, fields
+
+
+def output_items(out: Answer) -> list[dict]:
+    """The whole answer's items: its text as a message (none when blank beside tool calls), then a
+    function_call per call, after its reasoning item where it reasoned; the last is "incomplete" where
+    max_output_tokens cut it."""
+    items = [reasoning_item(new_id("rs"), out.reasoning)] if out.reasoning else []
+    if out.content and (out.content.strip() or not out.calls):
+        items.append(message_item(new_id("msg"), out.content))
+    for call in out.calls:
+        items.append(call_item(new_id("fc"), call.id, call.name, call.arguments))
+    if items and out.reason == "length":
+        items[-1]["status"] = "incomplete"
+    return items
+
+
+async def responses(request: Request) -> Response:
+    req, fields = await responses_request(request)
+    state = request.app.state.server
+    job = await start(state, req, request)
+    head = ResponseHead(req, fields)
+    if req.stream:
+        s = ResponseStream(job, head)
+        return sse_response(s.events(), job, state.metrics.error, f"{request.method} {request.url.path}", s.error)
+    out = await answer(job, request)
+    if out is None:
+        return Response(status_code=CLIENT_GONE)
+    body = {**head.response("completed", output_items(out), job, out.reason), **out.detail}
+    if out.trace is not None:
+        body["speculative_trace"] = out.trace
+    return JSONResponse(body)
+
+
+def _count(model, chat: list[dict], tools: list[dict] | None) -> int:
+    try:
+        return len(chat_tokens(model, chat, tools))
+    except (ChatTemplateError, ValueError) as e:
+        raise bad_request(str(e), "input") from None
+
+
+async def input_tokens(request: Request) -> Response:
+    """The prompt's tokens as /v1/responses would evaluate them (OpenAI's `responses.input_tokens.count`)."""
+    state = request.app.state.server
+    fields = await _fields(request)
+    chat = chat_messages(fields)
+    tools = tools_of(fields, chat, state.engine.target)
+    n = await anyio.to_thread.run_sync(_count, state.engine.target, chat, tools.tools if tools is not None else None)
+    return JSONResponse({"object": "response.input_tokens", "input_tokens": n})
