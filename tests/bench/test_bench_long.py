@@ -42,6 +42,7 @@ def test_a_bad_length_is_refused(name):
         load_workload(name, 4)
 
 
+@pytest.mark.server
 def test_bench_runs_each_draft_window_through_a_server_of_its_own(tiny_paths, tmp_path):
     code, out = run_cli("bench", "-m", tiny_paths["target"], "-md", tiny_paths["draft_close"], "-c", 4096, "-t", 1,
                         "--workload", "long-file:300", "--prompts-per-workload", 2, "-n", 24, "--ignore-eos",

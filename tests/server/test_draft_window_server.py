@@ -9,6 +9,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from server_fixtures import ServerProcess, serve_args, tiny_models_dir  # noqa: E402,F401
+import pytest
+
+pytestmark = pytest.mark.server
 
 PROMPTS = ["".join(f"line {i}: the value of {name}{i} is {i * 7 % 13}\n" for i in range(16)) for name in ("x", "y")]
 
