@@ -72,12 +72,28 @@ def test_max_ctx_in_budget(tiny_paths):
     assert max_ctx_in_budget([shape, shape], at_1024, limit=8192) < 1024  # a draft costs context
 
 
+def test_a_draft_window_costs_the_context_only_its_fixed_share(tmp_path, monkeypatch):
+    """With --draft-ctx the draft's cache stops growing with the context: the largest context that fits
+    is the target alone's in the budget less the draft at its window."""
+    from header_models import QWEN3_0_6B, QWEN3_14B, write_header_only
+
+    monkeypatch.setenv("SPECSERVE_EXTRA_BUFFERS", "0")  # as on a GPU: no repacked copy of the 14B's Q4_K
+    target = ModelShape.from_gguf(write_header_only(tmp_path / "t.gguf", QWEN3_14B))
+    draft = ModelShape.from_gguf(write_header_only(tmp_path / "d.gguf", QWEN3_0_6B))
+    assert memory.cells(32768, 1024) == 1024 and memory.cells(512, 1024) == 512 and memory.cells(4096, 0) == 4096
+    for budget in (12 * GiB, 14 * GiB, 16 * GiB):  # none capped at the training context
+        at_window = estimate(draft, 1024, repack=False).total
+        windowed = max_ctx_in_budget([target, draft], budget, 40960, windows=[0, 1024])
+        assert windowed == max_ctx_in_budget([target], budget - at_window, 40960)
+        assert max_ctx_in_budget([target, draft], budget, 40960) < windowed < max_ctx_in_budget([target], budget, 40960)
+
+
 def test_loaded_summary_lists_each_part(tiny_paths):
     from specserve.config import ModelConfig
     from specserve.engine import Engine
 
     engine = Engine.load(ModelConfig(str(tiny_paths["target"]), str(tiny_paths["draft_close"]), n_ctx=2048,
-                                     n_threads=1))
+                                     n_threads=1, draft_ctx=0))
     try:
         text = memory.loaded_summary(engine)
     finally:
@@ -92,3 +108,18 @@ def test_loaded_summary_lists_each_part(tiny_paths):
 def test_fmt_bytes():
     assert [memory.fmt_bytes(n) for n in (0, 1023, 1024, 1536 * MiB, 3 * GiB)] == \
         ["0 B", "1023 B", "1.0 KiB", "1.5 GiB", "3.0 GiB"]
+
+
+def test_loaded_summary_prices_the_draft_at_its_window(tiny_paths):
+    from specserve.config import ModelConfig
+    from specserve.engine import Engine
+
+    engine = Engine.load(ModelConfig(str(tiny_paths["target"]), str(tiny_paths["draft_close"]), n_ctx=2048,
+                                     n_threads=1, draft_ctx=256))
+    try:
+        text = memory.loaded_summary(engine)
+    finally:
+        engine.close()
+    target, draft, total = text.splitlines()
+    assert "KV 256 B/token x 2048 = 512.0 KiB" in target
+    assert "KV 256 B/token x 256 = 64.0 KiB" in draft and "its window, --draft-ctx 256" in draft

@@ -24,6 +24,11 @@ SEED_LIMIT = 2**64
 # whatever is speculated; rejection accepts more of a draft model's tokens.
 VERIFY_METHODS = ("gumbel", "rejection")
 DEFAULT_VERIFY = "gumbel"
+# --draft-ctx: the draft model's cache holds the sequence's first tokens and its most recent ones, this many
+# cells in all (drafters/window.py; 0: the whole context). Why 1024, and the measurement that may turn it
+# off: docs/draft-window.md ("The default").
+DRAFT_CTX_DEFAULT = 1024
+DRAFT_CTX_MIN = 128  # less leaves too little beside the sinks, a slide and a draft
 # Alternatives a request may ask for at each token (OpenAI's top_logprobs and vLLM's default limit: 20).
 MAX_LOGPROBS = 20
 # Which distribution logprobs describe (logprobs.py): the model's own softmax, or the one the token was drawn from.
@@ -201,6 +206,7 @@ class ModelConfig:
     auto_profile: bool = True  # keep what --spec auto learns across processes (learned.py)
     cross_request_bytes: int = 0  # the engine's store of earlier requests for the suffix drafter; 0: none
     cache_reuse: int = 0  # --cache-reuse: least run of moved cached tokens a slot keeps (backends/cache_reuse.py); 0: off
+    draft_ctx: int = DRAFT_CTX_DEFAULT  # --draft-ctx: the draft model's cache cells a slot (drafters/window.py); 0: n_ctx
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -212,3 +218,5 @@ class ModelConfig:
             raise ValueError(f"the cross-request store size must be >= 0, got {self.cross_request_bytes}")
         if self.cache_reuse < 0:
             raise ValueError(f"--cache-reuse must be >= 0, got {self.cache_reuse}")
+        if self.draft_ctx != 0 and self.draft_ctx < DRAFT_CTX_MIN:
+            raise ValueError(f"--draft-ctx must be 0 (the whole context) or >= {DRAFT_CTX_MIN}, got {self.draft_ctx}")

@@ -22,7 +22,7 @@ from . import steps
 from .backends import Model, load_model
 from .backends.timing import token_seconds
 from .commit import Request, commit
-from .config import DEFAULT_VERIFY, ModelConfig, SamplingParams, SpecParams
+from .config import DEFAULT_VERIFY, DRAFT_CTX_DEFAULT, ModelConfig, SamplingParams, SpecParams
 from .auto import Controller
 from .auto.profile import learning_controller
 from .drafters import EMPTY_DRAFT, Draft, Drafter, propose_steps
@@ -32,6 +32,7 @@ from .drafters.hybrid import LOOKUPS, HybridDrafter
 from .drafters.ngram import NgramDrafter
 from .drafters.suffix import SuffixDrafter
 from .drafters.suffix_store import SuffixStore
+from .drafters.window import draft_contexts
 from .grammar import Constraint, GrammarError, TokenHealing, check, for_request
 from .logprobs import TokenLogprob
 from .policy import OFF, Choice, FixedPolicy, Outcome, Policy, ask_offers, judge
@@ -90,6 +91,7 @@ class Engine:
         self.draft = draft
         self.n_ctx = n_ctx
         self.cache_reuse = 0  # --cache-reuse N: slots keep moved runs of >= N cached tokens (backends/cache_reuse.py)
+        self.draft_window = DRAFT_CTX_DEFAULT  # --draft-ctx N: the draft model's cache cells a slot (drafters/window.py)
         self.suffix_store = suffix_store  # earlier requests' text for the suffix drafter, shared by slots; None: off
         self.make_drafters = drafters or standard_drafters
         self.controller = controller if controller is not None else Controller()  # --spec auto, shared by slots
@@ -112,7 +114,7 @@ class Engine:
         draft = load_model(cfg.draft_path, cfg.n_gpu_layers_draft, cfg.n_threads) if cfg.draft_path else None
         store = SuffixStore(cfg.cross_request_bytes) if cfg.cross_request_bytes else None
         engine = cls(target, draft, cfg.n_ctx, controller=learning_controller(cfg, target), suffix_store=store)
-        engine.cache_reuse = cfg.cache_reuse
+        engine.cache_reuse, engine.draft_window = cfg.cache_reuse, cfg.draft_ctx
         return engine
 
     @property
@@ -127,12 +129,12 @@ class Engine:
         """n slots whose caches are sequences of one context per model, so that their passes can be
         batched (at most n_batch tokens a pass); separate contexts where the backend cannot."""
         target = self.target.new_shared_context(self.n_ctx, n, n_batch)
-        draft = self.draft.new_shared_context(self.n_ctx, n, n_batch) if self.draft is not None and target is not None else None
-        if target is None or self.draft is not None and draft is None:
+        drafts = draft_contexts(self.draft, self.n_ctx, self.draft_window, n, n_batch) if target is not None else None
+        if target is None or drafts is None:  # the backend cannot share a context: each slot has its own
             if target is not None:
                 target.close()
             return [Slot(self) for _ in range(n)]
-        return [Slot(self, target.seqs[i], draft.seqs[i] if draft is not None else None) for i in range(n)]
+        return [Slot(self, target.seqs[i], drafts[i]) for i in range(n)]
 
     def calibrate(self) -> None:
         """Check a loaded profile's drafting cost against this machine now (a few 1-token passes of each
@@ -203,9 +205,7 @@ class Slot:
         """Contexts of its own, or the given ones (sequences of shared contexts: Engine.new_slots)."""
         self.engine = engine
         self.ctx = ctx if ctx is not None else engine.target.new_context(engine.n_ctx)
-        if draft_ctx is None and engine.draft is not None:
-            draft_ctx = engine.draft.new_context(engine.n_ctx)
-        self.draft_ctx = draft_ctx
+        self.draft_ctx = draft_ctx if draft_ctx is not None else draft_contexts(engine.draft, engine.n_ctx, engine.draft_window)[0]
 
     def drafters(self, spec: SpecParams, constraint: Constraint | None = None) -> dict[str, Drafter]:
         """A request's fresh drafters, by the engine's factory (Engine(drafters=...))."""

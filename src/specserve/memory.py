@@ -15,7 +15,8 @@ anything is loaded. Three parts per model, each what llama.cpp allocates on the 
 - KV cache: n_layer * n_head_kv * (head_dim_k + head_dim_v) * bytes per element
   (F16: 2) per cell; llama.cpp rounds the number of cells up to a multiple of 256.
   Sliding-window layers are counted at full size, as llama.cpp's default
-  (`swa_full`) allocates them.
+  (`swa_full`) allocates them. A draft model with a window (--draft-ctx N,
+  drafters/window.py) has N cells, whatever the context (`cells`).
 - compute buffer: llama.cpp sizes it for the worst graph, one micro-batch of
   n_ub = min(512, n_ctx) tokens with every position producing logits, and reuses
   memory between stages, so the buffer is the largest stage (float32 activations,
@@ -152,10 +153,14 @@ def estimate(shape: ModelShape, n_ctx: int, cache_type: str = "f16", repack: boo
                           shape.compute_bytes(n_ctx), repacked)
 
 
-def max_ctx_in_budget(shapes: list[ModelShape], budget: int, limit: int, cache_type: str = "f16") -> int:
-    """The largest context (a multiple of 256, at most `limit`) at which all `shapes` fit in `budget`; 0 if none."""
+def max_ctx_in_budget(shapes: list[ModelShape], budget: int, limit: int, cache_type: str = "f16",
+                      windows: list[int] | None = None) -> int:
+    """The largest context (a multiple of 256, at most `limit`) at which all `shapes` fit in `budget`; 0 if none.
+    windows: per shape, the cells its cache holds at most (a draft's --draft-ctx), 0: the context's."""
+    windows = windows or [0] * len(shapes)
+
     def fits(n_ctx: int) -> bool:
-        return sum(estimate(s, n_ctx, cache_type).total for s in shapes) <= budget
+        return sum(estimate(s, cells(n_ctx, w), cache_type).total for s, w in zip(shapes, windows)) <= budget
 
     lo, hi = 0, limit // KV_CELL_PADDING  # in units of 256 cells; total grows with the context
     if hi and fits(hi * KV_CELL_PADDING):
@@ -164,6 +169,11 @@ def max_ctx_in_budget(shapes: list[ModelShape], budget: int, limit: int, cache_t
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid * KV_CELL_PADDING) else (lo, mid)
     return lo * KV_CELL_PADDING
+
+
+def cells(n_ctx: int, window: int) -> int:
+    """The tokens a draft model's cache holds in a context of n_ctx with --draft-ctx `window` (0: all)."""
+    return window if 0 < window < n_ctx else n_ctx
 
 
 def measure(model, n_ctx: int) -> MemoryEstimate:
@@ -206,15 +216,21 @@ def loaded_summary(engine) -> str:
     for role, model in (("target", engine.target), ("draft", engine.draft)):
         if model is None:
             continue
+        n_ctx = cells(engine.n_ctx, getattr(engine, "draft_window", 0)) if role == "draft" else engine.n_ctx
         try:
-            est = estimate(ModelShape.from_gguf(model.path), engine.n_ctx)
+            shape = ModelShape.from_gguf(model.path)
+            est = estimate(shape, n_ctx)
         except (OSError, ValueError):
             lines.append(f"memory: {role} {os.path.basename(model.path)}: weights {fmt_bytes(model.weights_bytes)}")
             total += model.weights_bytes
             continue
         est = MemoryEstimate(est.n_ctx, model.weights_bytes, est.kv_per_token, est.kv, est.compute,
                              getattr(model, "repacked_bytes", 0))
-        lines.append("memory: " + summary_line(role, os.path.basename(model.path), est))
+        line = "memory: " + summary_line(role, os.path.basename(model.path), est)
+        if n_ctx < engine.n_ctx:  # --draft-ctx: what its window saves
+            line += (f" (its window, --draft-ctx {n_ctx}: the first and the latest tokens; the whole context "
+                     f"would take {fmt_bytes(estimate(shape, engine.n_ctx).total)})")
+        lines.append(line)
         total += est.total
     lines.append(f"memory: total {fmt_bytes(total)} at context {engine.n_ctx} (one slot)")
     return "\n".join(lines)

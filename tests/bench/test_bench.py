@@ -12,7 +12,7 @@ from specserve.cli import main
 
 CONFIG_FIELDS = {"name", "spec", "draft_model", "draft_max", "temperature", "workload", "tokens_per_s", "speedup",
                  "speedup_median", "acceptance", "mean_accepted_len", "acceptance_by_position", "ttft_s", "rank",
-                 "n_prompts", "n_runs", "memory_bytes", "flags", "drafter_steps"}
+                 "n_prompts", "n_runs", "memory_bytes", "flags", "drafter_steps", "decode_tokens_per_s"}
 N_CONFIGS = 7  # target, draft k=1,2, ngram k=1,2, suffix, auto
 PROMPTS = ["the cat sat on the mat and the dog ran to the cat", "he was in the mat of the dog with the cat"]
 

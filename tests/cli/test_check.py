@@ -35,20 +35,23 @@ def test_compatible_tiny_pair_json(capsys, tiny_paths):
     assert report["compatible"] is True and report["problems"] == []
     mem = report["memory"]
     assert mem["target"]["kv_per_token"] == 256 and mem["target"]["kv"] == 256 * 2048
-    assert mem["draft"]["kv_per_token"] == 256
+    # the draft's cache is its window (--draft-ctx, default 1024); the whole context's beside it
+    assert mem["draft"]["kv_per_token"] == 256 and mem["draft_ctx"] == 1024 and mem["draft"]["kv"] == 256 * 1024
+    assert mem["draft_full_context"]["kv"] == 256 * 2048
     assert mem["total_bytes"] == mem["target"]["total"] + mem["draft"]["total"]
     assert mem["draft_cost_bytes"] == mem["draft"]["total"]
     assert mem["max_ctx_in_budget"] == mem["max_ctx_in_budget_without_draft"] == 1024  # capped: n_ctx_train
+    assert mem["max_ctx_in_budget_full_draft"] == 1024
     measured = mem["measured"]
     assert set(measured) == {"target", "draft", "total_bytes", "relative_error"}
-    for role in ("target", "draft"):
-        assert measured[role]["kv"] == 256 * 2048
+    for role, cells in (("target", 2048), ("draft", 1024)):
+        assert measured[role]["kv"] == 256 * cells
         assert all(abs(e) < 0.10 for e in measured["relative_error"][role].values()), measured["relative_error"]
 
 
 def test_budget_tradeoff_in_text_report(capsys, tiny_paths):
     code, out, _ = check(capsys, "-m", tiny_paths["target"], "-md", tiny_paths["draft_close"], "-c", 512,
-                         "--budget", "13MiB", "-t", 1)
+                         "--budget", "13MiB", "-t", 1, "--draft-ctx", 0)
     assert code == 0
     assert "pairing: compatible" in out
     assert "estimated" in out and "measured" in out and "target KV cache (256 B/token)" in out
@@ -69,6 +72,7 @@ def test_flagrant_pair_exits_2_and_still_reports(capsys, tiny_paths, tmp_path):
     ("--budget", "0GiB", "must be positive"),
     ("-c", "0", "context size must be > 0"),
     ("-c", "-5", "context size must be > 0"),
+    ("--draft-ctx", "100", "--draft-ctx must be 0 (the whole context) or >= 128"),
 ])
 def test_bad_values_one_line_exit_2(capsys, tiny_paths, flag, value, message):
     code, out, err = check(capsys, "-m", tiny_paths["target"], flag, value)
@@ -133,3 +137,30 @@ def test_repacked_weights_estimated_on_the_cpu_repack_path(tmp_path):
     assert measured["repacked"] > 500 * 2**20  # llama.cpp really took the repack path
     assert abs(estimated["repacked"] - measured["repacked"]) < 0.02 * measured["repacked"]
     _assert_within_10_percent(report, 2048)
+
+
+def test_memory_only_prices_a_14b_target_and_a_0_6b_draft_from_their_headers(capsys, tmp_path, monkeypatch):
+    """Qwen3-14B and Qwen3-0.6B shapes, headers only (nothing loadable): at 32k the 0.6B's cache is 3.5 GiB
+    at the whole context and 112 MiB at its window; a 16 GiB budget (no CPU repack, as a GPU) holds 34.5k
+    tokens of context alone, 30.2k with the windowed draft (its weights and compute buffer), 20.0k with the
+    draft at the whole context."""
+    from header_models import QWEN3_0_6B, QWEN3_14B, write_header_only
+
+    monkeypatch.setenv("SPECSERVE_EXTRA_BUFFERS", "0")
+    target = write_header_only(tmp_path / "qwen3-14b.gguf", QWEN3_14B)
+    draft = write_header_only(tmp_path / "qwen3-0.6b.gguf", QWEN3_0_6B)
+    code, out, _ = check(capsys, "-m", target, "-md", draft, "-c", 32768, "--budget", "16GiB", "--memory-only",
+                         "--json")
+    assert code == 0
+    report = json.loads(out)
+    mem = report["memory"]
+    assert report["pairing_checked"] is False and mem["measured"] is None
+    assert mem["target"]["kv_per_token"] == 160 * 1024 and mem["draft"]["kv_per_token"] == 112 * 1024
+    assert mem["draft_full_context"]["kv"] == 112 * 1024 * 32768 == 8 * 4 * mem["draft"]["kv"]  # 1/32
+    without, windowed, full = (mem[k] for k in ("max_ctx_in_budget_without_draft", "max_ctx_in_budget",
+                                                  "max_ctx_in_budget_full_draft"))
+    assert (without, windowed, full) == (34560, 30208, 19968)
+    code, text, _ = check(capsys, "-m", target, "-md", draft, "-c", 32768, "--budget", "16GiB", "--memory-only")
+    assert "pairing: not checked" in text
+    assert "(draft at the whole context: KV cache) 3.5 GiB" in " ".join(text.split())
+    assert "largest context 34560 -> 30208 with the draft at its window of 1024, 19968 with the draft at" in text

@@ -11,7 +11,8 @@ The kept keys and values were computed after a different preceding context, so w
 follows can differ from a cold evaluation of the same prompt (as in llama-server).
 Memories that cannot drop a range or shift positions keep their prefix only: the contexts
 ask only where the model `can_rollback` (a recurrent state can shift positions, llama.cpp
-says, but cannot drop the cells between runs).
+says, but cannot drop the cells between runs). `drop_cells` is the same move for a draft
+model's window (drafters/window.py): the oldest recent cells go, the later ones move down.
 """
 from __future__ import annotations
 
@@ -83,7 +84,24 @@ def reuse_chunks(mem, seq_id: int, cached: Sequence[int], tokens: Sequence[int],
         return None
     n_keep, moves = plan_reuse(cached, tokens, n_min)
     for c, p, n in moves:  # in order: earlier moves already sit below p
-        C.llama_memory_seq_rm(mem, seq_id, p, c)  # the cells between the kept part and this run
-        C.llama_memory_seq_add(mem, seq_id, c, c + n, p - c)
+        move_down(mem, seq_id, c, p, n)
     C.llama_memory_seq_rm(mem, seq_id, n_keep, -1)
     return n_keep
+
+
+def move_down(mem, seq_id: int, c: int, p: int, n: int) -> None:
+    """Move cells [c, c + n) of sequence `seq_id` to positions [p, p + n), p <= c, dropping the cells
+    between (llama.cpp re-rotates the keys at the next decode). The memory must be able to shift."""
+    C.llama_memory_seq_rm(mem, seq_id, p, c)
+    C.llama_memory_seq_add(mem, seq_id, c, c + n, p - c)
+
+
+def drop_cells(mem, seq_id: int, cached: list[int], start: int, n: int, can_rollback: bool) -> bool:
+    """Remove cells [start, start + n) of a sequence holding `cached` at positions 0.. and move the later
+    ones down by n (llama.cpp's context shift; the draft window's slide, drafters/window.py); `cached`
+    follows. False, with nothing changed, where the memory cannot shift positions."""
+    if not (can_rollback and C.llama_memory_can_shift(mem)):
+        return False
+    move_down(mem, seq_id, start + n, start, len(cached) - start - n)
+    del cached[start:start + n]
+    return True

@@ -29,7 +29,7 @@ import numpy as np
 import llama_cpp as C
 
 from .base import MemoryUse, Model, VocabInfo, common_prefix
-from .cache_reuse import reuse_chunks
+from .cache_reuse import drop_cells, reuse_chunks
 from .llama_cpp_batch import SharedContext
 from .llama_native import DecodeThreads, LoadLog, NativeContext, init_backend, mib_sum, use_extra_buffers
 
@@ -272,6 +272,10 @@ class LlamaCppContext(NativeContext):
         else:
             self._tokens = list(tokens[:n])
         return n
+
+    def drop(self, start: int, n: int) -> bool:
+        """Remove cells [start, start + n) and move the later ones down (Context.drop)."""
+        return drop_cells(self._mem, 0, self._tokens, start, n, self.model.can_rollback)
 
     def memory(self) -> MemoryUse:
         return MemoryUse(weights=self.model.weights_bytes, kv_cache=self.kv_bytes, compute=self.compute_bytes)

@@ -22,7 +22,7 @@ import numpy as np
 import llama_cpp as C
 
 from .base import MemoryUse, common_prefix
-from .cache_reuse import reuse_chunks
+from .cache_reuse import drop_cells, reuse_chunks
 from .llama_native import DecodeThreads, NativeContext, NativeModel
 
 
@@ -145,6 +145,10 @@ class SeqContext:
         else:
             self.tokens = list(tokens[:n])
         return n
+
+    def drop(self, start: int, n: int) -> bool:
+        """Remove cells [start, start + n) and move the later ones down (Context.drop)."""
+        return drop_cells(self.shared._mem, self.seq_id, self.tokens, start, n, self.shared.can_rollback)
 
     def memory(self) -> MemoryUse:
         """This sequence's share of the context's buffers."""

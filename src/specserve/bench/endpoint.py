@@ -114,7 +114,8 @@ class EndpointClient:
         tokens_per_s = (n_tokens - 1) / span if n_tokens > 1 and span > 0 else 0.0
         return {"n_prompt": int(usage.get("prompt_tokens", 0)) if usage else 0, "n_generated": n_tokens,
                 "n_chunks": n_chunks, "tokens_counted_from": "usage" if usage else "chunks",
-                "tokens_per_s": round(tokens_per_s, 2), "time_to_first_token_s": round(t_first, 4),
+                "tokens_per_s": round(tokens_per_s, 2), "decode_tokens_per_s": round(tokens_per_s, 2),
+                "time_to_first_token_s": round(t_first, 4),
                 "t_total_s": round(t_total, 4), "finish_reason": finish, "text": "".join(parts),
                 **_draft_counts(usage, timings)}
 

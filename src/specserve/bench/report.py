@@ -49,6 +49,7 @@ def summarize_config(config: BenchConfig, runs: list[Measurement], baseline: dic
     """One configuration's results over `runs`, paired against the target alone's per-prompt tokens/s."""
     tps = _per_prompt(runs, "tokens_per_s")
     ttft = _per_prompt(runs, "time_to_first_token_s")
+    decode = _per_prompt(runs, "decode_tokens_per_s")
     ratios = [v / baseline[k] for k, v in tps.items() if v > 0 and baseline.get(k, 0) > 0]
     drafted, accepted, passes = (sum(m.stats.get(f, 0) for m in runs) for f in ("n_drafted", "n_accepted", "n_passes"))
     drafted_pos: list[int] = []
@@ -74,6 +75,8 @@ def summarize_config(config: BenchConfig, runs: list[Measurement], baseline: dic
         "acceptance_by_position": [round(a / d, 4) if d else 0.0 for a, d in zip(accepted_pos, drafted_pos)],
         "drafter_steps": dict(steps),
         "ttft_s": round(statistics.median(ttft.values()), 4) if ttft else 0.0,
+        # after the first token: what neither prompt processing (the target's nor a draft model's) enters
+        "decode_tokens_per_s": round(statistics.median(decode.values()), 2) if decode else 0.0,
         "n_generated": sum(m.stats.get("n_generated", 0) for m in runs),
         "valid": valid_share([m.stats for m in runs]),  # share of schema-carrying outputs that validate
         "grammar_ms_per_token": _grammar_ms(runs),

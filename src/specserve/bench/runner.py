@@ -143,9 +143,11 @@ def _plan_local(specs: list[str], drafts: list[str], draft_maxes: list[int],
 
 
 def _short(model: str) -> str:
-    """A draft model's label: a packaged name as it is, a path by its file name."""
+    """A draft model's label: a packaged name as it is, a path by its file name (with its window,
+    `bench --draft-ctx LIST`: DRAFT@ctxN)."""
+    model, at, window = model.partition("@ctx")
     name = model.replace("\\", "/").rsplit("/", 1)[-1]
-    return name[:-5] if name.endswith(".gguf") else name
+    return (name[:-5] if name.endswith(".gguf") else name) + at + window
 
 
 @dataclass
@@ -198,15 +200,19 @@ class LocalModels:
     and `serve` do) and keeps what it learns here.
     """
 
-    def __init__(self, target, drafts: dict[str, object], n_ctx: int, auto_profile: bool = False):
+    def __init__(self, target, drafts: dict[str, object], n_ctx: int, auto_profile: bool = False,
+                 windows: dict[str, int] | None = None):
+        """windows: a draft's --draft-ctx by its name (default: the engine's)."""
         self.target, self.drafts, self.n_ctx = target, drafts, n_ctx
-        def engine(draft) -> Engine:
-            return Engine(target, draft, n_ctx, controller=self._controller(draft, auto_profile),
-                          suffix_store=SuffixStore(STORE_BYTES))
+        def engine(draft, window: int | None = None) -> Engine:
+            e = Engine(target, draft, n_ctx, controller=self._controller(draft, auto_profile),
+                       suffix_store=SuffixStore(STORE_BYTES))
+            e.draft_window = e.draft_window if window is None else window
+            return e
 
         self.slots = {None: engine(None).new_slot()}
         for name, draft in drafts.items():
-            self.slots[name] = engine(draft).new_slot()
+            self.slots[name] = engine(draft, (windows or {}).get(name)).new_slot()
         self._tokens: dict[tuple[str, int], list[int]] = {}
 
     def tokens(self, prompt: BenchPrompt) -> list[int]:
@@ -243,7 +249,9 @@ class LocalModels:
                 gen = slot.generate(tokens, sampling, spec, verify)
         else:
             gen = slot.generate(tokens, sampling, spec, verify)
-        return gen.stats.as_dict(), gen.text
+        s, span = gen.stats, gen.stats.t_total - gen.stats.t_first_token  # after the first token
+        return {**s.as_dict(), "decode_tokens_per_s": round((s.n_generated - 1) / span, 2)
+                if s.n_generated > 1 and span > 0 else 0.0}, gen.text
 
     def memory(self) -> dict:
         """Bytes the backend reported for each model and its slot's caches."""

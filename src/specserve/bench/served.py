@@ -85,7 +85,8 @@ class ServedModels:
     prompt lookup and suffix through the first)."""
 
     def __init__(self, target_path: str, draft_paths: dict[str, str], n_ctx: int, threads: int | None,
-                 parallel: int, auto_profile: bool, timeout: float = 3600.0):
+                 parallel: int, auto_profile: bool, timeout: float = 3600.0, windows: dict[str, int] | None = None):
+        """windows: a draft's --draft-ctx by its name (default: the server's)."""
         common = ["-m", target_path, "-c", str(n_ctx), "-np", str(parallel)]
         common += ["-t", str(threads)] if threads else []
         common += [] if auto_profile else ["--no-auto-profile"]
@@ -93,7 +94,9 @@ class ServedModels:
         self._client = httpx.Client(timeout=timeout)
         try:
             for name, path in (draft_paths or {None: None}).items():
-                self.servers[name] = SpawnedServer(common + (["-md", path] if path else []))
+                window = (windows or {}).get(name)
+                self.servers[name] = SpawnedServer(common + (["-md", path] if path else [])
+                                                   + (["--draft-ctx", str(window)] if path and window is not None else []))
         except BaseException:
             self.close()
             raise
@@ -169,4 +172,5 @@ def served_stats(usage: dict, t_first: float, t_last: float, finish: str) -> dic
             "t_prompt_s": round(t_prompt, 4), "t_decode_server_s": round(float(spec.get("decode_s", 0.0)), 4),
             "t_decode_client_s": round(decode, 4), "time_to_first_token_s": round(t_first, 4),
             "tokens_per_s": round(n / decode, 2) if n and decode > 0 else 0.0,
+            "decode_tokens_per_s": round((n - 1) / (t_last - t_first), 2) if n > 1 and t_last > t_first else 0.0,
             "server_tokens_per_s": float(spec.get("tokens_per_s", 0.0)), "finish_reason": finish, **grammar}

@@ -6,7 +6,7 @@ from .report import ALL
 
 def _header(width: int) -> str:
     return (f"{'rank':>4}  {'configuration':<{width}} {'tok/s':>7} {'speedup':>8} {'accept':>7} {'tau':>5} "
-            f"{'ttft s':>7} {'memory':>10}")
+            f"{'ttft s':>7} {'decode':>7} {'memory':>10}")
 
 
 def _row(e: dict, width: int) -> str:
@@ -16,7 +16,7 @@ def _row(e: dict, width: int) -> str:
     tau = f"{e['mean_accepted_len']:.2f}" if drafted and e["mean_accepted_len"] is not None else "-"
     memory = fmt_bytes(e["memory_bytes"]) if e["memory_bytes"] else "-"
     return (f"{e['rank']:>4}  {e['name']:<{width}} {e['tokens_per_s']:>7.1f} {e['speedup']:>7.2f}x "
-            f"{accept:>7} {tau:>5} {e['ttft_s']:>7.3f} {memory:>10}")
+            f"{accept:>7} {tau:>5} {e['ttft_s']:>7.3f} {e.get('decode_tokens_per_s', 0.0):>7.1f} {memory:>10}")
 
 
 def _name_width(entries: list[dict]) -> int:

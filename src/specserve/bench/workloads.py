@@ -9,7 +9,8 @@ file in Python, Go, JavaScript, Rust or TypeScript, returned whole: 240-560-toke
 prompts, answers that copy most of them, the work of an editor's assistant) and
 `multi-turn` (conversations that re-send or edit earlier answers, where cross-request
 drafting pays; see `multi_turn`), `structured` (extraction, classification, nested objects and
-tool calls, each prompt with its JSON Schema: run constrained to it, docs/structured.md). Any workload's name followed by `:twice` (`code-edit:twice`) sends each
+tool calls, each prompt with its JSON Schema: run constrained to it, docs/structured.md), `long-file[:N]` and
+`long-chat[:N]` (a 1-3k-token source file with an edit or a question, a conversation about one: long_prompts.py). Any workload's name followed by `:twice` (`code-edit:twice`) sends each
 of its prompts, then the same request again (turns first and retry); followed by `:again`, each of its prompts,
 then every other workload of the run, then the same requests again (turns first and again: a retry, a regenerate
 or an agent's resent turn comes after other requests, not back to back); followed by `:unconstrained`, the same
@@ -27,9 +28,12 @@ from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
+from .long_prompts import is_long, load_long
+
 SPEC_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem",
                          "humanities", "translation", "summarization", "qa", "math_reasoning", "rag")
-BUILTIN_WORKLOADS = ("code-edit", "code-edit-long", "multi-turn", "structured", "spec-bench", *SPEC_BENCH_CATEGORIES)
+BUILTIN_WORKLOADS = ("code-edit", "code-edit-long", "multi-turn", "structured", "long-file", "long-chat",
+                     "spec-bench", *SPEC_BENCH_CATEGORIES)
 TWICE = ":twice"  # a workload name's suffix: each of its prompts, then the same request again
 AGAIN = ":again"  # a workload name's suffix: its prompts, the run's other workloads, then the same requests again
 UNCONSTRAINED = ":unconstrained"  # a workload name's suffix: its prompts without their schemas
@@ -83,6 +87,9 @@ def load_workload(name_or_path: str, n_prompts: int) -> list[BenchPrompt]:
         return sent_twice(load_workload(name_or_path[:-len(TWICE)], -(-n_prompts // 2)), name_or_path)[:n_prompts]
     if name_or_path.endswith(AGAIN):
         return sent_again(load_workload(name_or_path[:-len(AGAIN)], -(-n_prompts // 2)), name_or_path)[:n_prompts]
+    if is_long(name_or_path):
+        return [BenchPrompt(name_or_path, i, messages, kind) for i, (kind, messages) in
+                enumerate(load_long(name_or_path, n_prompts))]
     key = name_or_path.replace("-", "_")
     if key == "multi_turn":
         return multi_turn(n_prompts)

@@ -12,8 +12,8 @@ import logging
 import resource
 import sys
 
-from ..config import DEFAULT_VERIFY, VERIFY_METHODS
-from .common import CliError, add_model_args
+from ..config import DEFAULT_VERIFY, DRAFT_CTX_DEFAULT, DRAFT_CTX_MIN, VERIFY_METHODS
+from .common import CliError, add_model_args, draft_windows
 
 _SPECS = ("draft", "ngram", "suffix", "auto", "auto-fresh", "none")
 _DEFAULT_SPECS = ("draft", "ngram", "suffix", "auto", "none")
@@ -47,6 +47,9 @@ def add_parser(sub) -> None:
                    help="draft model(s), GGUF path or packaged name; several to compare them "
                         "(default with no -m: the --pair's draft)")
     d.add_argument("-ngld", "--n-gpu-layers-draft", type=int, default=0, metavar="N", help="draft layers on the GPU")
+    d.add_argument("--draft-ctx", "-cd", type=_comma_list(int), default=[DRAFT_CTX_DEFAULT], metavar="LIST",
+                   help=f"the draft models' cache windows (default {DRAFT_CTX_DEFAULT}; 0: the whole context); "
+                        "several to compare them: each draft model runs at each, named DRAFT@ctxN")
     g = p.add_argument_group("what to run")
     g.add_argument("--spec", type=_comma_list(str, _SPECS), default=None, metavar="LIST",
                    help="drafters to try: draft,ngram,suffix,auto,auto-fresh (default: all that apply but "
@@ -63,7 +66,8 @@ def add_parser(sub) -> None:
                         "/v1/chat/completions, docs/agents.md) or a JSONL file of "
                         "{prompt|messages, temperature, max_tokens, category}; NAME:twice sends each prompt, then "
                         "the same request again; NAME:again sends its prompts, then the other workloads', then its "
-                        "own again (default: code-edit spec-bench)")
+                        "own again; long-file:N and long-chat:N cut their source files to about N tokens "
+                        "(default: code-edit spec-bench)")
     g.add_argument("--prompts-per-workload", type=int, default=10, metavar="P",
                    help="prompts per workload (default 10; multi-turn: requests, 4 a conversation; fim-replay: cut "
                         "points, 3 requests each; agent-loop: conversations, 3 turns each, at most 10)")
@@ -111,7 +115,9 @@ def _validate(args) -> None:
               (args.n_predict is None or args.n_predict > 0, "-n must be > 0"),
               (all(1 <= k <= 64 for k in args.draft_max + (args.ngram_max or [])),
                "--draft-max and --ngram-max values must be in [1, 64]"),
-              (all(t >= 0 for t in args.temp or []), "--temp values must be >= 0")]
+              (all(t >= 0 for t in args.temp or []), "--temp values must be >= 0"),
+              (all(w == 0 or w >= DRAFT_CTX_MIN for w in args.draft_ctx),
+               f"--draft-ctx values must be 0 (the whole context) or >= {DRAFT_CTX_MIN}")]
     for ok, message in checks:
         if not ok:
             raise CliError(message, 2)
@@ -128,9 +134,12 @@ def _model_paths(args) -> tuple[str, dict[str, str]]:
             drafts = args.model_draft or [pair_draft]
         else:
             target, drafts = models.resolve(args.model), args.model_draft
-        return str(target), {d: str(models.resolve(d)) for d in dict.fromkeys(drafts)}
+        paths = {d: str(models.resolve(d)) for d in dict.fromkeys(drafts)}
     except (FileNotFoundError, LookupError, RuntimeError, ValueError) as e:
         raise CliError(str(e)) from None
+    if len(args.draft_ctx) > 1:  # each draft model at each window: a draft of its own for the bench
+        paths = {f"{d}@ctx{w}": p for d, p in paths.items() for w in dict.fromkeys(args.draft_ctx)}
+    return str(target), paths
 
 
 def _load(args, target_path: str, draft_paths: dict[str, str]):
@@ -142,16 +151,20 @@ def _load(args, target_path: str, draft_paths: dict[str, str]):
     try:
         target = load_model(target_path, args.n_gpu_layers, args.threads)
         loaded.append(target)
-        drafts = {}
+        drafts, by_path = {}, {}
         for name, path in draft_paths.items():
-            drafts[name] = load_model(path, args.n_gpu_layers_draft, args.threads)
+            if path in by_path:  # the same model at another window
+                drafts[name] = by_path[path]
+                continue
+            drafts[name] = by_path[path] = load_model(path, args.n_gpu_layers_draft, args.threads)
             loaded.append(drafts[name])
             report = check_pairing(target, drafts[name])
             if report.flagrant:
                 raise CliError(f"draft model {name} refused: " + "; ".join(report.problems), 2)
             for w in report.warnings:
                 print(f"warning: {name}: {w}", file=sys.stderr)
-        return LocalModels(target, drafts, args.ctx_size, auto_profile=not args.no_auto_profile), loaded
+        return LocalModels(target, drafts, args.ctx_size, auto_profile=not args.no_auto_profile,
+                           windows=draft_windows(args, draft_paths)), loaded
     except (FileNotFoundError, ValueError, MemoryError) as e:
         for m in loaded:
             m.close()
@@ -259,7 +272,7 @@ def _serve(args, target_path: str, draft_paths: dict[str, str]):
 
     print(f"starting specserve serve -np {args.parallel} for the served configurations ...", file=sys.stderr)
     return ServedModels(target_path, draft_paths, args.ctx_size, args.threads, args.parallel,
-                        auto_profile=not args.no_auto_profile)
+                        auto_profile=not args.no_auto_profile, windows=draft_windows(args, draft_paths))
 
 
 def _write(path: str, write) -> None:

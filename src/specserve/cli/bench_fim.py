@@ -12,7 +12,7 @@ import json
 import logging
 import sys
 
-from .common import CliError
+from .common import CliError, draft_windows
 
 DEFAULT_N_PREDICT = 64
 
@@ -45,7 +45,7 @@ def run(args, target_path: str, draft_paths: dict[str, str], specs: list[str]) -
     served = None
     try:
         served = ServedModels(target_path, draft_paths, args.ctx_size, args.threads, args.parallel,
-                              auto_profile=not args.no_auto_profile)
+                              auto_profile=not args.no_auto_profile, windows=draft_windows(args, draft_paths))
         urls = {c.name: c.endpoint if c.spec == "endpoint" else served.url(c.draft_model) for c in configs}
         runs = run_replay(configs, files, urls, n_predict, progress=not args.no_progress)
     except (EndpointError, ServerFailed) as e:

@@ -1,9 +1,11 @@
 """`specserve check`: can this draft serve this target, and what will the pair cost in memory?
 
 Prints the pairing report (problems refuse the pair: exit status 2) and the memory
-of both models at the given context: estimated from GGUF metadata alone, measured by
-creating the contexts, and the largest context that fits a memory budget with and
-without the draft.
+of both models at the given context (the draft's cache at its window, --draft-ctx):
+estimated from GGUF metadata alone, measured by creating the contexts, and the largest
+context that fits a memory budget with the draft at its window, with the draft at the
+whole context, and without a draft. --memory-only reads the GGUF headers alone (a file
+holding only a header is enough: the shapes of a model not downloaded).
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ def add_parser(sub) -> None:
     p.add_argument("--budget", metavar="SIZE", help="memory budget, e.g. 24GiB, 512MiB, 8GB (default: this "
                    "machine's RAM)")
     p.add_argument("--no-measure", action="store_true", help="estimate only; do not create the contexts")
+    p.add_argument("--memory-only", action="store_true", help="the memory estimate from the GGUF headers alone: "
+                   "no pairing check, nothing loaded (a header-only GGUF with a model's shapes is enough)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     p.set_defaults(run=run)
 
@@ -47,25 +51,29 @@ def run(args) -> int:
         except (OSError, ValueError) as e:
             raise CliError(f"cannot read the {role} model's metadata: {e}") from None
     report, measured, loaded = PairingReport(), {}, {}
+    n_ctx = {"target": cfg.n_ctx, "draft": memory.cells(cfg.n_ctx, cfg.draft_ctx)}
     try:
         for role, path in paths.items():
-            if path is not None:
+            if path is not None and not args.memory_only:
                 loaded[role] = load_model(path, n_threads=cfg.n_threads)
         if "draft" in loaded:
             report = check_pairing(loaded["target"], loaded["draft"])
         if not args.no_measure:
-            measured = {role: memory.measure(m, cfg.n_ctx) for role, m in loaded.items()}
+            measured = {role: memory.measure(m, n_ctx[role]) for role, m in loaded.items()}
     except (ValueError, MemoryError) as e:
         raise CliError(str(e)) from None
     finally:
         for m in loaded.values():
             m.close()
-    result = {**report.as_dict(), "memory": _memory_report(shapes, measured, cfg.n_ctx, budget, budget_source)}
+    result = {**report.as_dict(), "memory": _memory_report(shapes, measured, n_ctx, cfg.draft_ctx, budget,
+                                                           budget_source)}
+    if args.memory_only:
+        result["pairing_checked"] = False
     if args.json:
         json.dump(result, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print(_render(paths, report, result["memory"], shapes, measured))
+        print(_render(paths, report, result["memory"], shapes, measured, args.memory_only))
     return 2 if report.flagrant else 0
 
 
@@ -83,19 +91,26 @@ def _budget(text: str | None) -> tuple[int, str]:
     return ram, "this machine's RAM"
 
 
-def _memory_report(shapes, measured, n_ctx: int, budget: int, budget_source: str) -> dict:
+def _memory_report(shapes, measured, n_ctx: dict, window: int, budget: int, budget_source: str) -> dict:
+    """n_ctx: the tokens each role's cache holds (the draft's: its window)."""
     from ..memory import estimate, max_ctx_in_budget, relative_error
 
-    est = {role: estimate(s, n_ctx, _KV_TYPE) for role, s in shapes.items()}
+    est = {role: estimate(s, n_ctx[role], _KV_TYPE) for role, s in shapes.items()}
     limit = shapes["target"].n_ctx_train or 1 << 20
-    with_draft = max_ctx_in_budget(list(shapes.values()), budget, limit, _KV_TYPE)
+    both = list(shapes.values())
+    with_draft = max_ctx_in_budget(both, budget, limit, _KV_TYPE, [0, window])
+    full_draft = max_ctx_in_budget(both, budget, limit, _KV_TYPE)
     without = max_ctx_in_budget([shapes["target"]], budget, limit, _KV_TYPE)
+    draft_full = estimate(shapes["draft"], n_ctx["target"], _KV_TYPE) if "draft" in est else None
     out = {
-        "n_ctx": n_ctx, "cache_type": _KV_TYPE, "budget_bytes": budget, "budget_source": budget_source,
+        "n_ctx": n_ctx["target"], "cache_type": _KV_TYPE, "budget_bytes": budget, "budget_source": budget_source,
         "target": {"path": shapes["target"].path, **est["target"].as_dict()},
         "draft": {"path": shapes["draft"].path, **est["draft"].as_dict()} if "draft" in est else None,
+        "draft_ctx": n_ctx["draft"] if "draft" in est else None,
+        "draft_full_context": draft_full.as_dict() if draft_full else None,
         "total_bytes": sum(e.total for e in est.values()),
         "n_ctx_train": shapes["target"].n_ctx_train, "max_ctx_in_budget": with_draft,
+        "max_ctx_in_budget_full_draft": full_draft if "draft" in est else None,
         "max_ctx_in_budget_without_draft": without,
         "draft_cost_bytes": est["draft"].total if "draft" in est else 0,
         "measured": None,
@@ -115,29 +130,34 @@ def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 4)
 
 
-def _render(paths, report, mem: dict, shapes, measured) -> str:
-    from ..memory import estimate, fmt_bytes, kv_cells
+def _render(paths, report, mem: dict, shapes, measured, memory_only: bool = False) -> str:
+    from ..memory import fmt_bytes, kv_cells
 
     lines = [f"{role:7} {path}" for role, path in paths.items() if path]
     if paths["draft"] is None:
         lines.append("pairing: no draft model given (-md); memory of the target alone")
+    elif memory_only:
+        lines.append("pairing: not checked (--memory-only)")
     elif report.flagrant:
         lines.append(f"pairing: REFUSED, this draft cannot serve this target ({len(report.problems)} problem(s))")
     else:
         lines.append(f"pairing: compatible ({len(report.warnings)} warning(s))")
     lines += [f"  problem: {p}" for p in report.problems] + [f"  warning: {w}" for w in report.warnings]
     n_ctx = mem["n_ctx"]
-    lines += ["", f"memory at context {n_ctx} ({kv_cells(n_ctx)} KV cells, {_KV_TYPE.upper()} cache)",
-              f"  {'':<40} {'estimated':>12} {'measured':>11} {'error':>8}"]
-    for role, shape in shapes.items():
-        est, got = estimate(shape, n_ctx, _KV_TYPE), measured.get(role)
-        per_token = fmt_bytes(est.kv_per_token) + "/token"
+    lines += ["", f"memory at context {n_ctx} ({kv_cells(n_ctx)} KV cells, {_KV_TYPE.upper()} cache)"]
+    if mem["draft"] is not None and mem["draft_ctx"] < n_ctx:
+        lines.append(f"  the draft's cache is its window (--draft-ctx {mem['draft_ctx']}): "
+                     f"{kv_cells(mem['draft_ctx'])} cells, the first and the latest tokens")
+    lines.append(f"  {'':<40} {'estimated':>12} {'measured':>11} {'error':>8}")
+    for role in shapes:
+        est, got = mem[role], measured.get(role)
+        per_token = fmt_bytes(est["kv_per_token"]) + "/token"
         rows = [("weights", "weights")]
-        if est.repacked or (got and got.repacked):
+        if est["repacked"] or (got and got.repacked):
             rows.append(("weights: repacked copy", "repacked"))
         for label, field in (*rows, (f"KV cache ({per_token})", "kv"),
                              ("compute buffer", "compute"), ("total", "total")):
-            a = getattr(est, field)
+            a = est[field]
             b = getattr(got, field) if got else None
             err = f"{100 * (a - b) / b:+6.1f}%" if b else ""
             shown = fmt_bytes(b) if b is not None else "-"
@@ -145,7 +165,11 @@ def _render(paths, report, mem: dict, shapes, measured) -> str:
     measured_total = mem["measured"]["total_bytes"] if mem["measured"] else None
     lines.append(f"  {'total':<40} {fmt_bytes(mem['total_bytes']):>12} "
                  f"{fmt_bytes(measured_total) if measured_total else '-':>11}")
-    if any(estimate(shape, n_ctx, _KV_TYPE).repacked for shape in shapes.values()):
+    full = mem["draft_full_context"]
+    if full is not None and mem["draft_ctx"] < n_ctx:
+        lines.append(f"  {'(draft at the whole context: KV cache)':<40} {fmt_bytes(full['kv']):>12}")
+        lines.append(f"  {'(draft at the whole context: total)':<40} {fmt_bytes(full['total']):>12}")
+    if any(mem[role]["repacked"] for role in shapes):
         lines.append("  (repacked copy: llama.cpp's CPU backend keeps Q4_0/Q4_K/IQ4_NL matrices a second time,")
         lines.append("   interleaved for its faster batched kernels, beside the memory-mapped file)")
     lines.append("")
@@ -167,5 +191,9 @@ def _budget_line(mem: dict) -> str:
         return f"{budget}: largest context {without}{capped}"
     if with_draft == 0:
         return f"{budget}: the target fits up to {without} tokens alone, but not with the draft"
-    return (f"{budget}: the draft costs {fmt_bytes(mem['draft_cost_bytes'])} at {mem['n_ctx']} tokens: "
+    line = (f"{budget}: the draft costs {fmt_bytes(mem['draft_cost_bytes'])} at {mem['n_ctx']} tokens: "
             f"largest context {without} -> {with_draft} with the draft{capped}")
+    if mem["draft_ctx"] < mem["n_ctx"]:
+        line += (f" at its window of {mem['draft_ctx']}, {mem['max_ctx_in_budget_full_draft']} with the draft "
+                 "at the whole context")
+    return line

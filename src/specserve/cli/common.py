@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..config import DEFAULT_VERIFY, SPEC_MODES, VERIFY_METHODS, ModelConfig, SamplingParams, SpecParams, \
-    draft_max_caps_suffix
+from ..config import DEFAULT_VERIFY, DRAFT_CTX_DEFAULT, SPEC_MODES, VERIFY_METHODS, ModelConfig, SamplingParams, \
+    SpecParams, draft_max_caps_suffix
 from ..models import PAIRS
 
 
@@ -29,10 +29,25 @@ def add_model_args(p: argparse.ArgumentParser, draft: bool = True) -> None:
                         "F16 target + 0.5B draft, the reference pair (default); smollm2 = SmolLM2-135M F16 "
                         "target + its Q4_1, the fast testbed")
     g.add_argument("-c", "--ctx-size", type=int, default=4096, metavar="N", help="context size (default 4096)")
+    if draft:
+        add_draft_ctx_arg(g)
     g.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, metavar="N", help="target layers on the GPU")
     if draft:
         g.add_argument("-ngld", "--n-gpu-layers-draft", type=int, default=0, metavar="N", help="draft layers on the GPU")
     g.add_argument("-t", "--threads", type=int, default=None, metavar="N", help="CPU threads (default: all cores)")
+
+
+def add_draft_ctx_arg(g) -> None:
+    g.add_argument("--draft-ctx", "-cd", "--ctx-size-draft", dest="draft_ctx", type=int, default=DRAFT_CTX_DEFAULT,
+                   metavar="N", help="the draft model's cache: N cells, holding the sequence's first 4 tokens and its "
+                   f"most recent ones; it prefills no more of a prompt (default {DRAFT_CTX_DEFAULT}; 0: the whole "
+                   "context, as -c). Output is the target's whatever N; docs/draft-window.md")
+
+
+def draft_windows(args, draft_paths: dict[str, str]) -> dict[str, int]:
+    """`bench --draft-ctx LIST`: each bench draft's window (a name DRAFT@ctxN says its own)."""
+    return {name: int(name.rpartition("@ctx")[2]) if len(args.draft_ctx) > 1 else args.draft_ctx[0]
+            for name in draft_paths}
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
@@ -93,6 +108,7 @@ def model_config(args) -> ModelConfig:
     return _config(ModelConfig, target_path=str(target), draft_path=str(draft) if draft else None,
                    n_ctx=args.ctx_size, n_gpu_layers=args.n_gpu_layers,
                    n_gpu_layers_draft=getattr(args, "n_gpu_layers_draft", 0), n_threads=args.threads,
+                   draft_ctx=getattr(args, "draft_ctx", DRAFT_CTX_DEFAULT),
                    auto_profile=not getattr(args, "no_auto_profile", False))
 
 

@@ -45,8 +45,8 @@ _ACCEPTED_VALUE = {
     "-tb": "the same -t threads process prompts", "--threads-batch": "the same -t threads process prompts",
     "-fa": "llama.cpp's default attention is used", "--flash-attn": "llama.cpp's default attention is used",
     "--cache-ram": "no host-memory prompt cache: each slot keeps its own",
-    "--threads-http": "the HTTP server is asynchronous", "-cd": "the draft model's context is -c",
-    "--ctx-size-draft": "the draft model's context is -c", "--keep": "no context shift",
+    "--threads-http": "the HTTP server is asynchronous",
+    "--keep": "no context shift",
     "--n-keep": "no context shift", "-to": "see --read-timeout", "--timeout": "see --read-timeout",
 }
 _REFUSED = {

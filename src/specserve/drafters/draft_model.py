@@ -5,7 +5,9 @@ the committed sequence is kept, the rest is truncated, and the missing tokens (a
 bonus or recovered token, the last accepted draft token) are caught up in one batch.
 A policy may hand it a stopping rule (drafters.base.StopRule), asked at each token with
 the draft's top probability there; `continue_after` drafts after another drafter's tokens
-(the hybrid).
+(the hybrid). A cache bounded by --draft-ctx (window.py) holds the sequence's first tokens
+and its latest ones, and keeps itself in step the same way: its prompt prefill is at most
+its window, what the prompt cost auto is told (`missing`) too.
 
 Each token is drawn with the request's noise for its position (`Sampler.pick`): under
 --verify gumbel that makes it the target's own token wherever the two models agree
@@ -24,6 +26,7 @@ from ..backends.base import Context, Model, common_prefix, sync_prefix
 from ..backends.cache_reuse import plan_reuse
 from ..sampling import Sampler
 from .base import EMPTY_DRAFT, BaseDrafter, Draft, StopRule
+from .window import WindowedContext
 
 __all__ = ["DraftModelDrafter", "GreedyAcceptance", "common_prefix", "sync_prefix"]
 
@@ -48,6 +51,9 @@ class DraftModelDrafter(BaseDrafter):
         self.cache_reuse = cache_reuse  # --cache-reuse: keep moved runs of this many cached tokens (0: prefix only)
         self.grammar = grammar  # grammar.Constraint: draft under the request's mask; None: unconstrained
         self.ctx = ctx  # owned by the caller: it outlives one request and keeps its prefix
+        # --draft-ctx: a bounded cache (window.py) that syncs itself; passes run on its cells
+        self._window = ctx if isinstance(ctx, WindowedContext) else None
+        self._cells = ctx.inner if self._window is not None else ctx
         self.p_min = p_min
         self.draft_min = draft_min
         self.greedy_acceptance = greedy_acceptance
@@ -65,6 +71,8 @@ class DraftModelDrafter(BaseDrafter):
 
     def missing(self, prompt: Sequence[int]) -> int:
         view = self._see(prompt)
+        if self._window is not None:  # what its window holds of the prompt, no more
+            return self._window.missing(view[:-1], 1, self.cache_reuse)
         if self.cache_reuse > 0:  # what the sync will keep: the prefix and the moved runs
             return len(view) - 1 - plan_reuse(self.ctx.tokens, view[:-1], self.cache_reuse)[0]
         return len(view) - 1 - common_prefix(self.ctx.tokens, view[:-1])
@@ -73,7 +81,10 @@ class DraftModelDrafter(BaseDrafter):
         steps.direct(self.prefill_steps(prompt))
 
     def prefill_steps(self, prompt: Sequence[int]) -> steps.Steps:
-        yield from steps.sync_prefix(self.ctx, self._see(prompt)[:-1], self.cache_reuse)
+        if self._window is not None:  # room for the prompt's last token, which the first step feeds
+            yield from self._window.sync(self._see(prompt)[:-1], 1, self.cache_reuse, logits=False)
+        else:
+            yield from steps.sync_prefix(self.ctx, self._see(prompt)[:-1], self.cache_reuse)
 
     def propose(self, seq: Sequence[int], k: int, sampler: Sampler, stop: StopRule | None = None) -> Draft:
         return steps.direct(self.propose_steps(seq, k, sampler, stop))
@@ -113,7 +124,7 @@ class DraftModelDrafter(BaseDrafter):
                head: Sequence[int] = ()) -> steps.Steps:
         """Up to k tokens after `view` (the draft's view of the sequence, drafted at its positions;
         its last len(head) tokens not committed), under the grammar's mask when there is one."""
-        k = min(k, self.ctx.n_ctx - len(view))
+        k = min(k, self.ctx.n_ctx - len(view), self._window.max_room if self._window is not None else k)
         if k <= 0:
             return EMPTY_DRAFT
         if self.grammar is None:
@@ -126,7 +137,10 @@ class DraftModelDrafter(BaseDrafter):
     def _draw(self, view: list[int], k: int, sampler: Sampler, stop: StopRule | None,
                     walk=None) -> steps.Steps:
         pos = len(view)
-        logits = yield from steps.sync_and_eval(self.ctx, view, self.cache_reuse)
+        if self._window is not None:  # room for the drafted tokens it evaluates
+            logits = yield from self._window.sync(view, k, self.cache_reuse)
+        else:
+            logits = yield from steps.sync_and_eval(self.ctx, view, self.cache_reuse)
         tokens: list[int] = []
         dists = []
         confidence: list[float] = []
@@ -155,7 +169,7 @@ class DraftModelDrafter(BaseDrafter):
             dists.append(q)
             if x in eog or i == k - 1:
                 break
-            logits = (yield steps.Eval(self.ctx, [x], "last"))[0]
+            logits = (yield steps.Eval(self._cells, [x], "last"))[0]
         return Draft(tokens=tokens, dists=None if sampler.greedy else dists, confidence=confidence or None)
 
     def accepted(self, n: int) -> None:

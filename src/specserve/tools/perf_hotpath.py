@@ -147,7 +147,7 @@ def profile(args) -> dict:
         timers = Timers()
         names = {slot.ctx._ctx if isinstance(slot.ctx._ctx, int) else slot.ctx._ctx.value: "target"}
         if slot.draft_ctx is not None:
-            d = slot.draft_ctx._ctx
+            d = getattr(slot.draft_ctx, "inner", slot.draft_ctx)._ctx  # a --draft-ctx window: its cells
             names[d if isinstance(d, int) else d.value] = "draft"
         timers.wrap_decode(names)
         timers.wrap(eng, "verify", "verify (Python)")
