@@ -33,7 +33,7 @@ from .drafters.ngram import NgramDrafter
 from .drafters.suffix import SuffixDrafter
 from .drafters.suffix_store import SuffixStore
 from .drafters.window import draft_contexts
-from .grammar import Constraint, GrammarError, TokenHealing, check, for_request
+from .grammar import Constraint, GrammarError, check, for_request
 from .logprobs import TokenLogprob
 from .policy import OFF, Choice, FixedPolicy, Outcome, Policy, ask_offers, judge
 from .processors import LogitRules
@@ -91,7 +91,8 @@ class Engine:
         self.draft = draft
         self.n_ctx = n_ctx
         self.cache_reuse = 0  # --cache-reuse N: slots keep moved runs of >= N cached tokens (backends/cache_reuse.py)
-        self.draft_window = DRAFT_CTX_DEFAULT  # --draft-ctx N: the draft model's cache cells a slot (drafters/window.py)
+        # --draft-ctx N: the draft model's cache cells a slot (drafters/window.py)
+        self.draft_window = DRAFT_CTX_DEFAULT
         self.suffix_store = suffix_store  # earlier requests' text for the suffix drafter, shared by slots; None: off
         self.make_drafters = drafters or standard_drafters
         self.controller = controller if controller is not None else Controller()  # --spec auto, shared by slots
@@ -205,7 +206,8 @@ class Slot:
         """Contexts of its own, or the given ones (sequences of shared contexts: Engine.new_slots)."""
         self.engine = engine
         self.ctx = ctx if ctx is not None else engine.target.new_context(engine.n_ctx)
-        self.draft_ctx = draft_ctx if draft_ctx is not None else draft_contexts(engine.draft, engine.n_ctx, engine.draft_window)[0]
+        self.draft_ctx = (draft_ctx if draft_ctx is not None
+                          else draft_contexts(engine.draft, engine.n_ctx, engine.draft_window)[0])
 
     def drafters(self, spec: SpecParams, constraint: Constraint | None = None) -> dict[str, Drafter]:
         """A request's fresh drafters, by the engine's factory (Engine(drafters=...))."""

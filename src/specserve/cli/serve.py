@@ -30,8 +30,8 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve OpenAI-compatible completions with speculative decoding",
                        description="Serve /v1/completions, /v1/chat/completions, /v1/models, /completion "
-                                   "(llama-server), /health, /metrics and a chat page at /. Without -m, the packaged default "
-                                   "pair is served.")
+                                   "(llama-server), /health, /metrics and a chat page at /. Without -m, the "
+                                   "packaged default pair is served.")
     add_model_args(p)
     add_spec_args(p)
     g = p.add_argument_group("server")
@@ -235,7 +235,8 @@ def settings_from(args, target_path: str):
                               max_connections_per_client=args.max_connections_per_client,
                               trusted_proxies=tuple(args.trusted_proxy),
                               request_line_timeout=args.request_line_timeout, webui=not args.no_webui,
-                              aliases=names[1:], tags=tuple(t.strip() for t in (args.tags or "").split(",") if t.strip()),
+                              aliases=names[1:],
+                              tags=tuple(t.strip() for t in (args.tags or "").split(",") if t.strip()),
                               slots_endpoint=args.slots, verbose=args.verbose,
                               gcp_predict=os.environ.get("AIP_MODE") == "PREDICTION",
                               template_kwargs=template_kwargs(args),

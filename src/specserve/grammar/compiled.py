@@ -1,11 +1,11 @@
 """A grammar compiled once, off the event loop and off the engine thread, and handed to the engine.
 
 `compile_grammar` builds llguidance's matcher for the target's vocabulary (under llguidance's
-own ParserLimits, its defaults: lexer fuel, grammar size), and computes the first token mask: a grammar that allows no first token (`{"$ref": "#"}`, a
-`$ref` cycle) or that passes a limit at its first step is refused here, before any generation.
-The result is a CompiledGrammar: the grammar text (a `str`, so SamplingParams carries it as
-any grammar) holding the matcher, which the engine's `for_request` copies (`deep_copy`, about
-a microsecond) instead of compiling again.
+own ParserLimits, its defaults: lexer fuel, grammar size), and computes the first token mask: a
+grammar that allows no first token (`{"$ref": "#"}`, a `$ref` cycle) or that passes a limit at its
+first step is refused here, before any generation. The result is a CompiledGrammar: the grammar text
+(a `str`, so SamplingParams carries it as any grammar) holding the matcher, which the engine's
+`for_request` copies (`deep_copy`, about a microsecond) instead of compiling again.
 
 GrammarWorker runs compiles on threads of their own with a large stack (limits.STACK_BYTES):
 llguidance recurses on the native stack and releases the GIL while it compiles, so a compile

@@ -133,8 +133,8 @@ def _slot(state, i: int) -> dict:
     if job is not None:
         s, req = job.stats, job.req
         out.update({
-            "id_task": record.id_task, "n_prompt_tokens": s.n_prompt, "n_prompt_tokens_processed": s.n_prompt - s.n_cached,
-            "n_prompt_tokens_cache": s.n_cached,
+            "id_task": record.id_task, "n_prompt_tokens": s.n_prompt,
+            "n_prompt_tokens_processed": s.n_prompt - s.n_cached, "n_prompt_tokens_cache": s.n_cached,
             "params": generation_settings(req.sampling, req.spec, eog=state.engine.target.vocab.eog, stream=req.stream,
                                           n_predict=req.sampling.max_tokens, verify=req.verify),
             # an idle slot's budget is spent: nothing remains and nothing is being decoded
