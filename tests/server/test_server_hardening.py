@@ -248,8 +248,6 @@ def test_5_client_strings_cannot_forge_log_lines(server, http):
 # --- 7. fields we do not implement are refused, consistently ------------------------------------------
 
 REFUSED = [
-    # the tiny model's ChatML template spells no tool call (tests/server/test_tools_server.py: one that does)
-    (CH, {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"}, "tools"),
     (CH, {"functions": [{"name": "f"}]}, "functions"),
     (CH, {"messages": [{"role": "user", "content": [
         {"type": "text", "text": "what is in this picture?"},

@@ -162,12 +162,12 @@ def test_1_a_role_cannot_carry_markup(http):
     ([{"content": "hi"}], "messages[0].role", "missing_required_parameter"),
     ([{"role": 7, "content": "hi"}], "messages[0].role", "invalid_value"),
     ([{"role": "user", "content": 7}], "messages[0].content", None),
-    ([{"role": "tool", "content": "42", "tool_call_id": "call_1"}], "messages[0].role", "unsupported_parameter"),
+    ([{"role": "tool", "content": "42"}], "messages[0].tool_call_id", "missing_required_parameter"),
     ([{"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
-                                                             "function": {"name": "f", "arguments": "{}"}}]}],
-     "messages[0].tool_calls", "unsupported_parameter"),
+                                                             "function": {"name": "f", "arguments": "{x"}}]}],
+     "messages[0].tool_calls[0].function.arguments", "invalid_value"),
 ], ids=["unknown-role", "no-content", "assistant-null-content", "no-role", "role-not-a-string",
-        "content-not-a-string", "tool-role", "tool-calls"])
+        "content-not-a-string", "tool-without-its-call-id", "tool-call-arguments-not-json"])
 def test_2_bad_messages_are_400_naming_the_field(http, messages, param, code):
     _error(http.post(CH, json={"messages": messages, "max_tokens": 2}), 400, param, code)
 
