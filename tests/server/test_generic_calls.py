@@ -26,7 +26,8 @@ import tiny_models  # noqa: E402
 # written `{"name": ..., "parameters": ...}`, a result in an ipython turn
 LLAMA3_TEMPLATE = r'''{{- bos_token }}{%- if not tools is defined %}{%- set tools = none %}{%- endif %}
 {%- for message in messages %}
-{%- if message.role == 'tool' %}{{- '<|start_header_id|>ipython<|end_header_id|>\n\n' + message.content + '<|eot_id|>' }}
+{%- if message.role == 'tool' %}
+{{- '<|start_header_id|>ipython<|end_header_id|>\n\n' + message.content + '<|eot_id|>' }}
 {%- elif 'tool_calls' in message %}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
 {{- '{"name": "' + message.tool_calls[0].function.name + '", ' }}{{- '"parameters": ' }}
 {{- message.tool_calls[0].function.arguments | tojson }}{{- "}" }}<|eot_id|>
@@ -152,7 +153,8 @@ def test_llama3_s_call_is_read_back_as_a_call():
 
 HISTORY = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"},
            {"role": "assistant", "content": None, "tool_calls": [
-               {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+               {"id": "c1", "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
 
 
@@ -160,11 +162,13 @@ def test_the_chat_is_rewritten_for_a_template_that_renders_no_tools():
     out = generic_chat(HISTORY, TOOLS, "auto", False, tiny_models.CHATML_TEMPLATE)
     assert [m["role"] for m in out] == ["system", "user", "assistant", "user"]
     assert out[0]["content"].startswith("Be brief.\n\nYou can call any of the following tools")
-    assert '"get_time"' in out[0]["content"] and "`tool_call`" in out[0]["content"] and "`response`" in out[0]["content"]
+    system = out[0]["content"]
+    assert '"get_time"' in system and "`tool_call`" in system and "`response`" in system
     assert json.loads(out[2]["content"]) == {"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}
     assert json.loads(out[3]["content"]) == {"tool_response": {"tool": "get_weather", "content": "sunny"}}
     assert "`tool_calls`" in generic_chat(HISTORY, TOOLS, "required", True, "")[0]["content"]
-    assert generic_chat(HISTORY, TOOLS, "none", False, "")[0]["content"] == "Be brief."  # nothing to call: not described
+    # nothing to call: the tools are not described
+    assert generic_chat(HISTORY, TOOLS, "none", False, "")[0]["content"] == "Be brief."
     gemma2 = "{{ raise_exception('System role not supported') }}"
     first = generic_chat(HISTORY[1:2], TOOLS, "get_time", False, gemma2)
     assert len(first) == 1 and first[0]["role"] == "user" and "calling get_time" in first[0]["content"]

@@ -53,7 +53,8 @@ def test_smollm2_calls_the_tool_for_the_city_asked_about(http, stream):
         finish = [c["choices"][0]["finish_reason"] for c in chunks if c.get("choices")][-1]
     else:
         message = r.json()["choices"][0]["message"]
-        name, arguments = message["tool_calls"][0]["function"]["name"], message["tool_calls"][0]["function"]["arguments"]
+        call = message["tool_calls"][0]["function"]
+        name, arguments = call["name"], call["arguments"]
         finish = r.json()["choices"][0]["finish_reason"]
     assert (name, json.loads(arguments), finish) == ("get_weather", {"location": "Paris"}, "tool_calls")
 

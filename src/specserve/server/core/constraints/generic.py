@@ -57,13 +57,15 @@ def instruction(tools: list[dict], choice: str, parallel: bool) -> str:
     call = '{"name": "<tool name>", "arguments": {<its arguments>}}'
     calls = f'{{"tool_calls": [{call}, ...]}}' if parallel else f'{{"tool_call": {call}}}'
     reply = '{"response": "<your reply>"}'
+    field = "tool_calls" if parallel else "tool_call"
     if choice == "auto":
-        how = (f"Respond in JSON format, either with `{'tool_calls' if parallel else 'tool_call'}` (a request to "
-               f"call tools) or with `response` (a reply to the user's request): {calls} or {reply}")
+        how = (f"Respond in JSON format, either with `{field}` (a request to call tools) or with `response` "
+               f"(a reply to the user's request): {calls} or {reply}")
     elif choice == "required":
-        how = f"Respond in JSON format with `{'tool_calls' if parallel else 'tool_call'}` (a request to call tools): {calls}"
+        how = f"Respond in JSON format with `{field}` (a request to call tools): {calls}"
     else:
-        how = f'Respond in JSON format with `tool_call`, calling {choice}: {{"tool_call": {call.replace("<tool name>", choice)}}}'
+        named = call.replace("<tool name>", choice)
+        how = f'Respond in JSON format with `tool_call`, calling {choice}: {{"tool_call": {named}}}'
     return ("You can call any of the following tools to satisfy the user's requests: "
             + json.dumps(tools, indent=2, ensure_ascii=False) + "\n\n" + how)
 

@@ -150,8 +150,8 @@ def template_input(model, messages, tools: ToolRequest | list | None) -> tuple[l
     form renders neither: the tools are described in the system message, and past calls and results are
     written as the generic form's JSON (generic.py). Other templates get both as they were sent."""
     raw = tools.tools if isinstance(tools, ToolRequest) else tools
-    history = isinstance(messages, list) and any(isinstance(m, dict) and (m.get("role") == "tool" or m.get("tool_calls"))
-                                                 for m in messages)
+    history = isinstance(messages, list) and any(
+        isinstance(m, dict) and (m.get("role") == "tool" or m.get("tool_calls")) for m in messages)
     if not raw and not history:
         return messages, raw
     form = tools.form if isinstance(tools, ToolRequest) else call_form(model)
