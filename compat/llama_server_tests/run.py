@@ -360,6 +360,8 @@ def main() -> int:
                 if results.exists():
                     results.unlink()
                 shutil.rmtree(tdir / f"{f}.jsonl.d", ignore_errors=True)
+                for stale in (tdir / "rerun" / f"{f}.jsonl", tdir / "rerun" / f"{f}.log"):  # an earlier run's
+                    stale.unlink(missing_ok=True)
                 tests = [f"unit/{f}.py"] + (["-k", args.keyword] if args.keyword else [])
                 run_pytest(args, target, tests, results, tdir / f"{f}.log", log)
             log(f"{target}: all files in {time.time() - t0:.0f} s")
