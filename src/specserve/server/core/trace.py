@@ -16,7 +16,7 @@ from collections import deque
 from typing import Callable
 
 from ...auto import Controller
-from ...engine import Chunk
+from ...slot import Chunk
 from ...stats import GenerationStats
 
 TARGET = "target"  # the source of a token the target wrote itself
