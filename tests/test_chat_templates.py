@@ -15,19 +15,21 @@ CHAT = [{"role": "system", "content": " Be brief. "}, {"role": "user", "content"
 LLAMA_SERVER = {  # recorded from llama-server b11434
     "chatml": "<|im_start|>system\n Be brief. <|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n"
               "Hello<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n",
-    "llama3": "<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|><|start_header_id|>user<|end_header_id|>"
-              "\n\nHi there<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nHello<|eot_id|><|start_header_id|>"
-              "user<|end_header_id|>\n\nBye<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+    "llama3": "<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+              "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
+              "<|start_header_id|>assistant<|end_header_id|>\n\nHello<|eot_id|>"
+              "<|start_header_id|>user<|end_header_id|>\n\nBye<|eot_id|>"
+              "<|start_header_id|>assistant<|end_header_id|>\n\n",
     "command-r": "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>Be brief.<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|>"
                  "<|USER_TOKEN|>Hi there<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>Hello"
                  "<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|USER_TOKEN|>Bye<|END_OF_TURN_TOKEN|>"
                  "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>",
     "gemma": "<start_of_turn>user\nBe brief.\n\nHi there<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n"
              "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n",
-    "phi3": "<|system|>\n Be brief. <|end|>\n<|user|>\nHi there<|end|>\n<|assistant|>\nHello<|end|>\n<|user|>\nBye<|end|>\n"
-            "<|assistant|>\n",
-    "zephyr": "<|system|>\n Be brief. <|endoftext|>\n<|user|>\nHi there<|endoftext|>\n<|assistant|>\nHello<|endoftext|>\n"
-              "<|user|>\nBye<|endoftext|>\n<|assistant|>\n",
+    "phi3": "<|system|>\n Be brief. <|end|>\n<|user|>\nHi there<|end|>\n<|assistant|>\nHello<|end|>\n"
+            "<|user|>\nBye<|end|>\n<|assistant|>\n",
+    "zephyr": "<|system|>\n Be brief. <|endoftext|>\n<|user|>\nHi there<|endoftext|>\n"
+              "<|assistant|>\nHello<|endoftext|>\n<|user|>\nBye<|endoftext|>\n<|assistant|>\n",
 }
 
 

@@ -65,12 +65,14 @@ class Echo(Repeat):
 def test_drafters_that_did_not_draft_are_judged_against_what_was_committed(tiny_models, monkeypatch):
     """Outcome.shadow: each matching drafter but the one that drafted, judged as verification would have."""
     target = tiny_models["target"]
-    engine = Engine(target, None, n_ctx=256, drafters=lambda slot, spec, constraint: {"repeat": Repeat(), "echo": Echo()})
+    engine = Engine(target, None, n_ctx=256,
+                    drafters=lambda slot, spec, constraint: {"repeat": Repeat(), "echo": Echo()})
     policy = Listening("repeat", 3)
     outcomes = []
     policy.observe = outcomes.append
     monkeypatch.setattr(engine, "policy_for", lambda spec, temperature=0.0, grammar=False: policy)
-    g = engine.new_slot().generate("a a a a a a", SamplingParams(max_tokens=20, ignore_eos=True), SpecParams(mode="auto"))
+    g = engine.new_slot().generate("a a a a a a", SamplingParams(max_tokens=20, ignore_eos=True),
+                                   SpecParams(mode="auto"))
     done = 0
     for o in outcomes:
         committed = g.tokens[done : done + o.n_accepted + 1]

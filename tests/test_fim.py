@@ -19,7 +19,8 @@ def fim_model(tmp_path_factory):
 
 
 def text_of(model, ids):
-    return "".join(model.vocab.token_texts[i] if i in special_ids(model) else model.detokenize([i]).decode() for i in ids)
+    special = special_ids(model)
+    return "".join(model.vocab.token_texts[i] if i in special else model.detokenize([i]).decode() for i in ids)
 
 
 def special_ids(model):

@@ -98,6 +98,15 @@ def test_imports_point_down_or_sideways():
     assert not upward, "imports from a higher layer:\n" + "\n".join(upward)
 
 
+def test_no_source_file_is_over_400_lines():
+    """A module past 400 lines holds more than one thing: split out a cohesive piece (placed in LAYERS),
+    rather than pack lines (ruff holds them to 120 characters)."""
+    lengths = {p: len(p.read_text().splitlines()) for p in sorted(ROOT.rglob("*.py"))}
+    assert len(lengths) > 100 and max(lengths.values()) > 300  # the package, not an empty folder
+    long = [f"{p.relative_to(ROOT.parent)}: {n} lines" for p, n in lengths.items() if n > 400]
+    assert not long, "split these modules:\n" + "\n".join(long)
+
+
 def test_layer_map_reads_the_package():
     """The map is not vacuous: the package's layers are where the README's picture puts them."""
     assert layer_of("specserve.cli.serve") == "cli"

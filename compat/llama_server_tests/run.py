@@ -157,7 +157,8 @@ def load_results(path: Path) -> dict[str, dict]:
 
 
 def short(outcome: str) -> str:
-    return {"passed": "pass", "failed": "FAIL", "skipped": "skip", "error": "ERROR", "missing": "-"}.get(outcome, outcome)
+    names = {"passed": "pass", "failed": "FAIL", "skipped": "skip", "error": "ERROR", "missing": "-"}
+    return names.get(outcome, outcome)
 
 
 def md_cell(text: str, n: int = 160) -> str:
@@ -190,7 +191,8 @@ def report(args) -> None:
                 t[target] = entry
     files = collections.OrderedDict()
     for nodeid, t in sorted(data["tests"].items()):
-        c = files.setdefault(t["file"], {tg: collections.Counter() for tg in TARGETS} | {"both_pass": 0, "gap": 0, "ss_only": 0})
+        c = files.setdefault(t["file"], {tg: collections.Counter() for tg in TARGETS}
+                             | {"both_pass": 0, "gap": 0, "ss_only": 0})
         for tg in TARGETS:
             c[tg][t.get(tg, {}).get("outcome", "missing")] += 1
         ls, ss = t.get("llama-server", {}).get("outcome"), t.get("specserve", {}).get("outcome")
@@ -242,17 +244,21 @@ def report(args) -> None:
         L += [f"- tests: {m.get('tests_source', '')}", f"- markers: `{m.get('markers', '')}`, per-test timeout "
               f"{m.get('test_timeout', '')} s", f"- started {m.get('started', '')}", ""]
     s = data["summary"]
+    skipped = f", {s['gap_skipped']} are skipped there" if s['gap_skipped'] else ""
     L += [f"**{s['pass_on_llama_server']} tests pass on llama-server; of those {s['of_those_pass_on_specserve']} pass "
-          f"on specserve, {s['gap']} fail or error there" + (f", {s['gap_skipped']} are skipped there" if s['gap_skipped'] else "") + ".**",
-          "", f"All {s['tests']} tests: llama-server {dict(tot['llama-server'])}; specserve {dict(tot['specserve'])}", "",
-          "| file | llama-server pass / fail / error / skip | specserve pass / fail / error / skip | pass on both | pass on llama-server only | pass on specserve only |",
+          f"on specserve, {s['gap']} fail or error there{skipped}.**", "",
+          f"All {s['tests']} tests: llama-server {dict(tot['llama-server'])}; specserve {dict(tot['specserve'])}", "",
+          "| file | llama-server pass / fail / error / skip | specserve pass / fail / error / skip | pass on both "
+          "| pass on llama-server only | pass on specserve only |",
           "|---|---|---|---|---|---|"]
     for f, c in data["files"].items():
         def cnt(tg):
             x = c[tg]
             return f"{x.get('passed', 0)} / {x.get('failed', 0)} / {x.get('error', 0)} / {x.get('skipped', 0)}"
-        L.append(f"| {f} | {cnt('llama-server')} | {cnt('specserve')} | {c['both_pass']} | {c['gap']} | {c['specserve_only_pass']} |")
-    L += ["", "## Passes on llama-server, fails on specserve", "", "| test | specserve's first failure line |", "|---|---|"]
+        L.append(f"| {f} | {cnt('llama-server')} | {cnt('specserve')} | {c['both_pass']} | {c['gap']} "
+                 f"| {c['specserve_only_pass']} |")
+    L += ["", "## Passes on llama-server, fails on specserve", "",
+          "| test | specserve's first failure line |", "|---|---|"]
     for n in gap:
         L.append(f"| `{md_cell(n, 200)}` | {md_cell(data['tests'][n]['specserve']['message'], 220)} |")
     L += ["", "## Dropped flags (specserve)", "", "| flag | server starts | tests | why |", "|---|---|---|---|"]
@@ -260,20 +266,23 @@ def report(args) -> None:
         L.append(f"| `{k}` | {v['starts']} | {v['tests']} | {v['why']} |")
     if translated:
         L += ["", "Translated: " + ", ".join(f"`{k}` ({v})" for k, v in translated.most_common())]
-    L += ["", "## Every test", "", "| test | llama-server | specserve | first failure line (specserve, else llama-server) |",
+    L += ["", "## Every test", "",
+          "| test | llama-server | specserve | first failure line (specserve, else llama-server) |",
           "|---|---|---|---|"]
     for n, t in sorted(data["tests"].items()):
         ls, ss = t.get("llama-server", {}), t.get("specserve", {})
         msg = ss.get("message") if ss.get("outcome") not in ("passed", None) else ls.get("message", "")
         flag = " (rerun)" if ss.get("rerun") else ""
-        L.append(f"| `{md_cell(n, 200)}` | {short(ls.get('outcome', 'missing'))} | {short(ss.get('outcome', 'missing'))}{flag} | {md_cell(msg, 200)} |")
+        L.append(f"| `{md_cell(n, 200)}` | {short(ls.get('outcome', 'missing'))} "
+                 f"| {short(ss.get('outcome', 'missing'))}{flag} | {md_cell(msg, 200)} |")
     (out / "results.md").write_text("\n".join(L) + "\n")
     print(json.dumps(data["summary"]))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tests", required=True, help="llama.cpp's tools/server/tests folder (with ../../../models/templates)")
+    ap.add_argument("--tests", required=True,
+                    help="llama.cpp's tools/server/tests folder (with ../../../models/templates)")
     ap.add_argument("--out", required=True, help="results folder")
     ap.add_argument("--targets", default=",".join(TARGETS))
     ap.add_argument("--files", default=",".join(DEFAULT_FILES), help="upstream test files under unit/, without .py")
@@ -365,9 +374,11 @@ def main() -> int:
                 if mine.get("rerun"):
                     continue
                 if target == "specserve":
-                    want = t.get("llama-server", {}).get("outcome") == "passed" and mine.get("outcome") in ("failed", "error")
+                    want = (t.get("llama-server", {}).get("outcome") == "passed"
+                            and mine.get("outcome") in ("failed", "error"))
                 else:
-                    want = mine.get("outcome") in ("failed", "error") and any(s in mine.get("message", "") for s in TIMEOUTISH)
+                    want = (mine.get("outcome") in ("failed", "error")
+                            and any(s in mine.get("message", "") for s in TIMEOUTISH))
                 if want:
                     todo[t["file"]].append(nodeid)
             rdir = out / target / "rerun"

@@ -45,7 +45,9 @@ GEMMA = (
 )
 
 PHI3 = (
-    "{%- for message in messages -%}{{- '<|' + message.role + '|>\\n' + message.content + '<|end|>\\n' -}}{%- endfor -%}"
+    "{%- for message in messages -%}"
+    "{{- '<|' + message.role + '|>\\n' + message.content + '<|end|>\\n' -}}"
+    "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|assistant|>\\n' -}}{%- endif -%}"
 )
 
@@ -78,7 +80,8 @@ HERMES = (
     "{{- '<|im_start|>assistant' -}}{%- if message.content -%}{{- '\\n' + message.content -}}{%- endif -%}"
     "{%- for tool_call in message.tool_calls -%}"
     "{%- set call = tool_call.function if tool_call.function is defined else tool_call -%}"
-    "{{- '\\n<tool_call>\\n{\"name\": \"' + call.name + '\", \"arguments\": ' + call.arguments | tojson + '}\\n</tool_call>' -}}"
+    "{{- '\\n<tool_call>\\n{\"name\": \"' + call.name + '\", \"arguments\": ' + call.arguments | tojson"
+    " + '}\\n</tool_call>' -}}"
     "{%- endfor -%}{{- '<|im_end|>\\n' -}}"
     "{%- elif message.role == 'tool' -%}"
     "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}"

@@ -76,7 +76,8 @@ class SamplingParams:
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
-    grammar: object = None  # an llguidance grammar: its text, or compiled off the event loop (grammar.compiled); None: none
+    # an llguidance grammar: its text, or compiled off the event loop (grammar.compiled); None: none
+    grammar: object = None
     heal: bytes = b""  # the answer must begin with these bytes, which are not sent (grammar.healing)
     reasoning: Reasoning | None = None  # the answer may begin with a reasoning block; its budget (None: no rule)
     logit_bias: tuple[tuple[int, float], ...] = ()
@@ -205,8 +206,10 @@ class ModelConfig:
     n_threads: int | None = None
     auto_profile: bool = True  # keep what --spec auto learns across processes (learned.py)
     cross_request_bytes: int = 0  # the engine's store of earlier requests for the suffix drafter; 0: none
-    cache_reuse: int = 0  # --cache-reuse: least run of moved cached tokens a slot keeps (backends/cache_reuse.py); 0: off
-    draft_ctx: int = DRAFT_CTX_DEFAULT  # --draft-ctx: the draft model's cache cells a slot (drafters/window.py); 0: n_ctx
+    # --cache-reuse: least run of moved cached tokens a slot keeps (backends/cache_reuse.py); 0: off
+    cache_reuse: int = 0
+    # --draft-ctx: the draft model's cache cells a slot (drafters/window.py); 0: n_ctx
+    draft_ctx: int = DRAFT_CTX_DEFAULT
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -47,7 +47,8 @@ class Engine:
         self.draft = draft
         self.n_ctx = n_ctx
         self.cache_reuse = 0  # --cache-reuse N: slots keep moved runs of >= N cached tokens (backends/cache_reuse.py)
-        self.draft_window = DRAFT_CTX_DEFAULT  # --draft-ctx N: the draft model's cache cells a slot (drafters/window.py)
+        # --draft-ctx N: the draft model's cache cells a slot (drafters/window.py)
+        self.draft_window = DRAFT_CTX_DEFAULT
         self.suffix_store = suffix_store  # earlier requests' text for the suffix drafter, shared by slots; None: off
         self.make_drafters = drafters or standard_drafters
         self.controller = controller if controller is not None else Controller()  # --spec auto, shared by slots

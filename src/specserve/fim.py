@@ -13,10 +13,11 @@ The layout is llama-server's repo-level pattern (https://arxiv.org/pdf/2409.1218
 
 with its budget rules: the prefix keeps its last 3/4 of a batch of tokens, the suffix its first
 quarter less the prompt; the extra chunks fill what the context leaves after a batch and twice
-n_predict (and never more than leaves room for n_predict), cut from their start (the chunks nearest the cursor, last, are kept). Without
-FIM_REP/FIM_SEP the chunks are joined with a plain separator. `prompt` (the current line up to
-the cursor) comes after FIM_MID, as llama-server documents it: a keystroke then only appends
-tokens to the previous request's prompt, so the cached prefix covers all but the new ones.
+n_predict (and never more than leaves room for n_predict), cut from their start (the chunks nearest
+the cursor, last, are kept). Without FIM_REP/FIM_SEP the chunks are joined with a plain separator.
+`prompt` (the current line up to the cursor) comes after FIM_MID, as llama-server documents it: a
+keystroke then only appends tokens to the previous request's prompt, so the cached prefix covers all
+but the new ones.
 """
 from __future__ import annotations
 

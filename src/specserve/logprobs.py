@@ -64,7 +64,8 @@ def processed(dist: Candidates | None, tokens: Sequence[int], n_top: int) -> lis
     cols = _top(p, n_top)  # [n, n_top]; candidates are in id order, or sorted stably: lower columns, lower ids
     top_ids, top_p = np.take_along_axis(ids, cols, axis=1), np.take_along_axis(p, cols, axis=1).astype(np.float64)
     with np.errstate(divide="ignore"):
-        return [TokenLogprob(int(t), float(np.log(pc)), tuple((int(i), float(np.log(q))) for i, q in zip(r_ids, r_p) if q > 0))
+        return [TokenLogprob(int(t), float(np.log(pc)),
+                             tuple((int(i), float(np.log(q))) for i, q in zip(r_ids, r_p) if q > 0))
                 for t, pc, r_ids, r_p in zip(tokens, p_chosen, top_ids, top_p)]
 
 

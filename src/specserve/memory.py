@@ -30,6 +30,7 @@ anything is loaded. Three parts per model, each what llama.cpp allocates on the 
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 from dataclasses import asdict, dataclass
@@ -233,3 +234,24 @@ def loaded_summary(engine) -> str:
         total += est.total
     lines.append(f"memory: total {fmt_bytes(total)} at context {engine.n_ctx} (one slot)")
     return "\n".join(lines)
+
+
+def rss_bytes() -> int:
+    """This process's resident set size, from /proc (0 where there is none)."""
+    try:
+        with open(f"/proc/{os.getpid()}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def trim_heap() -> None:
+    """Give the heap's free memory back to the system (glibc's malloc_trim; nothing elsewhere): freed
+    buffers below glibc's mmap threshold otherwise stay in the process for reuse."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

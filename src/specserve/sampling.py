@@ -259,7 +259,8 @@ class Noise:
     def _row_keys(self, pos0: int, rows: int, stream: int) -> tuple[np.ndarray, np.ndarray]:
         """[rows, 1] uint32 keys (for A and for B) of positions pos0, pos0 + 1, ..."""
         keys = [_mix((self._key + _mix(((pos0 + r) << 2 | stream) & _M64)) & _M64) for r in range(rows)]
-        return (np.array([k >> 32 for k in keys], _U32)[:, None], np.array([k & 0xFFFFFFFF for k in keys], _U32)[:, None])
+        return (np.array([k >> 32 for k in keys], _U32)[:, None],
+                np.array([k & 0xFFFFFFFF for k in keys], _U32)[:, None])
 
     def uniform(self, pos: int, stream: int) -> float:
         """U(0, 1) for one position and stream."""

@@ -97,8 +97,6 @@ def test_lookups_are_learnt_from_the_steps_they_did_not_draft():
     """Outcome.shadow: a request whose n-gram matches keep failing learns it at the steps the
     draft model drafts, instead of paying a pass per failed n-gram step (here: the probes a
     blind policy sends); a lookup judged that way is never probed."""
-    from specserve.policy import Choice
-
     def run(shadow: bool):
         ctl = measured(CPU_F16, 0.008)  # a dear draft model: a pass of the n-gram is a real choice
         policy = ctl.policy(SpecParams(draft_max=8), ["draft", "ngram"])

@@ -28,7 +28,8 @@ def server(tiny_paths):
     """`python -m specserve serve` on the tiny target and draft, until the module's tests are done."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "specserve", "serve", "-m", str(tiny_paths["target"]),
-                             "-md", str(tiny_paths["draft_close"]), "--spec", "draft",  # always drafts: auto may not here
+                             # --spec draft always drafts: auto may not here
+                             "-md", str(tiny_paths["draft_close"]), "--spec", "draft",
                              "-c", "512", "-t", "1", "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"

@@ -94,7 +94,8 @@ def test_seeds_fixed_per_prompt():
 @pytest.mark.parametrize("name", BUILTIN_WORKLOADS)
 def test_builtin_workloads_load(name):
     prompts = load_workload(name, 10)
-    assert len(prompts) == (8 if name == "code-edit-long" else 10) and all(p.messages[-1]["role"] == "user" and p.text for p in prompts)
+    assert len(prompts) == (8 if name == "code-edit-long" else 10)
+    assert all(p.messages[-1]["role"] == "user" and p.text for p in prompts)
     if name in SPEC_BENCH_CATEGORIES:
         assert {p.category for p in prompts} == {name}
 

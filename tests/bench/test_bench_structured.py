@@ -51,7 +51,8 @@ def test_bench_reports_validity_constrained_and_not(tiny_paths, tmp_path):
     report = json.loads((tmp_path / "out.json").read_text())
     by = {(e["name"], e["workload"]): e for e in report["configs"]}
     constrained = [e for (name, w), e in by.items() if w == "short"]
-    assert constrained and all(e["valid"] == 1.0 for e in constrained)  # the tiny model writes valid JSON under a grammar
+    # the tiny model writes valid JSON under a grammar
+    assert constrained and all(e["valid"] == 1.0 for e in constrained)
     assert all(e["grammar_ms_per_token"] > 0 for e in constrained)
     free = [e for (name, w), e in by.items() if w.endswith(":unconstrained")]
     assert free and all(e["valid"] is not None and e["grammar_ms_per_token"] is None for e in free)
@@ -68,7 +69,8 @@ def test_the_served_bench_reports_grammar_time(tiny_paths, tmp_path):
     with contextlib.redirect_stdout(out):
         code = main([str(a) for a in ("bench", "-m", tiny_paths["target"], "-md", tiny_paths["draft_close"], "-c", 512,
                                       "-t", 1, "--workload", workload, "--prompts-per-workload", 1, "-n", 40,
-                                      "--spec", "none,draft", "--draft-max", 3, "--temp", 0, "--via", "server", "-np", 1,
+                                      "--spec", "none,draft", "--draft-max", 3, "--temp", 0,
+                                      "--via", "server", "-np", 1,
                                       "--no-progress", "--json", tmp_path / "out.json")])
     assert code == 0
     report = json.loads((tmp_path / "out.json").read_text())

@@ -1,5 +1,8 @@
 """`specserve serve`'s flags -> ServerSettings, before any model loads."""
+import pytest
+
 from specserve.cli import build_parser
+from specserve.cli.common import CliError
 from specserve.cli.serve import settings_from
 
 
@@ -17,3 +20,21 @@ def test_a_packaged_name_a_path_and_an_alias_name_the_model():
     assert served_name("-m", "smollm2-f16") == "smollm2-f16"
     assert served_name("-m", "/models/some-target.gguf") == "some-target"
     assert served_name("--pair", "smollm2", "--alias", "mine") == "mine"
+
+
+def settings(*argv: str):
+    return settings_from(build_parser().parse_args(["serve", *argv]), "/models/some-target.gguf")
+
+
+def test_sleep_idle_seconds_is_off_by_default_and_must_be_positive():
+    assert settings().sleep_idle_seconds == -1
+    assert settings("--sleep-idle-seconds", "2.5").sleep_idle_seconds == 2.5
+    for bad in ("0", "-3", "nan"):
+        with pytest.raises(CliError, match="sleep_idle_seconds must be > 0"):
+            settings("--sleep-idle-seconds", bad)
+
+
+def test_sleep_idle_seconds_with_replicas_is_refused_with_the_reason():
+    args = build_parser().parse_args(["serve", "--replicas", "2", "--sleep-idle-seconds", "5"])
+    with pytest.raises(CliError, match="--sleep-idle-seconds is for one server"):
+        args.run(args)

@@ -26,7 +26,8 @@ def _leaf() -> st.SearchStrategy:
         st.sampled_from([{"type": t} for t in ("string", "integer", "number", "boolean", "null", "object", "array")]),
         st.builds(lambda v: {"enum": v}, st.lists(_SCALARS, max_size=4)),
         st.builds(lambda v: {"const": v}, _SCALARS),
-        st.builds(lambda a, b: {"type": "string", "minLength": a, "maxLength": b}, st.integers(0, 3), st.integers(0, 3)),
+        st.builds(lambda a, b: {"type": "string", "minLength": a, "maxLength": b},
+                  st.integers(0, 3), st.integers(0, 3)),
         st.builds(lambda a, b: {"type": "integer", "minimum": a, "maximum": b}, st.integers(-3, 3), st.integers(-3, 3)),
         st.builds(lambda p: {"type": "string", "pattern": p}, st.text("ab()|*+?[]^$.\\", max_size=6)),
         st.sampled_from([{"$ref": "#"}, {"$ref": "#/$defs/x"}, {"$ref": "#/nowhere"}, True, False, {}]),
@@ -103,7 +104,8 @@ def _compile_or_refuse(worker, build, tokenizer) -> None:
 @FUZZ
 @given(schema=SCHEMAS)
 def test_any_schema_compiles_or_is_refused(worker, tiny_models, schema):
-    _compile_or_refuse(worker, lambda: from_json_schema(schema, validate=False), tiny_models["target"].grammar_tokenizer())
+    _compile_or_refuse(worker, lambda: from_json_schema(schema, validate=False),
+                       tiny_models["target"].grammar_tokenizer())
 
 
 @FUZZ

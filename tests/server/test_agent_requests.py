@@ -64,7 +64,8 @@ def test_claude_codes_per_request_stamp_is_fixed_so_the_prefix_stays_cached():
     ({"messages": [{"role": "user", "content": [{"type": "tool_result", "content": "x"}]}]},
      "messages[0].content[0].tool_use_id"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a",
-                                                  "content": [{"type": "image"}]}]}]}, "messages[0].content[0].content[0]"),
+                                                  "content": [{"type": "image"}]}]}]},
+     "messages[0].content[0].content[0]"),
     ({"messages": [{"role": "user", "content": "x"}], "system": [{"type": "image"}]}, "system[0].type"),
 ])
 def test_anthropic_messages_that_cannot_be_rendered_are_refused_by_field(body, param):
@@ -99,7 +100,8 @@ def _responses(**body) -> list[dict]:
 def test_responses_items_become_the_templates_chat():
     msgs = _responses(instructions="Be brief.", input=[
         {"role": "developer", "content": "Use tools."},
-        {"role": "user", "content": [{"type": "input_text", "text": "Weather "}, {"type": "input_text", "text": "now?"}]},
+        {"role": "user", "content": [{"type": "input_text", "text": "Weather "},
+                                     {"type": "input_text", "text": "now?"}]},
         {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "call it"}]},
         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
         {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "weather", "arguments": '{"city": "Oslo"}'},

@@ -44,6 +44,7 @@ def test_two_slots_with_draft_windows_get_the_target_alone_text(tiny_models_dir,
 
 
 def test_a_draft_ctx_below_the_least_window_is_refused_before_loading(tiny_models_dir):
-    out = subprocess.run([sys.executable, "-m", "specserve", "serve", *serve_args(tiny_models_dir, "--draft-ctx", "64")],
+    out = subprocess.run([sys.executable, "-m", "specserve", "serve",
+                          *serve_args(tiny_models_dir, "--draft-ctx", "64")],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--draft-ctx must be 0 (the whole context) or >= 128, got 64" in out.stderr

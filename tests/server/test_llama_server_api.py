@@ -261,7 +261,8 @@ def test_llama_server_flags_it_cannot_honour_are_refused_with_the_reason(tiny_mo
 
 def test_no_slots_answers_501_a_template_file_is_read_and_vertex_predicts(tiny_models_dir, tmp_path):
     template = tmp_path / "t.jinja"
-    template.write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}think={{ enable_thinking }}")
+    template.write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+                        "think={{ enable_thinking }}")
     srv = ServerProcess(serve_args(tiny_models_dir, "-c", "128", "--no-slots", "--chat-template-file", str(template),
                                    "--reasoning", "off"), tmp_path / "serve.log", env={"AIP_MODE": "PREDICTION"})
     try:

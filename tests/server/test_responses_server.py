@@ -183,6 +183,7 @@ def test_the_trace_extension_covers_the_text_whole_and_streamed(client):
     extra = {"speculative": {"mode": "draft", "trace": True}}
     whole = _create(client, extra_body=extra)
     trace = whole.model_extra["speculative_trace"]
-    assert "".join(e["text"] for e in trace) == whole.output_text and {e["source"] for e in trace} <= {"draft", "target"}
+    assert "".join(e["text"] for e in trace) == whole.output_text
+    assert {e["source"] for e in trace} <= {"draft", "target"}
     deltas = [e for e in _create(client, stream=True, extra_body=extra) if e.type == "response.output_text.delta"]
     assert deltas and all("".join(x["text"] for x in e.model_extra["speculative_trace"]) == e.delta for e in deltas)

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.server
 
 jsonschema = pytest.importorskip("jsonschema")
 
-CH, C, L, I = "/v1/chat/completions", "/v1/completions", "/completion", "/infill"
+CH, C, L, INF = "/v1/chat/completions", "/v1/completions", "/completion", "/infill"
 MSG = [{"role": "user", "content": "Describe a person as JSON."}]
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "ok", "tags"],
           "properties": {"name": {"type": "string", "maxLength": 8},
@@ -125,8 +125,8 @@ BAD = [
     (L, {"json_schema": "not a schema"}, "json_schema"),
     (L, {"json_schema": {"type": "object"}, "grammar": 'root ::= "a"'}, "json_schema"),
     (CH, {"response_format": {"type": "json_object"}, "json_schema": PERSON}, "json_schema"),
-    (I, {"grammar": 'root ::= "a"'}, "grammar"),
-    (I, {"response_format": {"type": "json_object"}}, "response_format"),
+    (INF, {"grammar": 'root ::= "a"'}, "grammar"),
+    (INF, {"response_format": {"type": "json_object"}}, "response_format"),
 ]
 
 
@@ -136,13 +136,13 @@ BAD = [
     "invalid-gbnf", "grammar-not-a-string", "json-schema-not-an-object", "grammar-and-json-schema",
     "response-format-and-json-schema", "infill-grammar", "infill-response-format"])
 def test_bad_constraints_are_400_naming_the_field(http, path, fields, param):
-    base = {"messages": MSG} if path == CH else {"input_prefix": "def f(", "input_suffix": ")"} if path == I \
+    base = {"messages": MSG} if path == CH else {"input_prefix": "def f(", "input_suffix": ")"} if path == INF \
         else {"prompt": "hi"}
     r = http.post(path, json={**base, "max_tokens": 4, **fields})
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == param and err["type"] == "invalid_request_error", err
-    if path == I:  # /infill takes no constraint, as before
+    if path == INF:  # /infill takes no constraint, as before
         assert err["code"] == "unsupported_parameter"
     if len(set(fields) & {"grammar", "json_schema", "response_format"}) > 1:
         assert all(k in err["message"] for k in fields), err  # a conflict names both fields

@@ -150,7 +150,8 @@ class VerifyCost:
         # rebuilt when an estimate moved by more than 2%, at most every 8 passes, and every
         # STALE / 4 passes (an estimate may have gone stale)
         tab, since = self._table, self._tick - self._built
-        if tab is not None and since >= 8 and (n >= len(tab) or abs(m[0] - tab[n]) > 0.02 * tab[n] or 4 * since >= self.stale):
+        if tab is not None and since >= 8 and (
+                n >= len(tab) or abs(m[0] - tab[n]) > 0.02 * tab[n] or 4 * since >= self.stale):
             self._table = None
 
     def table(self, n_max: int) -> list[float] | None:
@@ -183,7 +184,8 @@ class VerifyCost:
     def _fresh_keys(self) -> list[int]:
         """The measured n the fit uses: all but the stale ones past the longest fresh one."""
         keys, tick = self._keys, self._tick
-        last = next((j for j in range(len(keys) - 1, -1, -1) if tick - self._m[keys[j]][2] <= self.stale), len(keys) - 1)
+        fresh = (j for j in range(len(keys) - 1, -1, -1) if tick - self._m[keys[j]][2] <= self.stale)
+        last = next(fresh, len(keys) - 1)
         return keys[:last + 1]
 
     def state(self) -> dict:

@@ -11,8 +11,9 @@ token | it returned i - 1): 1 for a lookup whose match is known, learnt for a dr
 that may stop early. With every d_i = 1 this is the textbook 1 + sum_j prod_{i<=j} a_i
 over verify(k + 1) + draft(k). Each drafter's k maximises E[tokens] / E[seconds] up to its
 cap (a lookup: the request's suffix_max, 64 by default and lowered by a --draft-max the user
-set, so a long, well-predicted match drafts long; a draft model: --draft-max); `pick` then takes the drafter with the best rate after its
-catch-up, or plain decoding (k = 0: 1 token per verify(1)) when nothing pays.
+set, so a long, well-predicted match drafts long; a draft model: --draft-max); `pick` then takes the
+drafter with the best rate after its catch-up, or plain decoding (k = 0: 1 token per verify(1)) when
+nothing pays.
 
 A hybrid step drafts the lookup's m matched tokens for free (`head`: their acceptance),
 then lets the draft model continue from where the match ends: its first batch also takes

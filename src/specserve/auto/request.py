@@ -275,8 +275,8 @@ class AutoPolicy:
         if not trace.isEnabledFor(logging.DEBUG):
             return
         name, plan = self._step_plan
-        planned = (f"{name or 'plain'} k={plan.k} rate {plan.rate:.2f} tok/s ({plan.tokens:.2f} tokens in {plan.seconds:.3f} s)"
-                   if plan else "plain (measuring)")
+        planned = (f"{name or 'plain'} k={plan.k} rate {plan.rate:.2f} tok/s "
+                   f"({plan.tokens:.2f} tokens in {plan.seconds:.3f} s)" if plan else "plain (measuring)")
         lookup = self._step_head[0] if name == HYBRID and self._step_head else name
         if lookup in self._step_offers:  # what the lookup matched: its length, and the tokens it had
             planned += " (match %d, %d available)" % self._step_offers[lookup]

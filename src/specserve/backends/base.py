@@ -138,6 +138,15 @@ class Model(Protocol):
         the backend cannot constrain generation."""
         return None
 
+    def unload(self) -> None:
+        """Free the weights (its contexts closed first), keeping path, metadata and vocab readable; the
+        server's --sleep-idle-seconds. A backend that cannot raises NotImplementedError."""
+        raise NotImplementedError(f"{type(self).__name__} cannot unload its weights")
+
+    def reload(self) -> None:
+        """Load the weights again, with the settings they were first loaded with (after `unload`)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot reload its weights")
+
     def close(self) -> None: ...
 
 

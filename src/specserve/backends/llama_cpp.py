@@ -37,6 +37,11 @@ _VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6:
 _ATTR_CONTROL = 1 << 3  # llama_token_attr: LLAMA_TOKEN_ATTR_CONTROL
 
 
+def _identity(path: str) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
 class LlamaCppModel(Model):
     """A GGUF model loaded by llama.cpp: weights and vocabulary, shared by its contexts."""
 
@@ -45,15 +50,10 @@ class LlamaCppModel(Model):
             raise FileNotFoundError(f"model file not found: {path}")
         init_backend()
         self.path = path
+        self.n_gpu_layers = n_gpu_layers
         self.n_threads = n_threads or max(1, os.cpu_count() or 1)
-        params = C.llama_model_default_params()
-        params.n_gpu_layers = n_gpu_layers
-        params.use_extra_bufts = use_extra_buffers()
-        model, self.load_log = LoadLog.capture(lambda: C.llama_model_load_from_file(path.encode(), params))
-        if not model:
-            raise ValueError(f"llama.cpp could not load {path} (not a GGUF model it supports?)")
-        self.handle = model  # llama.cpp's model pointer: contexts are created from it (llama_native)
-        self._vocab = C.llama_model_get_vocab(model)
+        self._open()
+        model = self.handle
         self.n_ctx_train = C.llama_model_n_ctx_train(model)
         self.weights_bytes = mib_sum(r"model buffer size", self.load_log) or C.llama_model_size(model)
         # the CPU backend's repacked copy of some matrices (part of weights_bytes)
@@ -64,6 +64,38 @@ class LlamaCppModel(Model):
                                     for f in ("llama_model_is_recurrent", "llama_model_is_hybrid"))
         self._piece_cache: dict[int, bytes] = {}
         self._llg_tokenizer = None
+
+    def _open(self) -> None:
+        params = C.llama_model_default_params()
+        params.n_gpu_layers = self.n_gpu_layers
+        params.use_extra_bufts = use_extra_buffers()
+        model, self.load_log = LoadLog.capture(lambda: C.llama_model_load_from_file(self.path.encode(), params))
+        if not model:
+            raise ValueError(f"llama.cpp could not load {self.path} (not a GGUF model it supports?)")
+        self.handle = model  # llama.cpp's model pointer: contexts are created from it (llama_native)
+        self._vocab = C.llama_model_get_vocab(model)
+        self._file = _identity(self.path)
+
+    def unload(self) -> None:
+        """Free the weights and llama.cpp's vocabulary (a sleeping server: server/core/sleep.py), keeping what
+        was read from them: path, metadata (with what the command line put there), vocab, token pieces. Its
+        contexts must be closed first. Until `reload`, anything that needs llama.cpp raises RuntimeError."""
+        self._llg_tokenizer = None  # llguidance's tokenizer calls into the freed vocabulary
+        self.close()
+        self._vocab = None
+
+    def reload(self) -> None:
+        """Load the weights again from the same file with the same settings (after `unload`)."""
+        if self.handle:
+            return
+        if _identity(self.path) != self._file:  # what was read from the old file (vocab, metadata) is kept
+            raise ValueError(f"{self.path} changed on disk since it was loaded: restart the server to serve it")
+        self._open()
+
+    def _native_vocab(self):
+        if self._vocab is None:
+            raise RuntimeError(f"{self.path} is unloaded (the server is asleep)")
+        return self._vocab
 
     # --- vocabulary -------------------------------------------------------------------------
 
@@ -102,25 +134,27 @@ class LlamaCppModel(Model):
         )
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        vocab = self._native_vocab()
         data = text.encode("utf-8")
         cap = len(data) + 8
         buf = (C.llama_token * cap)()
-        n = C.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        n = C.llama_tokenize(vocab, data, len(data), buf, cap, add_special, parse_special)
         if n < 0:
             cap = -n
             buf = (C.llama_token * cap)()
-            n = C.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+            n = C.llama_tokenize(vocab, data, len(data), buf, cap, add_special, parse_special)
         return list(buf[:n])
 
     def token_bytes(self, token: int, special: bool = False) -> bytes:
         key = token if not special else ~token
         piece = self._piece_cache.get(key)
         if piece is None:
+            vocab = self._native_vocab()
             buf = ctypes.create_string_buffer(64)
-            n = C.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+            n = C.llama_token_to_piece(vocab, token, buf, len(buf), 0, special)
             if n < 0:
                 buf = ctypes.create_string_buffer(-n)
-                n = C.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+                n = C.llama_token_to_piece(vocab, token, buf, len(buf), 0, special)
             piece = buf.raw[:n]
             self._piece_cache[key] = piece
         return piece
@@ -135,7 +169,7 @@ class LlamaCppModel(Model):
         if self._llg_tokenizer is None:
             from .llg_vocab import grammar_tokenizer
 
-            self._llg_tokenizer = grammar_tokenizer(self, self._vocab)
+            self._llg_tokenizer = grammar_tokenizer(self, self._native_vocab())
         return self._llg_tokenizer
 
     def is_control(self, token: int) -> bool:
@@ -144,10 +178,12 @@ class LlamaCppModel(Model):
     # --- contexts -----------------------------------------------------------------------------
 
     def new_context(self, n_ctx: int, n_batch: int = 512) -> "LlamaCppContext":
+        self._native_vocab()
         return LlamaCppContext(self, n_ctx, n_batch)
 
     def new_shared_context(self, n_ctx: int, n_seq: int, n_batch: int = 512):
         """n_seq sequences of n_ctx tokens in one context, decoded together (llama_cpp_batch)."""
+        self._native_vocab()
         return SharedContext(self, n_ctx, n_seq, n_batch)
 
     def close(self) -> None:

@@ -65,9 +65,10 @@ class DecodeThreads:
     llama-cpp-python builds llama.cpp with OpenMP, and libgomp keeps a team of worker threads for
     each thread that runs a pass. Once the teams hold more threads than the machine has cores,
     libgomp (as far as we can tell) throttles its spin-wait at its barriers, one per op of a pass,
-    and waits on a futex instead: every pass then runs ~1.5x slower (the 0.5B draft's 1-token pass on 2 cores: 23.5 ms from one
-    thread, 35 ms once a second thread has run passes). So each process runs its passes on one
-    thread (the server: its engine thread, see Engine.calibrate); a second one is logged, once."""
+    and waits on a futex instead: every pass then runs ~1.5x slower (the 0.5B draft's 1-token pass
+    on 2 cores: 23.5 ms from one thread, 35 ms once a second thread has run passes). So each process
+    runs its passes on one thread (the server: its engine thread, see Engine.calibrate); a second
+    one is logged, once."""
 
     _lock = threading.Lock()
     _seen: dict[int, threading.Thread] = {}

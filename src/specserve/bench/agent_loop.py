@@ -230,7 +230,8 @@ def summarize_loop(configs, runs: list[AgentRun]) -> list[dict]:
                 rows.append({
                     "config": c.name, "flags": c.flags, "baseline": c.baseline, "api": api, "turn": turn,
                     "requests": len(rs), "errors": len(every) - len(rs),
-                    "first_error": next((r.error for r in every if r.error), ""), "ttft_p50_ms": 1000 * statistics.median(r.t_first_s for r in rs),
+                    "first_error": next((r.error for r in every if r.error), ""),
+                    "ttft_p50_ms": 1000 * statistics.median(r.t_first_s for r in rs),
                     "tokens_per_s": statistics.median(r.tokens_per_s for r in rs),
                     "generated_mean": statistics.fmean(r.n_generated for r in rs),
                     "prompt_mean": statistics.fmean(r.n_prompt for r in rs),
@@ -266,7 +267,8 @@ def render_loop(rows: list[dict]) -> str:
              for row in table]
     lines.insert(1, "-" * len(lines[0]))
     notes = ("ok/n: requests answered / sent (the first error of each row below); TTFT: request sent -> first "
-             "generated output (text or a tool call's first fragment), median over conversations; decode tok/s: (tokens - 1) / (last output - first output), median; vs base: median over "
+             "generated output (text or a tool call's first fragment), median over conversations; decode tok/s: "
+             "(tokens - 1) / (last output - first output), median; vs base: median over "
              "conversations of this decode speed / the baseline's (the target alone; an endpoint: its "
              "--endpoint-baseline); out tok: tokens generated; prompt tok: the prompt's tokens; evaluated: those the "
              "server did not read from its cache; accept: drafted tokens accepted; edit ok: % of answers with the "

@@ -184,5 +184,6 @@ def _stream_infill(client: httpx.Client, url: str, body: dict) -> dict:
     return {"text": "".join(parts), "t_first_s": t_first, "t_total_s": time.perf_counter() - t0,
             "n_generated": int(last.get("tokens_predicted", timings.get("predicted_n", 0)) or 0),
             "prompt_n": int(timings.get("prompt_n", 0) or 0), "cache_n": int(timings.get("cache_n", 0) or 0),
-            "n_drafted": int(timings.get("draft_n", 0) or 0), "n_accepted": int(timings.get("draft_n_accepted", 0) or 0),
+            "n_drafted": int(timings.get("draft_n", 0) or 0),
+            "n_accepted": int(timings.get("draft_n_accepted", 0) or 0),
             "t_prompt_s": float(timings.get("prompt_ms", 0.0) or 0.0) / 1000}

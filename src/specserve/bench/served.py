@@ -95,8 +95,9 @@ class ServedModels:
         try:
             for name, path in (draft_paths or {None: None}).items():
                 window = (windows or {}).get(name)
-                self.servers[name] = SpawnedServer(common + (["-md", path] if path else [])
-                                                   + (["--draft-ctx", str(window)] if path and window is not None else []))
+                draft = ["-md", path] if path else []
+                draft += ["--draft-ctx", str(window)] if path and window is not None else []
+                self.servers[name] = SpawnedServer(common + draft)
         except BaseException:
             self.close()
             raise

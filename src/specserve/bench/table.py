@@ -85,7 +85,8 @@ def turn_table(turns: list[dict]) -> list[str]:
         lines.append(f"{'configuration':<{name_width}} " + " ".join(f"{k:>{width}}" for k in kinds) + f" {'tau':>6}")
         for name in names:
             later = cell.get((name, "later"))
-            tau = f"{later['mean_accepted_len']:.2f}" if later and later["n_drafted"] and later["mean_accepted_len"] else "-"
+            measured = later and later["n_drafted"] and later["mean_accepted_len"]
+            tau = f"{later['mean_accepted_len']:.2f}" if measured else "-"
             lines.append(f"{name:<{name_width}} " + " ".join(
                 f"{cell[(name, k)]['speedup']:>{width - 1}.2f}x" if (name, k) in cell else f"{'-':>{width}}"
                 for k in kinds) + f" {tau:>6}")

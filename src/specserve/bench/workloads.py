@@ -10,12 +10,14 @@ prompts, answers that copy most of them, the work of an editor's assistant) and
 `multi-turn` (conversations that re-send or edit earlier answers, where cross-request
 drafting pays; see `multi_turn`), `structured` (extraction, classification, nested objects and
 tool calls, each prompt with its JSON Schema: run constrained to it, docs/structured.md), `long-file[:N]` and
-`long-chat[:N]` (a 1-3k-token source file with an edit or a question, a conversation about one: long_prompts.py). Any workload's name followed by `:twice` (`code-edit:twice`) sends each
-of its prompts, then the same request again (turns first and retry); followed by `:again`, each of its prompts,
-then every other workload of the run, then the same requests again (turns first and again: a retry, a regenerate
-or an agent's resent turn comes after other requests, not back to back); followed by `:unconstrained`, the same
-prompts unconstrained (still validated against their schemas: to compare constrained with free generation in one run). Anything else is read as a JSONL file, one prompt a
-line:
+`long-chat[:N]` (a 1-3k-token source file with an edit or a question, a conversation about one:
+long_prompts.py). Any workload's name followed by `:twice` (`code-edit:twice`) sends each of its
+prompts, then the same request again (turns first and retry); followed by `:again`, each of its
+prompts, then every other workload of the run, then the same requests again (turns first and again:
+a retry, a regenerate or an agent's resent turn comes after other requests, not back to back);
+followed by `:unconstrained`, the same prompts unconstrained (still validated against their schemas:
+to compare constrained with free generation in one run). Anything else is read as a JSONL file, one
+prompt a line:
 
     {"prompt": "text"} or {"messages": [{"role": "user", "content": "..."}]}
     optional: "temperature", "max_tokens", "category", "chat" (false: no chat template),
@@ -133,7 +135,8 @@ def multi_turn(n_prompts: int) -> list[BenchPrompt]:
 def sent_twice(prompts: list[BenchPrompt], name: str) -> list[BenchPrompt]:
     """Each prompt, then the same request again (turns "first" and "retry"): what a server's memory of
     earlier requests is worth when a client repeats one (a retry, a regenerate button, an agent's loop)."""
-    return [replace(p, workload=name, index=2 * i + t, turn=turn) for i, p in enumerate(prompts) for t, turn in enumerate(("first", "retry"))]
+    return [replace(p, workload=name, index=2 * i + t, turn=turn)
+            for i, p in enumerate(prompts) for t, turn in enumerate(("first", "retry"))]
 
 
 def sent_again(prompts: list[BenchPrompt], name: str) -> list[BenchPrompt]:
@@ -143,7 +146,8 @@ def sent_again(prompts: list[BenchPrompt], name: str) -> list[BenchPrompt]:
     earlier requests and auto's learning must hold up through."""
     n = len(prompts)
     first = [replace(p, workload=name, index=i, turn="first") for i, p in enumerate(prompts)]
-    return first + [replace(p, workload=name, index=n + i, turn=TURN_KINDS[-1], last=True) for i, p in enumerate(prompts)]
+    return first + [replace(p, workload=name, index=n + i, turn=TURN_KINDS[-1], last=True)
+                    for i, p in enumerate(prompts)]
 
 
 def in_run_order(prompts: list[BenchPrompt]) -> list[BenchPrompt]:

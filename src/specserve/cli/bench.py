@@ -247,8 +247,8 @@ def run(args) -> int:
                     "repeat": args.repeat, "seed": args.seed, "ignore_eos": args.ignore_eos, "verify": args.verify,
                     "n_ctx": args.ctx_size, "endpoints": args.endpoint, "via": args.via,
                     "server_parallel": args.parallel if "server" in args.via else None}
-        report = {"configs": entries, "turns": turns, "paths": paths, "recommendation": recommendation, "memory": memory,
-                  "machine": machine_info(args.threads), "settings": settings,
+        report = {"configs": entries, "turns": turns, "paths": paths, "recommendation": recommendation,
+                  "memory": memory, "machine": machine_info(args.threads), "settings": settings,
                   "runs": [vars(m) for m in results]}
         _write(args.json, lambda f: (json.dump(report, f, indent=1), f.write("\n")))
     if "server" in args.via:

@@ -33,7 +33,8 @@ def add_model_args(p: argparse.ArgumentParser, draft: bool = True) -> None:
         add_draft_ctx_arg(g)
     g.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, metavar="N", help="target layers on the GPU")
     if draft:
-        g.add_argument("-ngld", "--n-gpu-layers-draft", type=int, default=0, metavar="N", help="draft layers on the GPU")
+        g.add_argument("-ngld", "--n-gpu-layers-draft", type=int, default=0, metavar="N",
+                       help="draft layers on the GPU")
     g.add_argument("-t", "--threads", type=int, default=None, metavar="N", help="CPU threads (default: all cores)")
 
 

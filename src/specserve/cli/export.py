@@ -115,8 +115,8 @@ def vllm_config(spec: str, draft_model: str | None = None, draft_max: int | None
                "suffix_decoding_max_tree_depth": suffix_tree_depth}
         if not cross_request:
             cfg["suffix_decoding_max_cached_requests"] = 0
-        notes.append(f"specserve's suffix cap is {SUFFIX_MAX_DEFAULT} tokens by default, vLLM suggests 16-32; its store "
-                     "of earlier requests is sized in MiB (--cross-request-mib), vLLM's in requests "
+        notes.append(f"specserve's suffix cap is {SUFFIX_MAX_DEFAULT} tokens by default, vLLM suggests 16-32; "
+                     "its store of earlier requests is sized in MiB (--cross-request-mib), vLLM's in requests "
                      "(suffix_decoding_max_cached_requests) or tokens; cross_request_scope (which requests may "
                      "see each other's text) does not carry over: vLLM's store is one per server")
         return Export(cfg, notes)

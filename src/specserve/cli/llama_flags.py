@@ -8,7 +8,8 @@ Three kinds (docs/llama-server-compat.md lists them all):
   logged (--jinja, --metrics, --cont-batching, --kv-unified, -b, -tb, -fa, --offline, ...);
 - flags for what it does not do, refused with the reason: --context-shift (generation ends at the
   context, finish_reason "length", rather than dropping the oldest tokens), -ctk/-ctv, self-extend,
-  --sleep-idle-seconds, the synthetic acceptance of --spec-synth-len/--spec-synth-rates.
+  the synthetic acceptance of --spec-synth-len/--spec-synth-rates.
+(--sleep-idle-seconds is one of serve's own flags: cli/serve.py.)
 
 Default temperature: llama-server samples at 0.8 unless told otherwise; specserve stays greedy
 (temperature 0). Greedy output is the target's own text whatever speculation did, reproduces without
@@ -57,7 +58,6 @@ _REFUSED = {
     "--cache-type-v": "the KV cache is kept in llama.cpp's default type (f16)",
     "--grp-attn-n": "self-extend (group attention) is not supported", "-gan": "self-extend is not supported",
     "--grp-attn-w": "self-extend (group attention) is not supported", "-gaw": "self-extend is not supported",
-    "--sleep-idle-seconds": "the models stay loaded while the server is idle (it does not unload and reload them)",
     "--spec-synth-len": "synthetic acceptance (a llama-server benchmark mode) makes the output invalid",
     "--spec-synth-rates": "synthetic acceptance (a llama-server benchmark mode) makes the output invalid",
 }

@@ -30,8 +30,8 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve OpenAI-compatible completions with speculative decoding",
                        description="Serve /v1/completions, /v1/chat/completions, /v1/models, /completion "
-                                   "(llama-server), /health, /metrics and a chat page at /. Without -m, the packaged default "
-                                   "pair is served.")
+                                   "(llama-server), /health, /metrics and a chat page at /. Without -m, the "
+                                   "packaged default pair is served.")
     add_model_args(p)
     add_spec_args(p)
     g = p.add_argument_group("server")
@@ -84,6 +84,12 @@ def add_parser(sub) -> None:
                    help="as llama-server's: a reasoning model's <think> block in a chat's answer is parted from it "
                         "(reasoning_content) with deepseek; auto (default): the same, with the markers the chat "
                         "template spells; none: the raw text. A request's reasoning_format overrides it")
+    g.add_argument("--sleep-idle-seconds", type=float, default=-1, metavar="S",
+                   help="as llama-server's: after S seconds without a request, free the models and the slots' caches "
+                        "(the auto profile and the cross-request store stay in memory); the next request that needs "
+                        "the model loads them again, then is served, and requests arriving meanwhile wait. /health, "
+                        "/props (is_sleeping), /metrics, /slots and /v1/models answer without waking it (default -1: "
+                        "never)")
     g.add_argument("--reasoning-budget", type=int, default=-1, metavar="N",
                    help="as llama-server's: a chat's reasoning block is closed after N tokens (its close tag forced, "
                         "then the answer); -1 (default): unlimited, 0: closed at once. Per request: reasoning_budget")
@@ -229,11 +235,13 @@ def settings_from(args, target_path: str):
                               max_connections_per_client=args.max_connections_per_client,
                               trusted_proxies=tuple(args.trusted_proxy),
                               request_line_timeout=args.request_line_timeout, webui=not args.no_webui,
-                              aliases=names[1:], tags=tuple(t.strip() for t in (args.tags or "").split(",") if t.strip()),
+                              aliases=names[1:],
+                              tags=tuple(t.strip() for t in (args.tags or "").split(",") if t.strip()),
                               slots_endpoint=args.slots, verbose=args.verbose,
                               gcp_predict=os.environ.get("AIP_MODE") == "PREDICTION",
                               template_kwargs=template_kwargs(args),
-                              reasoning_format=args.reasoning_format, reasoning_budget=args.reasoning_budget)
+                              reasoning_format=args.reasoning_format, reasoning_budget=args.reasoning_budget,
+                              sleep_idle_seconds=args.sleep_idle_seconds)
     except ValueError as e:
         raise CliError(str(e), 2) from None
 
@@ -251,8 +259,10 @@ def configs(args) -> tuple[ModelConfig, ServerSettings]:
     return cfg, settings
 
 
-def _replicas():
+def _replicas(args):
     """cli/replicas.py, imported only when replicas are asked for: it needs the `ray` extra."""
+    if args.sleep_idle_seconds != -1:
+        raise CliError("--sleep-idle-seconds is for one server; replicas scale down instead (--min-replicas)", 2)
     try:
         from . import replicas
     except ImportError as e:
@@ -266,12 +276,12 @@ def app_builder(args: dict):
     p = argparse.ArgumentParser(prog="specserve serve")
     add_parser(p.add_subparsers(dest="command", required=True))
     ns = p.parse_args(["serve", *shlex.split(args.get("flags", ""))])
-    return _replicas().application(ns, *configs(ns))
+    return _replicas(ns).application(ns, *configs(ns))
 
 
 def run(args) -> int:
     if args.replicas is not None or args.min_replicas is not None or args.max_replicas is not None:
-        replicas = _replicas()
+        replicas = _replicas(args)
         if args.threads is None:  # local replicas share the cores; on a cluster, set -t per replica yourself
             args.threads = max(1, (os.cpu_count() or 1) // max(1, args.replicas or 1))
         return replicas.run(args, *configs(args))

@@ -7,11 +7,11 @@ whose router (`router.PrefixAffinityRouter`) picks the replica. What the replica
 answers is passed through unchanged: status, headers, and an SSE stream chunk by chunk.
 
 Faults: a replica that dies before its answer has started is retried on another one
-(up to RETRIES times, waiting a little longer each time): a generation with no visible output can be run again. A plain JSON
-answer is only sent once complete, so it is retried too. A stream that had already sent
-chunks ends with an OpenAI-shaped error event (code `replica_failed`) and no [DONE];
-clients see a clear error, never a hang. No replica at all: 503 (code `no_replica`).
-/health and /metrics cover every replica (see `registry`).
+(up to RETRIES times, waiting a little longer each time): a generation with no visible output can be
+run again. A plain JSON answer is only sent once complete, so it is retried too. A stream that had
+already sent chunks ends with an OpenAI-shaped error event (code `replica_failed`) and no [DONE];
+clients see a clear error, never a hang. No replica at all: 503 (code `no_replica`). /health and
+/metrics cover every replica (see `registry`).
 """
 from __future__ import annotations
 

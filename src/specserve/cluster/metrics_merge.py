@@ -16,8 +16,12 @@ from prometheus_client.parser import text_string_to_metric_families
 def _fmt_labels(labels: dict) -> str:
     if not labels:
         return ""
-    esc = (lambda v: v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"'))
-    return "{" + ",".join(f'{k}="{esc(v)}"' for k, v in sorted(labels.items())) + "}"
+    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items())) + "}"
+
+
+def _escape(v: str) -> str:
+    """A label value as the exposition format writes it."""
+    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
 def _fmt_value(v: float) -> str:

@@ -5,11 +5,11 @@ when the next request sharing a prefix lands on the same replica. The ingress re
 request to a routing key, a hash of the part of the prompt that a conversation keeps
 re-sending (system message and first user message; for a raw prompt, its first
 `PREFIX_CHARS` characters; for /infill, those of `input_prefix`, the file above the cursor, since
-its `prompt` is the line being typed and changes at every keystroke). Replicas are ranked for that key by rendezvous hashing
-(highest random weight): every router, in every ingress replica, ranks the same way
-without shared state, and when a replica joins or leaves only the keys it owned move.
-The first replica in the ranking is the key's home; `route` leaves home for the least
-loaded replica only when home is overloaded and another replica has a free slot.
+its `prompt` is the line being typed and changes at every keystroke). Replicas are ranked for that
+key by rendezvous hashing (highest random weight): every router, in every ingress replica, ranks the
+same way without shared state, and when a replica joins or leaves only the keys it owned move. The
+first replica in the ranking is the key's home; `route` leaves home for the least loaded replica
+only when home is overloaded and another replica has a free slot.
 """
 from __future__ import annotations
 

@@ -129,11 +129,11 @@ class BaseDrafter:
 
     def propose_steps(self, seq: Sequence[int], k: int, sampler: Sampler, **stop) -> Steps:
         return self.propose(seq, k, sampler, **stop)  # its passes run directly (none for a lookup)
-        yield  # noqa: unreachable; makes this a generator
+        yield  # unreachable: makes this a generator
 
     def prefill_steps(self, prompt: Sequence[int]) -> Steps:
         return self.prefill(prompt)
-        yield  # noqa: unreachable; makes this a generator
+        yield  # unreachable: makes this a generator
 
     masked = False
 

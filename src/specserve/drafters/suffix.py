@@ -7,8 +7,8 @@ shared SuffixStore, indexed the same way. Each step:
 1. match: the longest order whose window at the end of the sequence occurred before,
    here or in the store. Windows shorter than 4 tokens are left to prompt lookup: as
    evidence for a long continuation they are weak (on hot prose they drafted at 7-18%
-   acceptance; on code edits they lowered acceptance from 60% to 35%). Its occurrences (up to `limit`, newest first) are the
-   candidates: a suffix tree's node at that depth, with their counts.
+   acceptance; on code edits they lowered acceptance from 60% to 35%). Its occurrences (up to
+   `limit`, newest first) are the candidates: a suffix tree's node at that depth, with their counts.
 2. walk: from there, take the token most of the agreeing candidates continue with
    (ties: the newest), keep those that agree, repeat. A token's confidence is the
    share of the candidates still in play that continue with it; the walk stops where

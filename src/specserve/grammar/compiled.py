@@ -1,11 +1,11 @@
 """A grammar compiled once, off the event loop and off the engine thread, and handed to the engine.
 
 `compile_grammar` builds llguidance's matcher for the target's vocabulary (under llguidance's
-own ParserLimits, its defaults: lexer fuel, grammar size), and computes the first token mask: a grammar that allows no first token (`{"$ref": "#"}`, a
-`$ref` cycle) or that passes a limit at its first step is refused here, before any generation.
-The result is a CompiledGrammar: the grammar text (a `str`, so SamplingParams carries it as
-any grammar) holding the matcher, which the engine's `for_request` copies (`deep_copy`, about
-a microsecond) instead of compiling again.
+own ParserLimits, its defaults: lexer fuel, grammar size), and computes the first token mask: a
+grammar that allows no first token (`{"$ref": "#"}`, a `$ref` cycle) or that passes a limit at its
+first step is refused here, before any generation. The result is a CompiledGrammar: the grammar text
+(a `str`, so SamplingParams carries it as any grammar) holding the matcher, which the engine's
+`for_request` copies (`deep_copy`, about a microsecond) instead of compiling again.
 
 GrammarWorker runs compiles on threads of their own with a large stack (limits.STACK_BYTES):
 llguidance recurses on the native stack and releases the GIL while it compiles, so a compile
@@ -72,13 +72,21 @@ class GrammarWorker:
         self._threads: list[threading.Thread] = []
         self._n, self._stack = threads, stack_bytes
         self._lock = threading.Lock()
+        self._unfinished = 0  # submitted and not yet done, a compile its request gave up on included
 
     def submit(self, fn: Callable, *args) -> concurrent.futures.Future:
         """Run fn(*args) on a worker thread; its result or exception comes back in the future."""
         self._start()
         future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            self._unfinished += 1
         self._jobs.put((future, fn, args))
         return future
+
+    @property
+    def busy(self) -> bool:
+        """Whether a compile is queued or running (a sleeping server must not free the vocabulary under it)."""
+        return self._unfinished > 0
 
     def close(self) -> None:
         """Stop the threads once the compiles queued now are done (they are daemons: exit never waits)."""
@@ -101,9 +109,13 @@ class GrammarWorker:
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
             future, fn, args = job
-            if not future.set_running_or_notify_cancel():
-                continue  # given up on before it started
             try:
-                future.set_result(fn(*args))
-            except BaseException as e:  # noqa: BLE001 - handed to the waiting request
-                future.set_exception(e)
+                if not future.set_running_or_notify_cancel():
+                    continue  # given up on before it started
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as e:  # noqa: BLE001 - handed to the waiting request
+                    future.set_exception(e)
+            finally:
+                with self._lock:
+                    self._unfinished -= 1

@@ -5,10 +5,13 @@ checks, error shapes, lifespan.
 engine is passed in (loaded by `specserve serve` or a test) and stays the caller's
 to close. Each app gets its own scheduler, slots and metrics registry. An API is added by
 listing its module in ADAPTERS: its `routes()` gives its `Endpoint`s (with the API's own error
-shape, if it has one), and an optional `prepare(target)` runs once at start-up, off the event loop.
+shape, if it has one), and an optional `prepare(target)` runs at start-up, off the event loop, and again
+when a sleeping server wakes (--sleep-idle-seconds: core/sleep.py, which wraps the endpoints that need
+the model).
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 
@@ -23,6 +26,7 @@ from ..engine import Engine
 from ..memory import fmt_bytes
 from . import webui
 from .apis import aliases, anthropic, gcp, infill, llama, llama_extra, openai_chat, openai_completions, props, responses
+from .core.sleep import WakeOnRequest
 from .http.endpoint import Endpoint
 from .http.errors import OPENAI_SHAPES, CatchAll, ErrorShapes, install_handlers
 from .http.guard import KEY_SCOPE, OPEN_PATHS, ApiKeyMiddleware, HostOriginGuard
@@ -55,19 +59,31 @@ def create_app(engine: Engine, settings: ServerSettings) -> Starlette:
     endpoints: list[Endpoint] = [e for adapter in ADAPTERS for e in adapter.routes()]
     shapes = ErrorShapes({e.path: e.render_error for e in endpoints if e.render_error is not None})
 
+    def prepare() -> None:
+        """What the first requests would otherwise wait for; at start-up, and again at each wake."""
+        for adapter in ADAPTERS:
+            if hasattr(adapter, "prepare"):
+                adapter.prepare(engine.target)
+        # built now, not by the first constrained request (None where the backend cannot constrain)
+        engine.target.grammar_tokenizer()
+
     @contextlib.asynccontextmanager
     async def lifespan(app):
         log.info("serving %s (profiles: %s) with %d slots (%s of KV cache and compute buffers each), queue %d",
                  settings.model_name, ", ".join(settings.profiles), settings.parallel,
                  fmt_bytes(state.scheduler.slot_bytes()), settings.queue)
-        for adapter in ADAPTERS:
-            if hasattr(adapter, "prepare"):
-                await anyio.to_thread.run_sync(adapter.prepare, engine.target)
-        # built now, not by the first constrained request (None where the backend cannot constrain)
-        await anyio.to_thread.run_sync(engine.target.grammar_tokenizer)
+        await anyio.to_thread.run_sync(prepare)
+        watch = None
+        if state.sleeper is not None:
+            state.sleeper.prepare = prepare
+            watch = asyncio.create_task(state.sleeper.watch())
+            log.info("sleeps after %g s without requests (--sleep-idle-seconds)", settings.sleep_idle_seconds)
         try:
             yield
         finally:
+            if watch is not None:
+                watch.cancel()
+                await state.sleeper.close()  # after a wake in progress, none more
             state.grammars.close()
             state.scheduler.close()
 
@@ -76,6 +92,9 @@ def create_app(engine: Engine, settings: ServerSettings) -> Starlette:
               Route("/metrics", metrics, methods=["GET"]),
               *(webui.routes() if settings.webui else [])]
     middleware = access_middleware(settings, state.metrics.error, shapes)
+    if state.sleeper is not None:  # innermost: a request the guards refuse wakes nothing
+        middleware.append(Middleware(WakeOnRequest, sleeper=state.sleeper, on_error=state.metrics.error,
+                                     shapes=shapes, routes=[e.route() for e in endpoints if e.needs_model]))
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
     app.state.server = state
     install_handlers(app, state.metrics.error, shapes)

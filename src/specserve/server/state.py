@@ -1,17 +1,18 @@
-"""What one server holds: settings, the engine, its scheduler and its metrics."""
+"""What one server holds: settings, the engine, its scheduler, its metrics and whether it sleeps."""
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 
 from ..engine import Engine
 from ..grammar import GrammarWorker
+from ..memory import rss_bytes
 from .core.batcher import SLOWDOWN
 from .core.metrics import ServerMetrics
 from .core.profiles import Profile
 from .core.reasoning import FORMATS as REASONING_FORMATS
 from .core.scheduler import Scheduler
+from .core.sleep import Sleeper
 from .core.slot_records import SlotRecords
 from .http.proxies import networks
 
@@ -54,6 +55,7 @@ class ServerSettings:
     template_kwargs: dict = field(default_factory=dict)  # chat template variables (--reasoning, --chat-template-kwargs)
     reasoning_format: str = "auto"  # how a chat's reasoning block is parted from its answer (core/reasoning.py)
     reasoning_budget: int = -1  # a chat's reasoning budget in tokens unless it gives one; -1: unlimited
+    sleep_idle_seconds: float = -1  # free the models after this long without requests (core/sleep.py); -1: never
 
     def __post_init__(self) -> None:
         if self.model_name not in self.profiles:
@@ -77,6 +79,8 @@ class ServerSettings:
                              f"{self.reasoning_format!r}")
         if self.reasoning_budget < -1:
             raise ValueError(f"reasoning_budget must be -1 (unlimited) or >= 0, got {self.reasoning_budget}")
+        if not (self.sleep_idle_seconds == -1 or 0 < self.sleep_idle_seconds < 1e9):
+            raise ValueError(f"sleep_idle_seconds must be > 0 (or -1: never sleep), got {self.sleep_idle_seconds}")
         if self.ubatch < MIN_UBATCH:
             raise ValueError(f"ubatch must be >= {MIN_UBATCH} (a verification of the longest draft), got {self.ubatch}")
         if not 0 <= self.prefill_slowdown < 1e6 or 0 < self.prefill_slowdown <= 1:
@@ -101,6 +105,8 @@ class ServerState:
                                    on_pass=self.metrics.target_pass, prefill_slowdown=settings.prefill_slowdown)
         self.slot_records = SlotRecords(settings.parallel)  # GET /slots
         self.grammars = GrammarWorker()  # compiles grammars off the event loop (core/constraints/compiling.py)
+        # frees the models while idle (--sleep-idle-seconds); None: they stay loaded
+        self.sleeper = Sleeper(self, settings.sleep_idle_seconds) if settings.sleep_idle_seconds > 0 else None
 
     def health(self) -> dict:
         pool = self.scheduler.pool
@@ -113,16 +119,6 @@ class ServerState:
             "queue_max": pool.max_waiting,
             "requests_active": self.scheduler.active,
             "rss_bytes": rss_bytes(),
+            "is_sleeping": self.sleeper is not None and self.sleeper.asleep,
         }
 
-
-def rss_bytes() -> int:
-    """This process's resident set size, from /proc (0 where there is none)."""
-    try:
-        with open(f"/proc/{os.getpid()}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0

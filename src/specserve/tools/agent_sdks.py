@@ -62,7 +62,8 @@ def anthropic_steps(url: str, key: str, model: str, max_tokens: int) -> list:
         final = c.messages.create(model=model, max_tokens=max_tokens, messages=history, tools=tools, extra_body=GREEDY)
         n = c.messages.count_tokens(model=model, messages=history, tools=tools).input_tokens
         return (f"tool_use {[(b.name, b.input) for b in calls]} -> {final.stop_reason}: "
-                f"{''.join(b.text for b in final.content if b.type == 'text')!r} | count_tokens {n} | {_spec(final.usage)}")
+                f"{''.join(b.text for b in final.content if b.type == 'text')!r} | count_tokens {n} "
+                f"| {_spec(final.usage)}")
 
     return [("anthropic messages.create", create), ("anthropic messages.stream", stream),
             ("anthropic tool_use -> tool_result, count_tokens", round_trip)]

@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         req = fim.Infill(prefix=case.prefix, suffix=case.suffix, prompt=case.prompt)
         tokens = fim.model_layout(model, req, N_CTX, args.n)
         healed, heal = fim.healed(model, tokens, req)
-        spliced = fim.model_layout(model, fim.Infill(prefix=case.prefix + case.prompt, suffix=case.suffix), N_CTX, args.n)
+        joined = fim.Infill(prefix=case.prefix + case.prompt, suffix=case.suffix)
+        spliced = fim.model_layout(model, joined, N_CTX, args.n)
         answers = {"mid": first_line(model, ctx, tokens, b"", args.n),
                    "healed": first_line(model, ctx, healed, heal, args.n),
                    "prefix": first_line(model, ctx, spliced, b"", args.n)}

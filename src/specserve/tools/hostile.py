@@ -38,8 +38,8 @@ def bombs() -> dict[str, tuple[str, dict]]:
         "schema_10k_properties": ("/v1/chat/completions", {**chat, "response_format": {
             "type": "json_schema", "json_schema": {"name": "big", "schema": props(10_000)}}}),
         "schema_15k_properties": ("/completion", {"prompt": "x", "n_predict": 8, "json_schema": props(15_000)}),
-        "gbnf_50k_alternatives": ("/completion", {"prompt": "x", "n_predict": 8,
-                                                  "grammar": "root ::= " + " | ".join(f'"w{i}"' for i in range(50_000))}),
+        "gbnf_50k_alternatives": ("/completion", {
+            "prompt": "x", "n_predict": 8, "grammar": "root ::= " + " | ".join(f'"w{i}"' for i in range(50_000))}),
         "tool_10k_properties": ("/v1/chat/completions", {**chat, "tool_choice": "required", "tools": [
             {"type": "function", "function": {"name": "f", "parameters": props(10_000)}}]}),
         "schema_ref_self": ("/completion", {"prompt": "x", "n_predict": 16, "json_schema": {"$ref": "#"}}),

@@ -177,7 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m specserve.tools.interference", description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default="http://127.0.0.1:8080")
     p.add_argument("--streams", type=int, default=3, help="streams running when the long prompt arrives (default 3)")
-    p.add_argument("--prompt-tokens", type=int, default=2000, help="about how long the arriving prompt is (default 2000)")
+    p.add_argument("--prompt-tokens", type=int, default=2000,
+                   help="about how long the arriving prompt is (default 2000)")
     p.add_argument("--max-tokens", type=int, default=400, help="tokens each stream generates (default 400): "
                    "enough to outlast the long prompt")
     p.add_argument("--warmup", type=float, default=4.0, help="seconds the streams run before the prompt arrives")

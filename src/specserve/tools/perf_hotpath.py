@@ -74,7 +74,8 @@ def speed(args) -> dict:
     ratios = [s / g for s, g in zip(rates["sampled"], rates["greedy"])]
     out["sampled_over_greedy"] = {"median": statistics.median(ratios), "runs": ratios}
     print(f"target alone, {args.n} tokens x {args.repeat}: greedy {out['greedy']['median_tokens_per_s']:.2f} tok/s, "
-          f"sampled {out['sampled']['median_tokens_per_s']:.2f} tok/s, ratio {out['sampled_over_greedy']['median']:.3f}")
+          f"sampled {out['sampled']['median_tokens_per_s']:.2f} tok/s, "
+          f"ratio {out['sampled_over_greedy']['median']:.3f}")
     return out
 
 
@@ -230,8 +231,9 @@ def micro(args) -> dict:
                 x = [sampling.sample(probs[i], rng) for i in range(4)]
             step = {"rejection": best(lambda: verify(x, probs, p5, params, rng))}
         out[label] = {"token_us": one, "draft_4_draws_us": draws, "verify_5_rows_us": step}
-        print(f"{out['tree']} tree, {label}: a token from one row {one:.0f} us; a k=4 step: draft draws {draws:.0f} us, "
-              "verification of 5 rows " + ", ".join(f"{m} {v:.0f} us" for m, v in step.items()))
+        print(f"{out['tree']} tree, {label}: a token from one row {one:.0f} us; "
+              f"a k=4 step: draft draws {draws:.0f} us, verification of 5 rows "
+              + ", ".join(f"{m} {v:.0f} us" for m, v in step.items()))
     return out
 
 
@@ -286,7 +288,8 @@ def accept(args) -> dict:
                     tv.append(d)
                     gum.append(float(same.mean()))
                     bound.append((1 - d) / (1 + d))
-            row = {"positions": len(tv), "mean_tv": float(np.mean(tv)), "per_position_rejection": 1 - float(np.mean(tv)),
+            row = {"positions": len(tv), "mean_tv": float(np.mean(tv)),
+                   "per_position_rejection": 1 - float(np.mean(tv)),
                    "per_position_gumbel": float(np.mean(gum)), "per_position_gumbel_bound": float(np.mean(bound))}
             if args.engine:
                 row["engine"] = {}

@@ -6,9 +6,9 @@
 The packaged code-edit prompts, greedy and streamed, each sent twice in a row, trace off and on
 in alternating order; reports the median paired ratio on/off of the server's decoding speed
 (usage.speculative.tokens_per_s) and of the client's tokens from the first chunk of text to the last
-(which also pays the trace's JSON on the event loop and on the wire). Greedy answers are the same both ways, so the pairs differ by
-the trace alone. --no-cross-request on the server keeps the second of a pair from drafting from
-the first's answer.
+(which also pays the trace's JSON on the event loop and on the wire). Greedy answers are the same
+both ways, so the pairs differ by the trace alone. --no-cross-request on the server keeps the second
+of a pair from drafting from the first's answer.
 """
 from __future__ import annotations
 

@@ -9,4 +9,4 @@ from . import llama, openai_chat, openai_completions
 def routes() -> list[Endpoint]:
     return [Endpoint("/chat/completions", openai_chat.chat_completions),
             Endpoint("/completions", llama.completion),
-            Endpoint("/models", openai_completions.models, ("GET",))]
+            Endpoint("/models", openai_completions.models, ("GET",), needs_model=False)]

@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response
 from ...chat import ChatTemplateError
 from ...prompt import chat_tokens
 from ..core.answer import Answer, answer
+from ..core.constraints.tools import ToolRequest, template_input
 from ..core.jobs import CLIENT_GONE, start
 from ..core.params import Limit
 from ..core.request import GenRequest
@@ -31,8 +32,8 @@ from ..http.errors import ApiError, bad_request
 from ..http.guard import KEY_SCOPE
 from ..http.sse import sse_response
 from . import anthropic_stream
+from .anthropic_request import MessagesRequest, chat_messages, tool_request
 from .anthropic_stream import stop_reason, usage
-from .anthropic_request import MessagesRequest, chat_messages, check_tools, template_tools, tool_request
 from .constraint_fields import output_grammar
 from .fields import params_of, resolve_profile
 from .validation import parse
@@ -120,9 +121,9 @@ async def messages(request: Request) -> Response:
     return JSONResponse(body)
 
 
-def _count(model, chat: list[dict], tools: list[dict] | None) -> int:
+def _count(model, chat: list[dict], tools: ToolRequest | None) -> int:
     try:
-        return len(chat_tokens(model, chat, tools))
+        return len(chat_tokens(model, *template_input(model, chat, tools)))
     except (ChatTemplateError, ValueError) as e:
         raise bad_request(str(e), "messages") from None
 
@@ -133,6 +134,5 @@ async def count_tokens(request: Request) -> Response:
     fields = await _fields(request)
     chat = chat_messages(fields)
     model = state.engine.target
-    check_tools(fields, chat, model)
-    n = await anyio.to_thread.run_sync(_count, model, chat, template_tools(fields) or None)
+    n = await anyio.to_thread.run_sync(_count, model, chat, tool_request(fields, chat, model))
     return JSONResponse({"input_tokens": n})

@@ -17,7 +17,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from ..core.constraints.structured import schema_grammar
-from ..core.constraints.tools import NAME, ToolRequest, ToolSpec, call_form, no_tool_support
+from ..core.constraints.tools import NAME, ToolRequest, ToolSpec
 from ..core.constraints.tools import tool_request as core_tool_request
 from ..http.errors import bad_request
 from .fields import MAX_STOP, MAX_STOP_LEN, Generation
@@ -246,9 +246,9 @@ def _choice(choice: ToolChoice | None, names: tuple[str, ...]) -> str:
     return choice.name
 
 
-def check_tools(fields: MessagesRequest, messages: list[dict], model) -> None:
-    """400 unless the model's template can render what the request holds of tools (its tools, or the
-    conversation's tool calls and results), and the tool choice has tools to choose from."""
+def check_tools(fields: MessagesRequest) -> None:
+    """400 unless the tools are client tools and the tool choice has tools to choose from. Every template
+    renders tools, calls and results: one that spells no call gets the generic form (core/constraints/generic.py)."""
     if not fields.tools and fields.tool_choice is not None and fields.tool_choice.type in ("any", "tool"):
         raise bad_request(f"tool_choice {fields.tool_choice.type!r} needs tools", "tool_choice")
     for i, t in enumerate(fields.tools or []):
@@ -256,17 +256,12 @@ def check_tools(fields: MessagesRequest, messages: list[dict], model) -> None:
             raise bad_request(f"tools[{i}].type {t.type!r}: Anthropic's server tools are not served here; give "
                               "client tools ({\"name\", \"description\", \"input_schema\"})", f"tools[{i}].type",
                               "unsupported_parameter")
-    if call_form(model) is None:
-        if fields.tools:
-            raise no_tool_support("tools")
-        if any(m["role"] == "tool" or m.get("tool_calls") for m in messages):
-            raise no_tool_support("messages")
 
 
 def tool_request(fields: MessagesRequest, messages: list[dict], model) -> ToolRequest | None:
     """The request's tools as the core's ToolRequest (None without tools): the grammar of the calls
     `tool_choice` allows, in the model's call form."""
-    check_tools(fields, messages, model)
+    check_tools(fields)
     if not fields.tools:
         return None
     names = tuple(t.name for t in fields.tools)

@@ -34,7 +34,8 @@ async def _run(request: Request, path: str, body: dict) -> dict:
     data = json.dumps(body).encode()
     headers = [(k, v) for k, v in request.scope["headers"] if k not in (b"content-length", b"content-type")]
     scope = {**request.scope, "path": path, "raw_path": path.encode(), "query_string": b"",
-             "headers": [*headers, (b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]}
+             "headers": [*headers, (b"content-type", b"application/json"),
+                         (b"content-length", str(len(data)).encode())]}
     sent = False
     out: dict = {"status": 500, "body": b""}
 

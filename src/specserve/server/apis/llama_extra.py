@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 
 from ...chat import TEMPLATE_OWN, ChatTemplateError, MessageError, render, validate_messages
 from ...prompt import chat_tokens
+from ..core.constraints.tools import template_input
 from ..http.body import read_json
 from ..http.endpoint import Endpoint
 from ..http.errors import bad_request
@@ -150,6 +151,7 @@ def render_chat(model, messages: list, tools: list | None, add_generation_prompt
     eos = v.token_texts[v.eos] if v.eos is not None else ""
     cont = prefilled(msgs, add_generation_prompt, continue_final)
     msgs = validate_messages(prefill_joined(messages, cont))
+    msgs, tools = template_input(model, msgs, tools)
     try:
         return render(msgs, model.metadata.get("tokenizer.chat_template"), bos, eos,
                       add_generation_prompt=add_generation_prompt is not False, tools=tools,
@@ -180,7 +182,8 @@ async def input_tokens(request: Request) -> Response:
 
     def count() -> int:
         try:
-            return len(chat_tokens(state.engine.target, fields.messages, fields.tools or None,
+            model = state.engine.target
+            return len(chat_tokens(model, *template_input(model, fields.messages, fields.tools or None),
                                    template_kwargs=kwargs))
         except MessageError as e:
             raise bad_request(str(e), e.param, e.code) from None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from typing import Any
 
 from starlette.requests import Request
@@ -17,6 +18,7 @@ from starlette.responses import Response
 
 from ...chat import MessageError, validate_messages
 from ..core.answer import events
+from ..core.constraints.tools import call_form
 from ..core.events import CallStart, Event, Finish, Reasoning, Text
 from ..core.jobs import Job, start
 from ..core.params import Limit
@@ -84,6 +86,11 @@ class ChatRequest(OpenAIGeneration):
 
 def routes() -> list[Endpoint]:
     return [Endpoint("/v1/chat/completions", chat_completions)]
+
+
+def prepare(target) -> None:
+    """At start-up: say which tool-call form the model's chat template gets (core/constraints/tools.py)."""
+    logging.getLogger("specserve.server").info("tool calls: %s", call_form(target).describe())
 
 
 def check_content_parts(messages: list) -> None:

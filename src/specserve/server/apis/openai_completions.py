@@ -45,7 +45,7 @@ class CompletionRequest(OpenAIGeneration):
 
 
 def routes() -> list[Endpoint]:
-    return [Endpoint("/v1/completions", completions), Endpoint("/v1/models", models, ("GET",))]
+    return [Endpoint("/v1/completions", completions), Endpoint("/v1/models", models, ("GET",), needs_model=False)]
 
 
 async def completion_request(request: Request) -> tuple[GenRequest, CompletionRequest]:

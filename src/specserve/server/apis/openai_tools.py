@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from ..core.constraints.tools import NAME, ToolRequest, ToolSpec, call_form, no_tool_support, tool_request
+from ..core.constraints.tools import NAME, ToolRequest, ToolSpec, tool_request
 from ..http.errors import bad_request
 from .validation import StrictModel, parse
 
@@ -51,16 +51,6 @@ def _choice(value, names: tuple[str, ...]) -> str:
     return named.function.name
 
 
-def _tool_message(messages: list) -> str | None:
-    """The field of the first tool message or assistant tool call, for the 400 that names it."""
-    for i, m in enumerate(messages):
-        if isinstance(m, dict) and m.get("role") == "tool":
-            return f"messages[{i}].role"
-        if isinstance(m, dict) and m.get("tool_calls"):
-            return f"messages[{i}].tool_calls"
-    return None
-
-
 def openai_tools(raw: list[dict] | None, tools: list[Tool] | None, choice: Any, parallel: bool | None,
                  messages: list, model) -> ToolRequest | None:
     """The request's tools as a ToolRequest (None without tools). `raw`: the tools as sent, `tools`:
@@ -68,9 +58,6 @@ def openai_tools(raw: list[dict] | None, tools: list[Tool] | None, choice: Any, 
     if not tools:
         if choice not in (None, "none", "auto"):
             raise bad_request("tool_choice needs tools", "tool_choice")
-        used = _tool_message(messages)
-        if used is not None and call_form(model) is None:
-            raise no_tool_support(used)
         return None
     names = tuple(t.function.name for t in tools)
     specs = [ToolSpec(t.function.name, t.function.parameters, f"tools[{i}].function.name",

@@ -30,8 +30,18 @@ SYSTEM_FINGERPRINT = f"b{__version__}-specserve-llama-cpp-python-{llama_cpp.__ve
 
 
 def routes() -> list[Endpoint]:
-    return [Endpoint("/props", props, ("GET",)), Endpoint("/props", props_change, ("POST",)),
-            Endpoint("/slots", slots, ("GET",)), Endpoint("/slots/{id_slot}", slot_action, ("POST",))]
+    return [Endpoint("/props", props, ("GET",), needs_model=False),
+            Endpoint("/props", props_change, ("POST",), needs_model=False),
+            Endpoint("/slots", slots, ("GET",), needs_model=False),
+            Endpoint("/slots/{id_slot}", slot_action, ("POST",))]
+
+
+def prepare(target) -> None:
+    """At start-up: the bos and eos tokens' text, kept in the model's piece cache, so that /props answers
+    while the server sleeps (core/sleep.py: llama.cpp's vocabulary is freed then)."""
+    for token in (target.vocab.bos, target.vocab.eos):
+        if token is not None:
+            target.token_bytes(token, True)
 
 
 def not_supported(message: str) -> ApiError:
@@ -104,7 +114,7 @@ async def props(request: Request) -> Response:
         "ui": settings.webui, "webui": settings.webui,
         "chat_template": target.metadata.get("tokenizer.chat_template") or "",
         "bos_token": text(v.bos), "eos_token": text(v.eos),
-        "build_info": BUILD_INFO, "is_sleeping": False,
+        "build_info": BUILD_INFO, "is_sleeping": state.sleeper is not None and state.sleeper.asleep,
     })
 
 
@@ -123,8 +133,8 @@ def _slot(state, i: int) -> dict:
     if job is not None:
         s, req = job.stats, job.req
         out.update({
-            "id_task": record.id_task, "n_prompt_tokens": s.n_prompt, "n_prompt_tokens_processed": s.n_prompt - s.n_cached,
-            "n_prompt_tokens_cache": s.n_cached,
+            "id_task": record.id_task, "n_prompt_tokens": s.n_prompt,
+            "n_prompt_tokens_processed": s.n_prompt - s.n_cached, "n_prompt_tokens_cache": s.n_cached,
             "params": generation_settings(req.sampling, req.spec, eog=state.engine.target.vocab.eog, stream=req.stream,
                                           n_predict=req.sampling.max_tokens, verify=req.verify),
             # an idle slot's budget is spent: nothing remains and nothing is being decoded

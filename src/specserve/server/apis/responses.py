@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response
 from ...chat import ChatTemplateError
 from ...prompt import chat_tokens
 from ..core.answer import Answer, answer
+from ..core.constraints.tools import ToolRequest, template_input
 from ..core.jobs import CLIENT_GONE, start
 from ..core.params import Limit
 from ..core.request import GenRequest
@@ -100,9 +101,9 @@ async def responses(request: Request) -> Response:
     return JSONResponse(body)
 
 
-def _count(model, chat: list[dict], tools: list[dict] | None) -> int:
+def _count(model, chat: list[dict], tools: ToolRequest | None) -> int:
     try:
-        return len(chat_tokens(model, chat, tools))
+        return len(chat_tokens(model, *template_input(model, chat, tools)))
     except (ChatTemplateError, ValueError) as e:
         raise bad_request(str(e), "input") from None
 
@@ -113,5 +114,5 @@ async def input_tokens(request: Request) -> Response:
     fields = await _fields(request)
     chat = chat_messages(fields)
     tools = tools_of(fields, chat, state.engine.target)
-    n = await anyio.to_thread.run_sync(_count, state.engine.target, chat, tools.tools if tools is not None else None)
+    n = await anyio.to_thread.run_sync(_count, state.engine.target, chat, tools)
     return JSONResponse({"object": "response.input_tokens", "input_tokens": n})

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from ..core.constraints.structured import json_object, schema_grammar
-from ..core.constraints.tools import NAME, ToolRequest, ToolSpec, call_form, no_tool_support, tool_request
+from ..core.constraints.tools import NAME, ToolRequest, ToolSpec, tool_request
 from ..http.errors import bad_request
 from .fields import Generation
 from .validation import Fields, StrictModel, parse
@@ -225,8 +225,6 @@ def tools_of(fields: ResponsesRequest, messages: list[dict], model) -> ToolReque
     if not tools:
         if fields.tool_choice not in (None, "none", "auto"):
             raise bad_request("tool_choice needs function tools", "tool_choice")
-        if call_form(model) is None and any(m["role"] == "tool" or m.get("tool_calls") for m in messages):
-            raise no_tool_support("input")
         return None
     names = tuple(t.name for _, t in tools)
     specs = [ToolSpec(t.name, t.parameters, f"tools[{i}].name", f"tools[{i}].parameters") for i, t in tools]

@@ -25,6 +25,7 @@ from ...logprobs import TokenLogprob
 from ...prompt import chat_tokens
 from ...stats import GenerationStats
 from ..http.errors import ApiError, bad_request
+from .constraints.tools import template_input
 from .metrics import log_request
 from .reasoning import Parting, resolve
 from .request import GenRequest, fit_context
@@ -42,8 +43,9 @@ def prompt_ids(model, req: GenRequest, template_kwargs: dict | None = None) -> l
     the chat template, under the request's own). Raises ApiError(400)."""
     if req.messages is not None:
         try:
-            return chat_tokens(model, req.messages, req.tools.tools if req.tools is not None else None,
-                               req.continue_final, {**(template_kwargs or {}), **(req.template_kwargs or {})})
+            messages, tools = template_input(model, req.messages, req.tools)
+            return chat_tokens(model, messages, tools, req.continue_final,
+                               {**(template_kwargs or {}), **(req.template_kwargs or {})})
         except (ChatTemplateError, ValueError) as e:
             raise bad_request(str(e), "messages") from None
     if isinstance(req.prompt, str):

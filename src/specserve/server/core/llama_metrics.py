@@ -58,7 +58,8 @@ class LlamaTotals:
             predicted_rate = w[2] / w[3] if w[3] > 0 else 0.0
             self._window = [0, 0.0, 0, 0.0]
             counters = [
-                ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens", self.prompt_tokens),
+                ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens",
+                 self.prompt_tokens),
                 ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache", self.prompt_cached),
                 ("prompt_seconds_total", "Total time spent processing prompts", self.prompt_s),
                 ("tokens_predicted_total", "Number of generation tokens processed", self.predicted),
@@ -66,8 +67,8 @@ class LlamaTotals:
                 ("n_decode_total", "Total number of target forward passes", self.n_decode),
                 ("n_tokens_max", "Largest observed sequence length (prompt + generation)", self.n_tokens_max),
                 ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated", self.drafted),
-                ("spec_decode_num_accepted_tokens_total", "Speculative: Total draft tokens accepted by the target model",
-                 self.accepted),
+                ("spec_decode_num_accepted_tokens_total",
+                 "Speculative: Total draft tokens accepted by the target model", self.accepted),
                 ("spec_decode_num_drafts_total", "Speculative: Total speculative decoding verification steps",
                  self.drafts),
             ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ...logprobs import TokenLogprob
+from .constraints.genericcalls import GenericReader
 from .constraints.toolcalls import CallReader, finish
 from .constraints.tools import ToolRequest
 from .events import Event, Reasoning, Text
@@ -20,7 +21,7 @@ from .reasoning import Parting, ReasoningReader
 class AnswerReader:
     def __init__(self, parting: Parting | None, tools: ToolRequest | None):
         self.thinking = ReasoningReader(parting) if parting is not None else None
-        self.calls = CallReader.for_tools(tools) if tools is not None else None
+        self.calls = _call_reader(tools) if tools is not None else None
         self.text = ""  # the answer outside the reasoning block (calls and all)
         self._tokens: list[int] = []
         self._trace: list[dict] | None = None
@@ -86,3 +87,8 @@ class AnswerReader:
 
     def cut(self) -> str | None:
         return self.calls.cut() if self.calls is not None else None
+
+
+def _call_reader(tools: ToolRequest) -> CallReader:
+    """The reader of the request's call form: the generic JSON object, or the template's own."""
+    return (GenericReader if tools.form.kind == "generic" else CallReader).for_tools(tools)

@@ -28,7 +28,8 @@ class GenRequest:
     prompt: str | list[int] | None = None  # text (control tokens parsed, as llama-server does) or token ids
     messages: list | None = None  # a chat, rendered by the model's template (with `tools`)
     continue_final: bool = False  # the chat's last (assistant) message is continued, not answered
-    template_kwargs: dict | None = None  # more variables for the chat template (chat_template_kwargs), over the server's
+    # more variables for the chat template (chat_template_kwargs), over the server's
+    template_kwargs: dict | None = None
     cache_prompt: bool = True  # reuse the slot's cached prefix of the prompt (llama-server's field)
     # what set sampling.max_tokens ("max_tokens=100"); None: nothing did, and generation runs until the
     # context fills. Either way it is cut to what the context leaves (fit_context)

@@ -151,15 +151,21 @@ class Scheduler:
         if max_waiting < 0:
             raise ValueError(f"--queue must be >= 0, got {max_waiting}")
         self.engine = engine
-        slots = engine.new_slots(parallel, ubatch)
-        self.pool = SlotPool(slots, max_waiting)
-        targets = {s.target_group() for s in slots}  # one shared context, or each slot's own
-        self.worker = Batcher(Stepper(targets, ubatch, on_pass, prefill_slowdown))
-        self.worker.submit(engine.calibrate)  # passes run on the engine thread alone (Engine.calibrate)
+        self._shape = (parallel, max_waiting, ubatch, on_pass, prefill_slowdown)
+        self._load()
         self.draining = False  # refuse new requests; those in flight go on
         self.stopping = False  # the drain's deadline passed: requests in flight end at their next step
         self.closed = False
+        self.loaded = True  # False while the server sleeps: no slots' caches, no engine thread (unload)
         self.active = 0  # requests accepted and not yet answered (drain waits for 0)
+
+    def _load(self) -> None:
+        parallel, max_waiting, ubatch, on_pass, prefill_slowdown = self._shape
+        slots = self.engine.new_slots(parallel, ubatch)
+        self.pool = SlotPool(slots, max_waiting)
+        targets = {s.target_group() for s in slots}  # one shared context, or each slot's own
+        self.worker = Batcher(Stepper(targets, ubatch, on_pass, prefill_slowdown))
+        self.worker.submit(self.engine.calibrate)  # passes run on the engine thread alone (Engine.calibrate)
 
     def slot_bytes(self) -> int:
         """KV cache and compute buffers of one slot (target and draft contexts), as allocated at start."""
@@ -181,11 +187,24 @@ class Scheduler:
         self.draining = self.stopping = True
         self.pool.fail_waiters(make_error)
 
+    def unload(self) -> None:
+        """Stop the engine thread and free the slots' caches, with no request in flight or queued (a
+        sleeping server, core/sleep.py); the pool stays, its slots closed and free, for /health and /slots."""
+        if self.loaded:
+            self.loaded = False
+            self.worker.shutdown()
+            for slot in self.pool.slots:
+                slot.close()
+
+    def reload(self) -> None:
+        """New slots (empty caches), pool and engine thread, as at start; the engine's models loaded first."""
+        if not self.loaded and not self.closed:
+            self._load()
+            self.loaded = True
+
     def close(self) -> None:
         """Stop the engine thread (after its current step), then free the slots' caches. Idempotent."""
         if self.closed:
             return
+        self.unload()
         self.closed = True
-        self.worker.shutdown()
-        for slot in self.pool.slots:
-            slot.close()

@@ -14,12 +14,14 @@ from .errors import Render
 @dataclass(frozen=True)
 class Endpoint:
     """One route of an API. `render_error`: the API's error body for refusals on this path (None:
-    OpenAI's)."""
+    OpenAI's). `needs_model`: False where the handler reads only what stays in memory while the server
+    sleeps (--sleep-idle-seconds: core/sleep.py), so that a request there does not wake it."""
 
     path: str
     handler: Callable[[Request], Awaitable[Response]]
     methods: tuple[str, ...] = ("POST",)
     render_error: Render | None = None
+    needs_model: bool = True
 
     def route(self) -> Route:
         return Route(self.path, self.handler, methods=list(self.methods))

@@ -4,7 +4,8 @@ Calls come in two spellings. The template's: the grammar (tools.py) makes the te
 <tool_call>\\n{"name": "N", "arguments": ARGS}\\n</tool_call>` (calls joined by newlines), read
 as the open tag, the name up to its closing quote, the arguments up to the suffix
 `}\\n</tool_call>`. And a declared tool's call written as JSON at a line's start, bare or fenced
-(textcalls.py), which small models write under tool_choice "auto".
+(textcalls.py), which small models write under tool_choice "auto", and which is Llama 3.x's own form
+(`{"name": ..., "parameters": ...}`). The generic form has its own reader (genericcalls.py).
 
 The reader reads text as it streams and gives back events (events.py) that are final: content
 as soon as it cannot be a call's start (text that may be one waits), and each call whole, once it
@@ -110,7 +111,9 @@ class CallReader:
             if not buf:
                 return False
             self._after_call = False
-        if f.special:
+        if f.kind != "tags":  # Llama 3.x's bare JSON: its calls are read as calls written in the text
+            at, held = -1, 0
+        elif f.special:
             at, held = buf.find(f.open), _held(buf, f.open)
         elif not self.content and not self.calls:  # a plain-text tag opens a call only at the start (the grammar's)
             at, held = (0 if buf.startswith(f.open) else -1), (len(buf) if f.open.startswith(buf) else 0)

@@ -2,14 +2,20 @@
 
 A request's tools (functions whose parameters are JSON Schemas), its tool choice and whether
 calls may come in parallel become a grammar in the form the model was trained to call in, which
-its chat template spells out. The one form known here is Hermes's, which Qwen2.5 (and Qwen3,
-Hermes) use:
+its chat template spells out. Three forms (`CallForm.kind`):
+- "tags", Hermes's, which Qwen2.5 (and Qwen3, Hermes) use, calls separated by a newline:
 
     <tool_call>
     {"name": "get_weather", "arguments": {"city": "Paris"}}
     </tool_call>
 
-with calls separated by a newline. The arguments are embedded with llguidance's `%json`, so
+- "json", Llama 3.x's: one bare `{"name": "get_weather", "parameters": {"city": "Paris"}}`, read back
+  as a call written in the text (textcalls.py);
+- "generic", for every other template (one that spells no call, as SmolLM2's ChatML, or one whose
+  form is not read here): llama-server's generic format, the whole answer one JSON object, a call or
+  a reply (generic.py; its prompt side: tools described in the system message).
+
+The arguments are embedded with llguidance's `%json`, so
 they follow that tool's schema; the wrapper and the name are forced (and so drafted for free).
 The choice: "none" -> text without a call; "auto" -> text, or text then calls (in the template's
 form, or written as JSON in the text: textcalls.py); "required" -> one or more calls; a function's
@@ -30,7 +36,8 @@ from dataclasses import dataclass
 from ....grammar import GrammarError, from_json_schema, from_lark
 from ....grammar.limits import MAX_TOOLS, check_schema, limit_error
 from ....grammar.sources import JSON_LAYOUT
-from ...http.errors import ApiError, bad_request
+from ...http.errors import bad_request
+from .generic import generic_chat, generic_lark
 from .structured import grammar_error
 
 NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names (Anthropic's too)
@@ -40,12 +47,21 @@ _ATTR_CONTROL, _ATTR_USER_DEFINED = 1 << 3, 1 << 4
 
 @dataclass(frozen=True)
 class CallForm:
-    """How a model's template spells a call: the tags around `{"name": ..., "arguments": ...}`;
-    `special`: the tags are single control-like tokens (a text lexeme cannot spell them)."""
+    """How a model's template spells a call. kind "tags": the tags around `{"name": ..., "arguments": ...}`;
+    `special`: the tags are single control-like tokens (a text lexeme cannot spell them). "json" and
+    "generic" use no tags (the module docstring)."""
 
     open: str = "<tool_call>"
     close: str = "</tool_call>"
     special: bool = True
+    kind: str = "tags"
+
+    def describe(self) -> str:
+        """The form in words, for the start-up log and /props."""
+        return {"tags": "Hermes's <tool_call> JSON </tool_call> (Qwen2.5, Qwen3, Hermes)",
+                "json": 'Llama 3.x\'s bare JSON {"name": ..., "parameters": ...}',
+                "generic": 'generic JSON, as llama-server\'s generic format: {"tool_call": ...} or {"response": ...}, '
+                           "the tools described in the system message"}[self.kind]
 
     @property
     def prefix(self) -> str:
@@ -81,16 +97,24 @@ class ToolRequest:
     names: tuple[str, ...]
     choice: str  # "none", "auto", "required", or the one function's name
     parallel: bool
-    form: CallForm | None  # None: tool_choice "none" on a template whose call form is not known here
+    form: CallForm
     specs: tuple[ToolSpec, ...]  # their parameters, which tools_grammar reads
 
 
-def call_form(model) -> CallForm | None:
-    """The call form the model's chat template spells, or None if it has no tool support."""
+JSON_FORM = CallForm(open="", close="", special=False, kind="json")
+GENERIC_FORM = CallForm(open="", close="", special=False, kind="generic")
+
+
+def call_form(model) -> CallForm:
+    """The call form the model's chat template spells: Hermes's tags, Llama 3.x's bare JSON (the template
+    writes a past call as `{"name": ..., "parameters": ...}` and answers in an ipython turn, as llama.cpp
+    tells Llama 3.x), or else the generic form."""
     template = model.metadata.get(_TEMPLATE_KEY) or ""
-    if "tools" not in template or "<tool_call>" not in template:
-        return None
-    return CallForm(special=all(_single_special(model, tag) for tag in ("<tool_call>", "</tool_call>")))
+    if "tools" in template and "<tool_call>" in template:
+        return CallForm(special=all(_single_special(model, tag) for tag in ("<tool_call>", "</tool_call>")))
+    if "tools" in template and '"parameters": ' in template and "ipython<|end_header_id|>" in template:
+        return JSON_FORM
+    return GENERIC_FORM
 
 
 def _single_special(model, text: str) -> bool:
@@ -101,12 +125,6 @@ def _single_special(model, text: str) -> bool:
         return False
     attr = model.vocab.token_attrs[ids[0]]
     return bool(attr & _ATTR_CONTROL or attr & _ATTR_USER_DEFINED and text.startswith("<") and text.endswith(">"))
-
-
-def no_tool_support(param: str = "tools") -> ApiError:
-    return bad_request(f"{param}: this model's chat template has no tool support (it does not spell a tool call), "
-                       "so tools, tool messages and tool_calls cannot be rendered for it", param,
-                       "unsupported_parameter")
 
 
 def tool_request(model, template_tools: list[dict], specs: list[ToolSpec], choice: str,
@@ -121,25 +139,44 @@ def tool_request(model, template_tools: list[dict], specs: list[ToolSpec], choic
         if spec.name in names[:i]:
             raise bad_request(f"{spec.name_param}: {spec.name!r} is given twice", spec.name_param)
     form = call_form(model)
-    if form is None:
-        if choice == "none":  # rendered for the template; no call is asked for or read back
-            return ToolRequest(list(template_tools), names, choice, parallel, None, tuple(specs))
-        raise no_tool_support()
+    # Llama 3.x's template renders one call a turn (it raises on more), and llama-server asks for one
+    parallel = parallel and form.kind != "json"
     return ToolRequest(list(template_tools), names, choice, parallel, form, tuple(specs))
+
+
+def template_input(model, messages, tools: ToolRequest | list | None) -> tuple[list, list | None]:
+    """What the chat template gets of a chat: its messages and tools (a request's ToolRequest, or the
+    tools as sent where nothing asks for calls: /apply-template, token counts). A template in the generic
+    form renders neither: the tools are described in the system message, and past calls and results are
+    written as the generic form's JSON (generic.py). Other templates get both as they were sent."""
+    raw = tools.tools if isinstance(tools, ToolRequest) else tools
+    history = isinstance(messages, list) and any(
+        isinstance(m, dict) and (m.get("role") == "tool" or m.get("tool_calls")) for m in messages)
+    if not raw and not history:
+        return messages, raw
+    form = tools.form if isinstance(tools, ToolRequest) else call_form(model)
+    if form.kind != "generic":
+        return messages, raw
+    choice, parallel = (tools.choice, tools.parallel) if isinstance(tools, ToolRequest) else ("auto", False)
+    return generic_chat(messages, raw, choice, parallel, model.metadata.get(_TEMPLATE_KEY) or ""), None
 
 
 def tools_grammar(tools: ToolRequest) -> str | None:
     """The grammar of the calls the tools' choice allows, each tool's parameters checked against the
     limits (a 400 naming the tool) and all of them together; not compiled: that is done once, for the
-    target (structured.compiled). None where no call form is known (tool_choice "none"). Raises ApiError(400)."""
-    if tools.form is None:
+    target (structured.compiled). None under tool_choice "none" in the generic form (nothing to constrain: the
+    answer is text). Raises ApiError(400)."""
+    if tools.form.kind == "generic" and tools.choice == "none":
         return None
     schemas = [arguments_schema(s.parameters, s.parameters_param) for s in tools.specs]
     try:
         check_schema({"anyOf": schemas}, "the tools' parameters together")  # each was checked on its own
     except GrammarError as e:
         raise grammar_error(e, "tools") from None
-    lark = tools_lark(tools.form, tools.names, schemas, tools.choice, tools.parallel)
+    if tools.form.kind == "generic":
+        lark = generic_lark(tools.names, schemas, tools.choice, tools.parallel)
+    else:
+        lark = tools_lark(tools.form, tools.names, schemas, tools.choice, tools.parallel)
     return from_lark(lark, validate=False, limit=False)  # written here around checked schemas
 
 
@@ -209,13 +246,19 @@ def tools_lark(form: CallForm, names: tuple[str, ...], schemas: list[dict], choi
     tag = (lambda t: t) if form.special else _lit  # a special token is named bare: <tool_call>
     lines = []
     for i, (name, schema) in enumerate(zip(names, schemas)):
-        lines.append(f"call_{i}: {tag(form.open)} {_lit(form.prefix + name + form.middle)} args_{i} "
-                     f"{_lit(form.suffix[:-len(form.close)])} {tag(form.close)}")
+        if form.kind == "json":  # Llama 3.x's: the call is the JSON alone, its arguments named `parameters`
+            head = _lit('{"name": "' + name + '", "parameters": ')
+            lines.append(f'call_{i}: {head} args_{i} "}}"')
+        else:
+            lines.append(f"call_{i}: {tag(form.open)} {_lit(form.prefix + name + form.middle)} args_{i} "
+                         f"{_lit(form.suffix[:-len(form.close)])} {tag(form.close)}")
         lines.append(f"args_{i}: %json {json.dumps(schema, ensure_ascii=False)}")
     lines.append("call: " + " | ".join(f"call_{i}" for i in range(len(names))))
     lines.append('calls: call ("\\n" call)*' if parallel else "calls: call")
     not_a_call = f" & ~/{_named('|'.join(re.escape(n) for n in names))}(.|\\n)*/" if choice == "auto" else ""
-    if form.special:  # text is bytes, a special token is not; nor may TEXT spell the open tag in plain
+    if form.kind == "json":  # no tag: under "auto" the call is a call written in the text (below)
+        tagless = ""
+    elif form.special:  # text is bytes, a special token is not; nor may TEXT spell the open tag in plain
         # tokens, which the reader (toolcalls.py), reading text, would take for a call
         tagless = f" & ~/(.|\\n)*{re.escape(form.open)}(.|\\n)*/"
     else:  # the tags are plain text: a TEXT may not start with the open tag
@@ -225,7 +268,8 @@ def tools_lark(form: CallForm, names: tuple[str, ...], schemas: list[dict], choi
         start = "TEXT?"
     elif choice == "auto":
         written = "tcall (FENCE? tcall)* FENCE? TEXT?" if parallel else "tcall FENCE?"
-        start = ("TEXT | TEXT? calls" if form.special else "TEXT | calls") + f" | {written}"
+        start = ("TEXT | TEXT? calls" if form.special else "TEXT" if form.kind == "json" else "TEXT | calls") \
+            + f" | {written}"
         lines += _text_calls(names, schemas, tagless)
     elif choice == "required":
         start = "calls"
