@@ -1,4 +1,4 @@
-"""Step 4 of the loop (engine.py): what a verdict commits, and the logprobs of what it committed.
+"""Step 4 of the loop (slot.py): what a verdict commits, and the logprobs of what it committed.
 
 A verdict's tokens are cut at an end-of-generation token, at max_tokens or at the end of a stop
 string, whichever comes first; only the tokens that remain are committed, and only they get logprobs

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from typing import Any, Generator, Sequence
 
-from .backends.base import Context, common_prefix
+from .backends.base import Context, common_prefix, pass_group
 
 
 class Eval:
@@ -28,6 +28,12 @@ class Eval:
     def __init__(self, ctx: Context, tokens: Sequence[int], logits: str | None, split: bool = False):
         self.ctx, self.tokens, self.logits, self.split = ctx, tokens, logits, split
         self.seconds = 0.0
+
+    @property
+    def group(self):
+        """What the pass runs on: the shared context `ctx` is a sequence of (passes of several sequences
+        can be batched there), or `ctx` itself."""
+        return pass_group(self.ctx)
 
     def run(self):
         """Run it alone, now: [rows, n_vocab] logits (a view valid until the context's next pass)."""

@@ -11,7 +11,8 @@ import pytest
 from specserve.batchcost import BatchCost
 from specserve.config import SamplingParams, SpecParams
 from specserve.drafters import BaseDrafter, Draft
-from specserve.engine import ContextOverflow, Engine, standard_drafters
+from specserve.engine import Engine, standard_drafters
+from specserve.slot import ContextOverflow
 from specserve.server.core.batcher import Stepper
 
 N_CTX = 256

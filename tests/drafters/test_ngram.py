@@ -1,6 +1,7 @@
 """Prompt-lookup drafting, as tables of sequences and expected proposals."""
 import pytest
 
+from specserve import steps
 from specserve.drafters.ngram import NgramDrafter
 
 
@@ -38,3 +39,18 @@ def test_peek_tells_the_match_before_proposing():
     d = NgramDrafter(n_min=1, n_max=3)
     assert d.peek([1, 2, 3, 4, 1, 2]) == (2, 4)  # [1, 2] seen before; 4 tokens follow it (3, 4, 1, 2)
     assert d.peek([1, 2, 3]) == (0, 0)  # nothing repeats: nothing to draft
+
+
+@pytest.mark.parametrize(
+    "head, k, expected",
+    [
+        ([3], 2, [4, 1]),  # its own proposal [3, 4, 1] starts with the head: what follows it
+        ([3, 4], 2, [1, 2]),
+        ([9], 2, []),  # its proposal does not start with the head: nothing of its own after it
+        ([], 2, [3, 4]),  # no head: its own proposal
+    ],
+)
+def test_a_lookup_continues_after_another_drafters_head_where_its_proposal_starts_with_it(head, k, expected):
+    """The default continue_after_steps (drafters/base.py), which a grammar's forced run uses (drafters/forced.py)."""
+    d = NgramDrafter(n_min=1, n_max=3)
+    assert steps.direct(d.continue_after_steps([1, 2, 3, 4, 1, 2], head, k, None)).tokens == expected

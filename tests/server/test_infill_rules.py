@@ -11,7 +11,6 @@ from specserve.config import SamplingParams, SpecParams
 from specserve.drafters.draft_model import DraftModelDrafter
 from specserve.engine import Engine
 from specserve.server.apis.infill_rules import LineRules, select_fields
-from specserve.server.core.warm import warm_steps
 from specserve.stats import GenerationStats
 
 
@@ -69,7 +68,7 @@ def test_warm_up_fills_both_caches_and_a_keystroke_then_evaluates_only_new_token
     try:
         tokens = engine.target.tokenize("the cat sat on the mat and the dog ran", add_special=False)
         stats = GenerationStats()
-        steps.direct(warm_steps(slot, tokens, stats))
+        steps.direct(slot.warm_steps(tokens, stats))
         assert slot.ctx.tokens == tokens[:-1] and slot.draft_ctx.tokens == tokens[:-1]
         assert (stats.n_prompt, stats.n_cached, stats.finish_reason) == (len(tokens), 0, "length")
         # the keystroke: the same prompt and a few more tokens, generated with the draft model
@@ -82,7 +81,7 @@ def test_warm_up_fills_both_caches_and_a_keystroke_then_evaluates_only_new_token
         assert gen.stats.n_drafted > 0
         # and the warm-up of a prompt already there evaluates nothing
         again = GenerationStats()
-        steps.direct(warm_steps(slot, more, again))
+        steps.direct(slot.warm_steps(more, again))
         assert again.n_cached == len(more) - 1
     finally:
         slot.close()

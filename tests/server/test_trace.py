@@ -7,7 +7,7 @@ to the token that completed it, text held back for a stop string arrives with it
 import random
 
 from specserve.auto import Controller
-from specserve.engine import Chunk
+from specserve.slot import Chunk
 from specserve.server.core.trace import Tracer, sources, target_alone_tokens_per_s
 from specserve.stats import GenerationStats
 from specserve.text import StreamDecoder

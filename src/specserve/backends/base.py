@@ -46,6 +46,9 @@ class Context(Protocol):
 
     n_ctx: int
     t_eval: float  # seconds spent in forward passes so far (what is not this is our own overhead)
+    # the context whose passes this sequence shares with others (Model.new_shared_context's); None: a
+    # context of its own, whose passes run alone
+    shared: PassGroup | None
 
     @property
     def tokens(self) -> list[int]:
@@ -83,6 +86,23 @@ class Context(Protocol):
     def memory(self) -> MemoryUse: ...
 
     def close(self) -> None: ...
+
+
+class PassGroup(Protocol):
+    """Sequences of one context whose tokens go into one forward pass (Model.new_shared_context)."""
+
+    n_batch: int  # the most tokens a pass takes
+    can_rollback: bool  # as Model.can_rollback
+
+    def decode(self, parts: Sequence[tuple[Context, Sequence[int], str | None]]) -> list[np.ndarray | None]:
+        """One pass over every part's tokens, each appended to its sequence; logits per part as
+        Context.eval's ("all", "last"), or None for none. The arrays are valid until the next pass."""
+        ...
+
+
+def pass_group(ctx: Context) -> Context | PassGroup:
+    """What `ctx`'s passes run on: the context it is a sequence of, or itself."""
+    return ctx.shared if ctx.shared is not None else ctx
 
 
 class Model(Protocol):

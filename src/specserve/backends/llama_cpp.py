@@ -201,6 +201,8 @@ class LlamaCppModel(Model):
 class LlamaCppContext(NativeContext):
     """One sequence's KV cache (sequence id 0) on a LlamaCppModel."""
 
+    shared = None  # a context of its own: its passes run alone (Context.shared)
+
     def __init__(self, model: LlamaCppModel, n_ctx: int, n_batch: int = 512):
         self.model = model
         self.n_ctx = n_ctx

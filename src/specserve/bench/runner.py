@@ -237,9 +237,7 @@ class LocalModels:
         scope: the cross-request scope to read and feed (None: none)."""
         slot = self.slots[config.draft_model if config.spec in ("draft", "auto", "auto-fresh") else None]
         tokens = self.prompt_ids(prompt, messages)
-        slot.ctx.truncate(0)  # cold start: no prefix reuse between configurations or repeats
-        if slot.draft_ctx is not None:
-            slot.draft_ctx.truncate(0)
+        slot.forget_cache()  # cold start: no prefix reuse between configurations or repeats
         mode = "auto" if config.spec == "auto-fresh" else config.spec
         k = config.draft_max if mode != "none" else 0
         spec = SpecParams(mode=mode, draft_max=k, suffix_max=k if mode == "suffix" else SUFFIX_MAX_DEFAULT,

@@ -10,8 +10,10 @@ engine only asks what its cache lacks of the prompt and whether to take the prom
 (`missing`, `prefill`), what it could draft this step before asking it to (`peek`), and
 tells it how many tokens were kept (`accepted`). A drafter with a model of its own also
 offers `propose_steps` and `prefill_steps`, the same work as a generator of forward passes
-(steps.py), so that a server can batch them across slots. `BaseDrafter` has the defaults
-of a drafter without a cache. `confidence`, when a drafter
+(steps.py), so that a server can batch them across slots. Under a grammar a drafter drafts
+after the forced tokens (`continue_after_steps`) and says whether its drafts keep to the
+grammar by themselves (`masked`). `BaseDrafter` has the defaults of a drafter without a cache:
+a lookup's. `confidence`, when a drafter
 gives one, is its own estimate that each token is right given the ones before it (the
 suffix drafter: how often that token followed, among the earlier occurrences that agree
 so far; a draft model: its top probability there); the verifier never reads it, a policy may.
@@ -97,6 +99,16 @@ class Drafter(Protocol):
         """`prefill` as a generator that yields its forward passes."""
         ...
 
+    # whether its drafts keep to the request's grammar by themselves (a draft model drafting under the
+    # mask); False: under a grammar they are cut at the first token it forbids (drafters.forced)
+    masked: bool
+
+    def continue_after_steps(self, seq: Sequence[int], head: Sequence[int], k: int, sampler: Sampler,
+                             stop: StopRule | None = None) -> Steps:
+        """Up to k tokens that follow seq + head, head being another drafter's tokens (not committed),
+        as a generator of forward passes; with no head, its own proposal."""
+        ...
+
 
 class BaseDrafter:
     """Defaults for a drafter without a cache: nothing to prefill, nothing to peek at."""
@@ -122,6 +134,23 @@ class BaseDrafter:
     def prefill_steps(self, prompt: Sequence[int]) -> Steps:
         return self.prefill(prompt)
         yield  # unreachable: makes this a generator
+
+    masked = False
+
+    def continue_after_steps(self, seq: Sequence[int], head: Sequence[int], k: int, sampler: Sampler,
+                             stop: StopRule | None = None) -> Steps:
+        """A lookup's: its index follows the committed sequence, so it drafts past head only where its
+        own proposal starts with head (what follows there); a stopping rule is not its to use."""
+        m = len(head)
+        draft = self.propose(seq, m + k, sampler)
+        return tail(draft, m) if draft.tokens[:m] == list(head) else EMPTY_DRAFT
+        yield  # unreachable: makes this a generator
+
+
+def tail(draft: Draft, m: int) -> Draft:
+    """The draft after its first m tokens."""
+    return Draft(draft.tokens[m:], draft.dists[m:] if draft.dists else None,
+                 draft.confidence[m:] if draft.confidence else None)
 
 
 def propose(drafter: Drafter, seq: Sequence[int], k: int, sampler: Sampler, stop: StopRule | None = None) -> Draft:

@@ -110,9 +110,16 @@ class DraftModelDrafter(BaseDrafter):
         """
         return steps.direct(self.continue_after_steps(seq, head, k, sampler, stop))
 
+    @property
+    def masked(self) -> bool:
+        """Given the request's grammar, it drafts under its mask (a wrapper need not cut its drafts)."""
+        return self.grammar is not None
+
     def continue_after_steps(self, seq: Sequence[int], head: Sequence[int], k: int, sampler: Sampler,
                              stop: StopRule | None = None) -> steps.Steps:
-        """`continue_after` as a generator of forward passes."""
+        """`continue_after` as a generator of forward passes; with no head, `propose_steps`."""
+        if not head:
+            return (yield from self.propose_steps(seq, k, sampler, stop))
         view, n = self._see(seq), len(self._view)
         view.extend(t if t < self._n_vocab else 0 for t in head)
         try:

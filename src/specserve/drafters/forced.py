@@ -6,8 +6,8 @@ proposes them alone. With a grammar set, every other drafter is wrapped in `Forc
 the forced run first, then its own tokens after it in the same draft (the draft model
 continues after the run as it does after a lookup's match in the hybrid; a lookup, whose
 index follows the committed sequence, drafts past the run where its own proposal starts
-with it). A lookup's tokens are cut at the first one
-the grammar forbids; the draft model drafts under the mask itself (drafters.draft_model).
+with it: Drafter.continue_after_steps). A lookup's tokens are cut at the first one
+the grammar forbids; the draft model drafts under the mask itself (Drafter.masked).
 
 Forced tokens are deterministic (q = one-hot), so rejection sampling stays exact; where the
 mask allows only them they are accepted by construction. llguidance's fast-forward stops
@@ -73,15 +73,10 @@ class ForcedThen(BaseDrafter):
         self._m = m
         if m >= k:
             rest = EMPTY_DRAFT
-        elif hasattr(inner, "continue_after_steps"):  # a draft model: drafts under the mask itself
-            if m:
-                rest = yield from inner.continue_after_steps(seq, head, k - m, sampler, stop)
-            else:
-                rest = yield from inner.propose_steps(seq, k, sampler, **({"stop": stop} if stop else {}))
-        else:  # a lookup (its index follows the committed sequence): what it drafts past the forced run
-            d = inner.propose(seq, k, sampler)
-            rest = _tail(d, m) if d.tokens[:m] == head else EMPTY_DRAFT
-            rest = self._cut(rest, head)
+        else:  # what it drafts after the forced run
+            rest = yield from inner.continue_after_steps(seq, head, k - m, sampler, stop)
+            if not inner.masked:  # a lookup's tokens, which know no grammar
+                rest = self._cut(rest, head)
         if not m:
             return rest
         return chain(Draft(tokens=head, confidence=[1.0] * m), rest, sampler)
@@ -93,11 +88,6 @@ class ForcedThen(BaseDrafter):
             return draft
         return Draft(draft.tokens[:n], draft.dists[:n] if draft.dists else None,
                      draft.confidence[:n] if draft.confidence else None) if n else EMPTY_DRAFT
-
-
-def _tail(draft: Draft, m: int) -> Draft:
-    return Draft(draft.tokens[m:], draft.dists[m:] if draft.dists else None,
-                 draft.confidence[m:] if draft.confidence else None)
 
 
 def with_grammar(drafters: dict[str, Drafter], constraint) -> dict[str, Drafter]:

@@ -76,8 +76,7 @@ def _speed(engines: dict, prompts, modes: list[str], n: int, k: int) -> dict:
         shift = i % len(configs)
         for w, mode in configs[shift:] + configs[:shift]:
             slot = engines[w]
-            slot.ctx.truncate(0)
-            slot.draft_ctx.truncate(0)
+            slot.forget_cache()
             g = slot.generate(prompt, SamplingParams(max_tokens=n, ignore_eos=True), SpecParams(mode=mode, draft_max=k))
             s = g.stats
             row = out.setdefault((w, mode), {"tps": [], "ttft": [], "accepted": 0, "drafted": 0, "steps": Counter()})

@@ -67,7 +67,7 @@ def speed(args) -> dict:
     rates = defaultdict(list)
     for r in range(args.repeat):
         for name in (list(configs) if r % 2 == 0 else list(configs)[::-1]):
-            slot.ctx.truncate(0)
+            slot.forget_cache()
             g = generate(slot, prompt, configs[name], spec)
             rates[name].append(g.stats.tokens_per_s)
     out = {name: {"median_tokens_per_s": statistics.median(v), "runs": v} for name, v in rates.items()}
@@ -130,7 +130,7 @@ class Timers:
 def profile(args) -> dict:
     import specserve.drafters.draft_model as dm
     import specserve.drafters.ngram as ng
-    import specserve.engine as eng
+    import specserve.slot as slot_module
     import specserve.text as text
 
     target = load_model(args.model, n_threads=args.threads)
@@ -151,13 +151,11 @@ def profile(args) -> dict:
             d = getattr(slot.draft_ctx, "inner", slot.draft_ctx)._ctx  # a --draft-ctx window: its cells
             names[d if isinstance(d, int) else d.value] = "draft"
         timers.wrap_decode(names)
-        timers.wrap(eng, "verify", "verify (Python)")
+        timers.wrap(slot_module, "verify", "verify (Python)")
         timers.wrap(dm.DraftModelDrafter, "propose", "draft model propose")
         timers.wrap(ng.NgramDrafter, "propose", "ngram propose")
         timers.wrap(text.StreamDecoder, "push", "detokenize + stop strings")
-        slot.ctx.truncate(0)
-        if slot.draft_ctx is not None:
-            slot.draft_ctx.truncate(0)
+        slot.forget_cache()
         try:
             g = generate(slot, prompt, params, spec)
         finally:

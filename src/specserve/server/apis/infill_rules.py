@@ -10,7 +10,7 @@ newline.
 
 `fim_prompt` lays a request out with the model's FIM tokens (fim.py), for /infill and for
 /v1/completions with `suffix`. A request with `n_predict: 0` only warms the slot's caches
-(core/warm.py).
+(Slot.warm_steps).
 """
 from __future__ import annotations
 

@@ -152,15 +152,6 @@ async def slots(request: Request) -> Response:
     return JSONResponse([_slot(state, i) for i in range(len(state.scheduler.pool.slots))])
 
 
-def _forget(slot) -> int:
-    """Empty a slot's caches (engine thread); the number of tokens they held."""
-    n = len(slot.ctx.tokens)
-    slot.ctx.truncate(0)
-    if slot.draft_ctx is not None:
-        slot.draft_ctx.truncate(0)
-    return n
-
-
 async def slot_action(request: Request) -> Response:
     """POST /slots/{id}?action=erase empties the slot's caches, waiting while it is busy; save and restore
     (llama-server's --slot-save-path) are not supported."""
@@ -179,7 +170,7 @@ async def slot_action(request: Request) -> Response:
         raise bad_request(f"action must be erase, save or restore, got {action!r}", "action")
     slot = await pool.acquire([], i)
     try:
-        n = await state.scheduler.worker.run(_forget, slot)
+        n = await state.scheduler.worker.run(slot.forget_cache)
     finally:
         pool.release(slot)
     return JSONResponse({"id_slot": i, "n_erased": n})

@@ -62,11 +62,6 @@ class Run:
         self.ready = ready  # False while its reader is behind: it sits out the steps until it catches up
 
 
-def _group(ctx):
-    """The context a pass runs on: a sequence's shared context, or a context of its own."""
-    return getattr(ctx, "shared", ctx)
-
-
 class Stepper:
     """The synchronous core: `add` generations, call `step` while `runs` is not empty."""
 
@@ -99,20 +94,20 @@ class Stepper:
         runs = [r for r in self.runs if r.ready()]
         if len(self.runs) == 1 and runs and runs[0].op is not None and not runs[0].op.split:
             run = runs[0]  # one slot decoding: its pass, as a single stream runs it, and nothing else
-            target = id(_group(run.op.ctx)) in self.targets
+            target = id(run.op.group) in self.targets
             self._run_alone(run, target)
             return
         for run in [r for r in runs if r.op is None]:  # new: run to its first pass
             self._advance(run, None)
         first = True
         while True:  # draft passes, one per drafting position; a prompt chunk only in the first
-            drafting = [r for r in runs if r.op is not None and id(_group(r.op.ctx)) not in self.targets
+            drafting = [r for r in runs if r.op is not None and id(r.op.group) not in self.targets
                         and (first or not r.op.split)]
             if not drafting:
                 break
             self._passes(drafting)
             first = False
-        verifying = [r for r in runs if r.op is not None and id(_group(r.op.ctx)) in self.targets]
+        verifying = [r for r in runs if r.op is not None and id(r.op.group) in self.targets]
         if verifying:
             self._passes(verifying)
 
@@ -120,10 +115,10 @@ class Stepper:
         """One pass per context among these runs' waiting Evals."""
         groups: dict[int, tuple[object, list[Run]]] = {}
         for r in runs:
-            g = _group(r.op.ctx)
+            g = r.op.group
             groups.setdefault(id(g), (g, []))[1].append(r)
         for g, rs in groups.values():
-            if hasattr(g, "decode"):
+            if rs[0].op.ctx.shared is not None:  # sequences of a shared context: one batch
                 self._decode(g, rs)
             else:  # a context of its own: its one sequence alone
                 for r in rs:

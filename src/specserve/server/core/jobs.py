@@ -20,7 +20,7 @@ import anyio
 from starlette.requests import Request
 
 from ...chat import ChatTemplateError
-from ...engine import Chunk
+from ...slot import Chunk
 from ...logprobs import TokenLogprob
 from ...prompt import chat_tokens
 from ...stats import GenerationStats
@@ -31,7 +31,6 @@ from .reasoning import Parting, resolve
 from .request import GenRequest, fit_context
 from .scheduler import QueueFull, SlotPool, draining, queue_full, stopping
 from .trace import Tracer
-from .warm import warm_steps
 
 log = logging.getLogger("specserve.server")
 CLIENT_GONE = 499  # nginx's "client closed request": nobody reads it, the log and metrics do
@@ -74,7 +73,7 @@ class Job:
         self.queue_s = queue_s
         self.t_arrival = t_arrival
         if req.warm:
-            self._gen = warm_steps(slot, tokens, self.stats)
+            self._gen = slot.warm_steps(tokens, self.stats)
         else:
             self._gen = slot.generate_steps(tokens, req.sampling, req.spec, req.verify, stats=self.stats)
         self._run = None  # its handle on the batch scheduler, from the first step
@@ -231,13 +230,6 @@ async def _acquire(pool: SlotPool, tokens: list[int], request: Request | None, i
     return acquire.result()
 
 
-def _forget_cache(slot) -> None:
-    """Empty the slot's caches: the next prompt is evaluated from its first token (cache_prompt=false)."""
-    slot.ctx.truncate(0)
-    if slot.draft_ctx is not None:
-        slot.draft_ctx.truncate(0)
-
-
 async def start(state, req: GenRequest, request: Request | None = None) -> Job:
     """Validate the prompt, wait for a slot, run the prompt and first step. Raises ApiError.
     With `request`, a client that disconnects while queued is dropped (ApiError(CLIENT_GONE))."""
@@ -267,7 +259,7 @@ async def start(state, req: GenRequest, request: Request | None = None) -> Job:
     try:
         # another scope's cache is forgotten as if cache_prompt were false (scheduler.SlotPool.claim)
         if scheduler.pool.claim(slot, req.spec.cross_request_scope) or not req.cache_prompt:
-            await scheduler.worker.run(_forget_cache, slot)
+            await scheduler.worker.run(slot.forget_cache)
         first = await job.step()
     except ValueError as e:  # bad sampling/speculation values the checks above did not catch
         job.finish()

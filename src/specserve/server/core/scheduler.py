@@ -21,8 +21,8 @@ import asyncio
 import collections
 from typing import Callable, Sequence
 
-from ...backends.cache_reuse import plan_reuse
-from ...engine import Engine, Slot
+from ...engine import Engine
+from ...slot import Slot
 from ..http.errors import ApiError
 from .batcher import SLOWDOWN, Batcher, Stepper
 
@@ -88,7 +88,7 @@ class SlotPool:
         --cache-reuse); 0 where the cache is another scope's."""
         if self._scope[self.slots.index(slot)] != scope:
             return 0
-        return plan_reuse(slot.ctx.tokens, tokens, slot.engine.cache_reuse)[0]
+        return slot.reusable(tokens)
 
     def claim(self, slot: Slot, scope: str) -> bool:
         """Record that the slot's cache is now `scope`'s; True where it held another scope's prompt,
@@ -163,15 +163,13 @@ class Scheduler:
         parallel, max_waiting, ubatch, on_pass, prefill_slowdown = self._shape
         slots = self.engine.new_slots(parallel, ubatch)
         self.pool = SlotPool(slots, max_waiting)
-        targets = {getattr(s.ctx, "shared", s.ctx) for s in slots}  # one shared context, or each slot's own
+        targets = {s.target_group() for s in slots}  # one shared context, or each slot's own
         self.worker = Batcher(Stepper(targets, ubatch, on_pass, prefill_slowdown))
         self.worker.submit(self.engine.calibrate)  # passes run on the engine thread alone (Engine.calibrate)
 
     def slot_bytes(self) -> int:
         """KV cache and compute buffers of one slot (target and draft contexts), as allocated at start."""
-        slot = self.pool.slots[0]
-        ctxs = [c for c in (slot.ctx, slot.draft_ctx) if c is not None]
-        return sum(c.memory().kv_cache + c.memory().compute for c in ctxs)
+        return self.pool.slots[0].cache_bytes()
 
     @property
     def idle(self) -> bool:

@@ -1,6 +1,6 @@
 """Who produced each token: the `"speculative": {"trace": true}` extension (docs/webui.md).
 
-A step commits the draft tokens the target kept, then the target's own token (engine.Chunk
+A step commits the draft tokens the target kept, then the target's own token (slot.Chunk
 says how many came from which drafter). The answer's text, though, is not cut at token
 boundaries: a character whose UTF-8 bytes span two tokens becomes final with the second,
 and text that might start a stop string is held back to a later chunk. So the trace follows
@@ -16,7 +16,7 @@ from collections import deque
 from typing import Callable
 
 from ...auto import Controller
-from ...engine import Chunk
+from ...slot import Chunk
 from ...stats import GenerationStats
 
 TARGET = "target"  # the source of a token the target wrote itself
