@@ -15,14 +15,10 @@ import dataclasses
 import json
 import uuid
 
-import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ...chat import ChatTemplateError
-from ...prompt import chat_tokens
 from ..core.answer import Answer, answer
-from ..core.constraints.tools import ToolRequest, template_input
 from ..core.jobs import CLIENT_GONE, start
 from ..core.params import Limit
 from ..core.request import GenRequest
@@ -35,7 +31,7 @@ from . import anthropic_stream
 from .anthropic_request import MessagesRequest, chat_messages, tool_request
 from .anthropic_stream import stop_reason, usage
 from .constraint_fields import output_grammar
-from .fields import params_of, resolve_profile
+from .fields import count_chat_tokens, params_of, resolve_profile
 from .validation import parse
 
 # Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors)
@@ -121,18 +117,11 @@ async def messages(request: Request) -> Response:
     return JSONResponse(body)
 
 
-def _count(model, chat: list[dict], tools: ToolRequest | None) -> int:
-    try:
-        return len(chat_tokens(model, *template_input(model, chat, tools)))
-    except (ChatTemplateError, ValueError) as e:
-        raise bad_request(str(e), "messages") from None
-
-
 async def count_tokens(request: Request) -> Response:
     """The prompt's tokens as /v1/messages would evaluate them: the same chat, tools and template."""
     state = request.app.state.server
     fields = await _fields(request)
     chat = chat_messages(fields)
     model = state.engine.target
-    n = await anyio.to_thread.run_sync(_count, model, chat, tool_request(fields, chat, model))
+    n = await count_chat_tokens(model, chat, tool_request(fields, chat, model), "messages")
     return JSONResponse({"input_tokens": n})

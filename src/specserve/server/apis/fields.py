@@ -7,8 +7,12 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
+import anyio
 from pydantic import field_validator, model_validator
 
+from ...chat import ChatTemplateError
+from ...prompt import chat_tokens
+from ..core.constraints.tools import ToolRequest, template_input
 from ..core.params import SAMPLING_FIELDS, SPEC_FIELDS, Limit, sampling_params, spec_params
 from ..core.profiles import Profile
 from ..http.errors import bad_request
@@ -215,3 +219,14 @@ def required(value, key: str):
     if value is None:
         raise bad_request(f"{key} is required", key)
     return value
+
+
+async def count_chat_tokens(model, chat: list[dict], tools: ToolRequest | None, param: str) -> int:
+    """The prompt tokens a chat (and its tools) renders to with the model's template, off the event loop:
+    the token counts of /v1/messages and /v1/responses. A chat the template refuses is a 400 on `param`."""
+    def count() -> int:
+        try:
+            return len(chat_tokens(model, *template_input(model, chat, tools)))
+        except (ChatTemplateError, ValueError) as e:
+            raise bad_request(str(e), param) from None
+    return await anyio.to_thread.run_sync(count)

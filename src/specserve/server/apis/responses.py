@@ -14,24 +14,19 @@ from __future__ import annotations
 
 import dataclasses
 
-import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ...chat import ChatTemplateError
-from ...prompt import chat_tokens
 from ..core.answer import Answer, answer
-from ..core.constraints.tools import ToolRequest, template_input
 from ..core.jobs import CLIENT_GONE, start
 from ..core.params import Limit
 from ..core.request import GenRequest
 from ..http.body import read_json
 from ..http.endpoint import Endpoint
-from ..http.errors import bad_request
 from ..http.guard import KEY_SCOPE
 from ..http.sse import sse_response
 from .constraint_fields import output_grammar
-from .fields import check_unsupported, params_of, resolve_profile
+from .fields import check_unsupported, count_chat_tokens, params_of, resolve_profile
 from .responses_output import ResponseHead, call_item, message_item, new_id, reasoning_item
 from .responses_request import ResponsesRequest, chat_messages, check_stateless, tools_of
 from .responses_stream import ResponseStream
@@ -101,18 +96,11 @@ async def responses(request: Request) -> Response:
     return JSONResponse(body)
 
 
-def _count(model, chat: list[dict], tools: ToolRequest | None) -> int:
-    try:
-        return len(chat_tokens(model, *template_input(model, chat, tools)))
-    except (ChatTemplateError, ValueError) as e:
-        raise bad_request(str(e), "input") from None
-
-
 async def input_tokens(request: Request) -> Response:
     """The prompt's tokens as /v1/responses would evaluate them (OpenAI's `responses.input_tokens.count`)."""
     state = request.app.state.server
     fields = await _fields(request)
     chat = chat_messages(fields)
     tools = tools_of(fields, chat, state.engine.target)
-    n = await anyio.to_thread.run_sync(_count, state.engine.target, chat, tools)
+    n = await count_chat_tokens(state.engine.target, chat, tools, "input")
     return JSONResponse({"object": "response.input_tokens", "input_tokens": n})
