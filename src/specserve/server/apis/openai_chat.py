@@ -165,10 +165,8 @@ def delta(event: Event) -> dict:
 async def chat_completions(request: Request) -> Response:
     state = request.app.state.server
     req, fields = await chat_request(request)
-    n = several.count(fields.n, len(state.scheduler.pool.slots))
+    n = several.count(fields.n, len(state.scheduler.pool.slots), stream=req.stream)
     if req.stream:
-        if n > 1:
-            raise bad_request("n > 1 is not supported with stream", "n", "unsupported_parameter")
         job = await start(state, req, request)
         return stream(request, job, _chunks(job, head("chat.completion.chunk", req), fields))
     outs = await several.answers(state, several.variants(req, n), request)

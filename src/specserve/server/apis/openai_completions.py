@@ -86,10 +86,8 @@ def echoed(job: Job, fields: CompletionRequest) -> str:
 async def completions(request: Request) -> Response:
     state = request.app.state.server
     req, fields = await completion_request(request)
-    n = several.count(fields.n, len(state.scheduler.pool.slots))
+    n = several.count(fields.n, len(state.scheduler.pool.slots), stream=req.stream)
     if req.stream:
-        if n > 1:
-            raise bad_request("n > 1 is not supported with stream", "n", "unsupported_parameter")
         job = await start(state, req, request)
         return stream(request, job, _chunks(job, head("text_completion", req), fields))
     outs = await several.answers(state, several.variants(req, n), request)

@@ -19,12 +19,15 @@ from ..core.request import GenRequest
 from ..http.errors import bad_request
 
 
-def count(n: int | None, n_slots: int, param: str = "n") -> int:
-    """The number of completions asked for (1 when absent): 1 to the server's slots, as llama-server allows."""
+def count(n: int | None, n_slots: int, param: str = "n", stream: bool = False) -> int:
+    """The number of completions asked for (1 when absent): 1 to the server's slots, as llama-server allows;
+    one only where the answer is streamed."""
     if n is None:
         return 1
     if not 1 <= n <= n_slots:
         raise bad_request(f"{param} must be between 1 and the server's slots ({n_slots}), got {n}", param)
+    if stream and n > 1:
+        raise bad_request(f"{param} > 1 is not supported with stream", param, "unsupported_parameter")
     return n
 
 
