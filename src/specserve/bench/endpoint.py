@@ -1,13 +1,12 @@
 """Benchmark any OpenAI-compatible server (llama-server, vLLM, `specserve serve`) over HTTP.
 
-Each prompt is one streaming chat completion. Time to first token is the time to the
-first chunk carrying content. Decode speed follows vLLM's benchmark (time per output
-token after the first): (tokens - 1) / (time of the last content chunk - time of the
-first). Tokens are counted from `usage.completion_tokens` when the server sends it
-(we ask with stream_options.include_usage); otherwise each content chunk counts as
-one token, which undercounts servers that send several tokens per chunk. Draft counts
-come from `usage.speculative` (specserve) or `timings.draft_n`/`draft_n_accepted`
-(llama-server) when the server reports them.
+Each prompt is one streaming chat completion, asked cold (`cache_prompt: false`, as the bench's own
+runs). Time to first token is the time to the first chunk carrying content. Decode speed follows vLLM's
+benchmark (time per output token after the first): (tokens - 1) / (time of the last content chunk - time
+of the first). Tokens are counted from `usage.completion_tokens` when the server sends it (we ask with
+stream_options.include_usage); otherwise each content chunk counts as one token, which undercounts
+servers that send several tokens per chunk. Draft counts come from `usage.speculative` (specserve) or
+`timings.draft_n`/`draft_n_accepted` (llama-server) when the server reports them.
 """
 from __future__ import annotations
 
@@ -63,7 +62,8 @@ class EndpointClient:
         under "text" what it answered. schema: constrain it (OpenAI's response_format, which llama-server,
         vLLM and specserve take)."""
         body = {"model": self.model, "messages": list(messages), "max_tokens": max_tokens,
-                "temperature": temperature, "stream": True}
+                "temperature": temperature, "stream": True,
+                "cache_prompt": False}  # cold, as the bench's own runs (llama-server's field; others ignore it)
         if seed is not None:
             body["seed"] = seed
         if schema is not None:

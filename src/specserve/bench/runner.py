@@ -29,7 +29,8 @@ from .structured import grammar_for, validates
 from .workloads import BenchPrompt, in_run_order, resolve_messages
 
 WARMUP_TOKENS = 16
-# A conversation's first turn must be new to every server measured: warm up on something else.
+# Warm up on a request of its own: no measured prompt (a conversation's first turn included) may be
+# in a server's prompt cache before it is measured.
 WARMUP_MESSAGES = ({"role": "user", "content": "Say hello in one short sentence."},)
 STORE_BYTES = 64 << 20  # each engine's cross-request store, as `serve` keeps by default
 
@@ -319,14 +320,14 @@ def run_benchmark(plan: BenchPlan, local: LocalModels, endpoints: dict,
             run_key = (config.name, repeat, temperature, prompt.workload)
             schema = prompt.schema if sampling.grammar is not None else None  # sent with the request
             messages = resolve_messages(prompt, {i: answers.get((*run_key, i), "") for i in prompt.answers_needed})
-            if repeat is None and prompt.turn:
+            if repeat is None:
                 messages = list(WARMUP_MESSAGES)
             if config.spec == "endpoint":
                 stats = endpoints[config.endpoint].generate(messages, sampling.max_tokens, temperature, sampling.seed,
                                                             plan.ignore_eos, schema=schema)
                 text = stats.pop("text", "")
             else:
-                dynamic = prompt.answers_needed or repeat is None and prompt.turn
+                dynamic = prompt.answers_needed or repeat is None
                 scope = (None if repeat is None or config.spec not in ("suffix", "auto")
                          else f"{configs.index(config)}#{repeat}@{temperature:g}")
                 messages = messages if dynamic else None
