@@ -25,9 +25,8 @@ SEED_LIMIT = 2**64
 VERIFY_METHODS = ("gumbel", "rejection")
 DEFAULT_VERIFY = "gumbel"
 # --draft-ctx: the draft model's cache holds the sequence's first tokens and its most recent ones, this many
-# cells in all (drafters/window.py; 0: the whole context). Why 1024, and the measurement that may turn it
-# off: docs/draft-window.md ("The default").
-DRAFT_CTX_DEFAULT = 1024
+# cells in all (drafters/window.py; 0: the whole context). Why 4096, measured: docs/draft-window.md ("The default").
+DRAFT_CTX_DEFAULT = 4096
 DRAFT_CTX_MIN = 128  # less leaves too little beside the sinks, a slide and a draft
 # Alternatives a request may ask for at each token (OpenAI's top_logprobs and vLLM's default limit: 20).
 MAX_LOGPROBS = 20

@@ -29,13 +29,13 @@ def real_model(name: str) -> str:
 
 def test_compatible_tiny_pair_json(capsys, tiny_paths):
     code, out, _ = check(capsys, "-m", tiny_paths["target"], "-md", tiny_paths["draft_close"], "-c", 2048,
-                         "--budget", "1GiB", "--json", "-t", 1)
+                         "--draft-ctx", 1024, "--budget", "1GiB", "--json", "-t", 1)
     assert code == 0
     report = json.loads(out)
     assert report["compatible"] is True and report["problems"] == []
     mem = report["memory"]
     assert mem["target"]["kv_per_token"] == 256 and mem["target"]["kv"] == 256 * 2048
-    # the draft's cache is its window (--draft-ctx, default 1024); the whole context's beside it
+    # the draft's cache is its window (--draft-ctx); the whole context's beside it
     assert mem["draft"]["kv_per_token"] == 256 and mem["draft_ctx"] == 1024 and mem["draft"]["kv"] == 256 * 1024
     assert mem["draft_full_context"]["kv"] == 256 * 2048
     assert mem["total_bytes"] == mem["target"]["total"] + mem["draft"]["total"]
@@ -156,11 +156,11 @@ def test_memory_only_prices_a_14b_target_and_a_0_6b_draft_from_their_headers(cap
     mem = report["memory"]
     assert report["pairing_checked"] is False and mem["measured"] is None
     assert mem["target"]["kv_per_token"] == 160 * 1024 and mem["draft"]["kv_per_token"] == 112 * 1024
-    assert mem["draft_full_context"]["kv"] == 112 * 1024 * 32768 == 8 * 4 * mem["draft"]["kv"]  # 1/32
+    assert mem["draft_full_context"]["kv"] == 112 * 1024 * 32768 == 8 * mem["draft"]["kv"]  # the default window: 1/8
     without, windowed, full = (mem[k] for k in ("max_ctx_in_budget_without_draft", "max_ctx_in_budget",
                                                   "max_ctx_in_budget_full_draft"))
-    assert (without, windowed, full) == (34560, 30208, 19968)
+    assert (without, windowed, full) == (34560, 28928, 19968)
     code, text, _ = check(capsys, "-m", target, "-md", draft, "-c", 32768, "--budget", "16GiB", "--memory-only")
     assert "pairing: not checked" in text
     assert "(draft at the whole context: KV cache) 3.5 GiB" in " ".join(text.split())
-    assert "largest context 34560 -> 30208 with the draft at its window of 1024, 19968 with the draft at" in text
+    assert "largest context 34560 -> 28928 with the draft at its window of 4096, 19968 with the draft at" in text
