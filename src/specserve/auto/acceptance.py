@@ -32,7 +32,7 @@ W_MIN, W_MAX = 2.0, 40.0  # the prior's weight in pseudo-trials, whatever the sp
 _CONF_PRIOR_W = 4.0  # pseudo-trials pulling a confidence bucket toward "calibrated"
 _G_SHAPE = 0.99  # per-trial decay of a Shape group's counts
 _SHAPE_W = 4.0  # pseudo-tokens, kept as expected, pulling a Shape group's factor toward 1
-_RATE_MAX = 0.995  # no position's prior is surer than this
+RATE_MAX = 0.995  # no position's prior is surer than this
 MAP_MIN = 16.0  # (decayed) tokens a ConfidenceMap judges before its expected() is trusted
 
 PRIORS = {"ngram": (0.6, 0.6)}  # (acceptance, delivery) before any data; others (0.7, 1.0)
@@ -50,6 +50,10 @@ ORDER_PRIOR[OPENING] = 0.15
 # other requests had been planned from their failures (4x the target alone, not 8x)
 REPEAT = -2
 ORDER_PRIOR[REPEAT] = 0.995
+# a repeat's positions may be surer than RATE_MAX, as far as repeats have kept their tokens: at 0.995
+# a 64-token copy is priced to lose 8 of its tokens, and where a 40-token pass costs as much a token as
+# a 65-token one (the quiet 2-core CPU: 0.775 s and 1.239 s) repeats took 3-4 passes where 2 cover them
+REPEAT_RATE_MAX = 0.9995
 
 
 def match_bucket(order: int) -> int:
@@ -74,19 +78,21 @@ class Rates:
             self.tried[i] = self.tried[i] * _G_POS + 1.0
         self.h, self.t, self._cache = self.h * _G_POOL + n_hit, self.t * _G_POOL + n_tried, None
 
-    def rates(self, prior: float, weight: float = PRIOR_W, shape: tuple[float, ...] | None = None) -> list[float]:
+    def rates(self, prior: float, weight: float = PRIOR_W, shape: tuple[float, ...] | None = None,
+              rate_max: float = RATE_MAX) -> list[float]:
         """[cap], each shrunk toward the pooled rate, itself shrunk toward `prior` by `weight` trials.
 
         shape: [cap] factors (Shape.factors): position i is shrunk toward the pooled rate times
-        shape[i] instead, so a request's level moves every position and the engine's shape stays.
+        shape[i] (at most rate_max) instead, so a request's level moves every position and the
+        engine's shape stays.
         """
-        if self._cache is None or self._key != (prior, weight, shape):
-            self._key = (prior, weight, shape)
+        if self._cache is None or self._key != (prior, weight, shape, rate_max):
+            self._key = (prior, weight, shape, rate_max)
             pooled = self.level(prior, weight)
             if shape is None:
                 self._cache = [(h + _SHRINK * pooled) / (t + _SHRINK) for h, t in zip(self.hit, self.tried)]
             else:
-                self._cache = [(h + _SHRINK * min(pooled * f, _RATE_MAX)) / (t + _SHRINK)
+                self._cache = [(h + _SHRINK * min(pooled * f, rate_max)) / (t + _SHRINK)
                                for h, t, f in zip(self.hit, self.tried, shape)]
         return self._cache
 

@@ -18,7 +18,7 @@ an answer differently: docs/auto-history.md).
 from __future__ import annotations
 
 from ..drafters.suffix import SAME_REQUEST, SuffixDrafter
-from .acceptance import OPENING, REPEAT, ConfidenceMap, Rates, Shape, match_bucket
+from .acceptance import OPENING, RATE_MAX, REPEAT, REPEAT_RATE_MAX, ConfidenceMap, Rates, Shape, match_bucket
 from .names import FREE, MODEL
 from .progress import Setup
 from .shared import Shared
@@ -61,7 +61,8 @@ class Estimates:
         if name == MODEL and bucket == 0:
             mean = self.model_level(mean)
         shape = self.ctl.position_shape(name, bucket, self.regime).factors(self.caps[name])
-        return rates.rates(mean, self.ctl.prior_weight(name, bucket, self.regime, mean), shape)
+        return rates.rates(mean, self.ctl.prior_weight(name, bucket, self.regime, mean), shape,
+                           REPEAT_RATE_MAX if bucket == REPEAT else RATE_MAX)
 
     def lookup(self, name: str, bucket: int) -> list[float]:
         """A lookup's acceptance by position after a match in `bucket`."""
