@@ -7,8 +7,8 @@
 - limited: short deadlines and small connection limits (1 s for the request line, 4 s to read, 8 connections,
   3 a client address), and a profile `fixed` that pins two fields.
 
-Each is a context manager for a module fixture of the test file that uses it; on leaving, the server must exit
-cleanly with no traceback in its log.
+Each is a context manager for a module fixture of the test file that uses it (the guarded one has its fixtures
+here: `server` and `http`); on leaving, the server must exit cleanly with no traceback in its log.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterator
 
 import httpx
+import pytest
 
 from server_fixtures import ServerProcess, serve_args
 
@@ -43,6 +44,20 @@ def guarded_server(models: Path, log: Path):
                                              "--queue", "2", "--read-timeout", "2", "--max-connections", "8",
                                              "--cors-origin", WEB),
                                   log, env={"SPECSERVE_API_KEY": KEY}))
+
+
+@pytest.fixture(scope="module")
+def server(tiny_models_dir, tmp_path_factory):
+    """The guarded server, for a test module that imports this fixture (and `http`)."""
+    with guarded_server(tiny_models_dir, tmp_path_factory.mktemp("guarded") / "serve.log") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    """A client of the guarded server, with its API key."""
+    with httpx.Client(base_url=server.url, headers={"X-Api-Key": KEY}, timeout=60) as c:
+        yield c
 
 
 def tenants_server(models: Path, folder: Path):

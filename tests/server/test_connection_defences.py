@@ -23,23 +23,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from server_fixtures import free_port, tiny_models_dir  # noqa: E402,F401
 
-from defended_servers import (C, KEY, LONG, guarded_server, health, limited_server,  # noqa: E402
+from defended_servers import (C, KEY, LONG, http, server, health, limited_server,  # noqa: E402,F401
                               wait_for)
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 pytestmark = pytest.mark.server
-
-
-@pytest.fixture(scope="module")
-def server(tiny_models_dir, tmp_path_factory):
-    with guarded_server(tiny_models_dir, tmp_path_factory.mktemp("guarded") / "serve.log") as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.url, headers={"X-Api-Key": KEY}, timeout=60) as c:
-        yield c
 
 
 def _requests_total(http) -> float:
