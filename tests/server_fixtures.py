@@ -29,6 +29,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_for(predicate, timeout: float = 30) -> bool:
+    """Whether predicate() came true within timeout seconds (polled every 20 ms)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
 def tiny_pair(directory: Path) -> tuple[Path, Path]:
     """A tiny target and a close draft of it (same vocabulary, 5% weight noise)."""
     target = tiny_models.write_tiny_model(directory / "tiny.gguf", seed=1)

@@ -12,7 +12,6 @@ here: `server` and `http`); on leaving, the server must exit cleanly with no tra
 """
 from __future__ import annotations
 
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -20,7 +19,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from server_fixtures import ServerProcess, serve_args
+from server_fixtures import ServerProcess, serve_args, wait_for  # noqa: F401 (wait_for: re-exported)
 
 C, CH, L = "/v1/completions", "/v1/chat/completions", "/completion"
 
@@ -86,15 +85,6 @@ def expect_error(r: httpx.Response, status: int, param: str | None, code: str | 
     err = r.json()["error"]
     assert (err["type"], err["param"], err["code"]) == (kind, param, code), err
     return err
-
-
-def wait_for(predicate, timeout: float = 30) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def health(srv) -> dict:

@@ -9,28 +9,18 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from server_fixtures import ServerProcess, serve_args, tiny_models_dir  # noqa: E402,F401
+from server_fixtures import ServerProcess, serve_args, tiny_models_dir, wait_for  # noqa: E402,F401
 
 pytestmark = pytest.mark.server
 
 C = "/v1/completions"
 LONG = {"prompt": "the cat", "max_tokens": 4000, "ignore_eos": True, "stream": True, "speculative": {"mode": "none"}}
-
-
-def _wait_for(predicate, timeout: float = 30) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_queue_bound_then_sigterm_drains(tiny_models_dir, tmp_path):
@@ -57,14 +47,14 @@ def test_queue_bound_then_sigterm_drains(tiny_models_dir, tmp_path):
         assert first.wait(30)
         b = threading.Thread(target=queued)
         b.start()
-        assert _wait_for(lambda: httpx.get(srv.url + "/health").json()["queue_depth"] == 1)
+        assert wait_for(lambda: httpx.get(srv.url + "/health").json()["queue_depth"] == 1)
 
         full = httpx.post(srv.url + C, json={"prompt": "x", "max_tokens": 4})
         assert full.status_code == 503 and full.headers["retry-after"]
         assert full.json()["error"]["code"] == "queue_full"
 
         srv.proc.send_signal(signal.SIGTERM)
-        assert _wait_for(lambda: httpx.get(srv.url + "/health").status_code == 503)
+        assert wait_for(lambda: httpx.get(srv.url + "/health").status_code == 503)
         late = httpx.post(srv.url + C, json={"prompt": "x", "max_tokens": 4})
         assert late.status_code == 503 and late.json()["error"]["code"] == "draining"
         assert srv.proc.poll() is None, "exited before the requests in flight finished"

@@ -5,23 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import httpx
 
-from server_fixtures import ServerProcess, serve_args, tiny_models_dir  # noqa: F401
+from server_fixtures import ServerProcess, serve_args, tiny_models_dir, wait_for  # noqa: F401
 import pytest
 
 pytestmark = pytest.mark.server
-
-
-def _wait_for(predicate, timeout: float = 30) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_loadtest_script_runs_against_a_server(tiny_models_dir, tmp_path):
@@ -42,6 +32,6 @@ def test_loadtest_script_runs_against_a_server(tiny_models_dir, tmp_path):
         assert report["rss_before_mib"] > 0 and report["latency_p95_s"] >= report["latency_p50_s"] > 0
         assert r.returncode in (0, 3)
         health = httpx.get(srv.url + "/health").json()
-        assert _wait_for(lambda: httpx.get(srv.url + "/health").json()["slots_processing"] == 0, 10), health
+        assert wait_for(lambda: httpx.get(srv.url + "/health").json()["slots_processing"] == 0, 10), health
     finally:
         assert srv.stop() == 0
