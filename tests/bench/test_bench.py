@@ -112,7 +112,7 @@ def test_recommendation_memory_machine(bench):
 
 
 def test_table_and_plot(bench):
-    assert "ranked by end-to-end speed" in bench["stdout"] and "speedup by workload" in bench["stdout"]
+    assert "ranked by speed after the prompt" in bench["stdout"] and "speedup by workload" in bench["stdout"]
     assert bench["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

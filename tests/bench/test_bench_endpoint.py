@@ -71,6 +71,8 @@ def test_endpoint_reported_beside_local_configs(server, tiny_paths, tmp_path):
     assert endpoint["n_generated"] == 2 * 10  # counted from usage, which the server sends
     runs = [r["stats"] for r in report["runs"] if r["config"] == endpoint["name"]]
     assert {r["tokens_counted_from"] for r in runs} == {"usage"}
+    assert all(0 < r["time_to_first_token_s"] <= r["t_last_token_s"] <= r["t_total_s"] for r in runs)
+    assert endpoint["speedup_e2e"] > 0  # timed to the last token on the bench's clock, as its own configurations
     assert endpoint["acceptance"] is not None  # specserve reports its drafts in usage.speculative
     assert f"endpoint {server}" in out.getvalue()
     assert report["recommendation"]["spec"] != "endpoint"  # only local configurations are recommended

@@ -148,6 +148,28 @@ def test_an_endpoint_that_drafts_without_passes_renders():
     from specserve.bench.table import _row
 
     e = {"n_drafted": 40, "acceptance": 0.5, "mean_accepted_len": None, "memory_bytes": 0, "rank": 1,
-         "name": "endpoint http://x", "tokens_per_s": 10.0, "speedup": 2.0, "ttft_s": 0.1}
+         "name": "endpoint http://x", "tokens_per_s": 10.0, "speedup": 2.0, "speedup_e2e": 1.5, "ttft_s": 0.1}
     row = _row(e, 20)
-    assert row.split()[5:7] == ["50.0%", "-"]
+    assert row.split()[5:8] == ["1.50x", "50.0%", "-"]
+
+
+def test_the_e2e_speedup_counts_every_configurations_wait_to_the_last_token_alike():
+    """A draft model that decodes 1.4x faster but takes 2 s of its own prompt before the first token
+    (which the tok/s after the prompt of an --endpoint never sees): to the last token, 128 tokens after
+    a 1 s prompt, it is 2.28 s sooner on a 12.8 s answer and 1.2x, not 1.4x, and the target alone 1."""
+    runs = []
+    for name, tps, before in (("target", 10.0, 1.0), ("draft[small] k=4", 14.0, 3.0)):
+        for i in range(2):
+            runs.append(Measurement(name, "w", 0.0, i, 0, {
+                "tokens_per_s": tps, "time_to_first_token_s": before, "n_generated": 128,
+                "t_last_token_s": before + 128 / tps, "n_drafted": 0, "n_accepted": 0, "n_passes": 128}))
+    cs = plan_configs(["draft"], ["small"], [4], [])
+    by_name = {e["name"]: e for e in summarize(cs, runs, {}) if e["workload"] == "all"}
+    assert by_name["target"]["speedup_e2e"] == 1.0
+    assert by_name["draft[small] k=4"]["speedup"] == pytest.approx(1.4)
+    assert by_name["draft[small] k=4"]["speedup_e2e"] == pytest.approx((1 + 12.8) / (3 + 128 / 14), rel=1e-3)
+    # in-process runs carry no client clock: their time from the prompt to the last token (t_total_s)
+    for m in runs:
+        m.stats["t_total_s"] = m.stats.pop("t_last_token_s")
+    assert {e["name"]: e["speedup_e2e"] for e in summarize(cs, runs, {}) if e["workload"] == "all"} == \
+        {n: e["speedup_e2e"] for n, e in by_name.items()}

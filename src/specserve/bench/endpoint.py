@@ -3,10 +3,13 @@
 Each prompt is one streaming chat completion, asked cold (`cache_prompt: false`, as the bench's own
 runs). Time to first token is the time to the first chunk carrying content. Decode speed follows vLLM's
 benchmark (time per output token after the first): (tokens - 1) / (time of the last content chunk - time
-of the first). Tokens are counted from `usage.completion_tokens` when the server sends it (we ask with
-stream_options.include_usage); otherwise each content chunk counts as one token, which undercounts
-servers that send several tokens per chunk. Draft counts come from `usage.speculative` (specserve) or
-`timings.draft_n`/`draft_n_accepted` (llama-server) when the server reports them.
+of the first): it leaves out what came before the first token, a draft model's prompt among it, which the
+bench's own runs count; the time to the last content chunk (`t_last_token_s`), from sending the request, is
+timed as theirs and is what the report's `e2e` pairs. Tokens are counted from `usage.completion_tokens`
+when the server sends it (we ask with stream_options.include_usage); otherwise each content chunk counts as
+one token, which undercounts servers that send several tokens per chunk. Draft counts come from
+`usage.speculative` (specserve) or `timings.draft_n`/`draft_n_accepted` (llama-server) when the server
+reports them.
 """
 from __future__ import annotations
 
@@ -115,7 +118,7 @@ class EndpointClient:
         return {"n_prompt": int(usage.get("prompt_tokens", 0)) if usage else 0, "n_generated": n_tokens,
                 "n_chunks": n_chunks, "tokens_counted_from": "usage" if usage else "chunks",
                 "tokens_per_s": round(tokens_per_s, 2), "decode_tokens_per_s": round(tokens_per_s, 2),
-                "time_to_first_token_s": round(t_first, 4),
+                "time_to_first_token_s": round(t_first, 4), "t_last_token_s": round(t_last, 4),
                 "t_total_s": round(t_total, 4), "finish_reason": finish, "text": "".join(parts),
                 **_draft_counts(usage, timings)}
 

@@ -1,11 +1,15 @@
 """Benchmark results: medians, paired speedups, ranking, the recommendation, the JSON report.
 
-Speed is decode tokens/s per run. Repeats of one prompt are reduced to their median
+Speed is tokens/s per run after the target's prompt (the bench's own runs: a draft model's prompt and the
+first step included; an --endpoint's: from its first token). Repeats of one prompt are reduced to their median
 first, so each prompt counts once. A configuration's speedup is paired: for every
 prompt, its tokens/s over the target alone's on that same prompt, then the geometric
 mean of those ratios (the median is reported beside it). The target alone is 1 by
-construction. Configurations are ranked by that end-to-end speedup, never by
-acceptance: a draft that accepts more but costs more per step loses. Multi-turn
+construction. Configurations are ranked by that speedup, never by
+acceptance: a draft that accepts more but costs more per step loses. Beside it, `speedup_e2e`
+pairs the tokens/s to the last token, from sending the request (in-process: from taking the prompt),
+timed alike for every configuration and endpoint: what a user waits for, every prompt's processing
+included. Multi-turn
 conversations are also reported by turn: the first request against the later ones,
 which re-send or edit earlier answers (`summarize_turns`).
 """
@@ -45,8 +49,26 @@ def _per_prompt(runs: list[Measurement], key: str) -> dict[tuple, float]:
     return {k: statistics.median(v) for k, v in by_prompt.items()}
 
 
-def summarize_config(config: BenchConfig, runs: list[Measurement], baseline: dict[tuple, float]) -> dict:
-    """One configuration's results over `runs`, paired against the target alone's per-prompt tokens/s."""
+def _last_token_s(stats: dict) -> float:
+    """Seconds from sending the request (in-process: from taking the prompt) to its last token, on the
+    client's clock: what a user waits for, the prompt's processing (a draft model's too) included. Measured
+    alike for every configuration, the bench's own, served or in-process, and any --endpoint's."""
+    return float(stats.get("t_last_token_s") or stats.get("t_total_s") or 0.0)
+
+
+def _per_prompt_e2e(runs: list[Measurement]) -> dict[tuple, float]:
+    """(workload, temperature, prompt) -> median over repeats of tokens per second to the last token."""
+    by_prompt: dict[tuple, list[float]] = defaultdict(list)
+    for m in runs:
+        t = _last_token_s(m.stats)
+        by_prompt[(m.workload, m.temperature, m.prompt_index)].append(m.stats.get("n_generated", 0) / t if t else 0.0)
+    return {k: statistics.median(v) for k, v in by_prompt.items()}
+
+
+def summarize_config(config: BenchConfig, runs: list[Measurement], baseline: dict[tuple, float],
+                     baseline_e2e: dict[tuple, float] | None = None) -> dict:
+    """One configuration's results over `runs`, paired against the target alone's per-prompt tokens/s
+    (and, given the baseline's, its tokens/s to the last token: `speedup_e2e`)."""
     tps = _per_prompt(runs, "tokens_per_s")
     ttft = _per_prompt(runs, "time_to_first_token_s")
     decode = _per_prompt(runs, "decode_tokens_per_s")
@@ -67,6 +89,7 @@ def summarize_config(config: BenchConfig, runs: list[Measurement], baseline: dic
         "n_prompts": len(tps), "n_runs": len(runs),
         "tokens_per_s": round(statistics.median(tps.values()), 2) if tps else 0.0,
         "speedup": round(_geomean(ratios), 4), "speedup_median": round(statistics.median(ratios), 4) if ratios else 0.0,
+        "speedup_e2e": _e2e_speedup(runs, baseline_e2e) if baseline_e2e is not None else None,
         "speedup_min": round(min(ratios), 4) if ratios else 0.0,
         "speedup_max": round(max(ratios), 4) if ratios else 0.0,
         "acceptance": round(accepted / drafted, 4) if drafted else (0.0 if local else None),
@@ -82,6 +105,12 @@ def summarize_config(config: BenchConfig, runs: list[Measurement], baseline: dic
         "grammar_ms_per_token": _grammar_ms(runs),
         "grammar_share": _grammar_share(runs),
     }
+
+
+def _e2e_speedup(runs: list[Measurement], baseline: dict[tuple, float]) -> float:
+    """Geometric mean over prompts of tokens/s to the last token, over the baseline's on the same prompt."""
+    ratios = [v / baseline[k] for k, v in _per_prompt_e2e(runs).items() if v > 0 and baseline.get(k, 0) > 0]
+    return round(_geomean(ratios), 4)
 
 
 def _grammar_ms(runs: list[Measurement]) -> float | None:
@@ -121,7 +150,9 @@ def summarize(configs: list[BenchConfig], results: list[Measurement], memory: di
 
             baselines = {b: _per_prompt([m for m in by_config[b] if keep(m)], "tokens_per_s")
                          for b in {c.baseline for c in configs}}
-            group = [{**summarize_config(c, [m for m in by_config[c.name] if keep(m)], baselines[c.baseline]),
+            e2e = {b: _per_prompt_e2e([m for m in by_config[b] if keep(m)]) for b in {c.baseline for c in configs}}
+            group = [{**summarize_config(c, [m for m in by_config[c.name] if keep(m)], baselines[c.baseline],
+                                         e2e[c.baseline]),
                       "workload": workload, "temperature": t, "memory_bytes": config_memory(c, memory)}
                      for c in configs]
             group.sort(key=lambda e: -e["speedup"])

@@ -172,6 +172,7 @@ def served_stats(usage: dict, t_first: float, t_last: float, finish: str) -> dic
             "drafter_steps": dict(spec.get("drafter_steps") or {}),
             "t_prompt_s": round(t_prompt, 4), "t_decode_server_s": round(float(spec.get("decode_s", 0.0)), 4),
             "t_decode_client_s": round(decode, 4), "time_to_first_token_s": round(t_first, 4),
+            "t_last_token_s": round(t_last, 4),
             "tokens_per_s": round(n / decode, 2) if n and decode > 0 else 0.0,
             "decode_tokens_per_s": round((n - 1) / (t_last - t_first), 2) if n > 1 and t_last > t_first else 0.0,
             "server_tokens_per_s": float(spec.get("tokens_per_s", 0.0)), "finish_reason": finish, **grammar}

@@ -2,8 +2,9 @@
 
 Runs the target alone and every configuration (each draft model and n-gram lookup at
 each --draft-max, auto at the largest) on the same prompts, interleaved, and ranks
-them by end-to-end speed. A progress bar goes to stderr, the tables and the
-recommendation to stdout; --json and --plot write the full results.
+them by speed after the prompt, with the speedup to the last token (prompt included)
+beside. A progress bar goes to stderr, the tables and the recommendation to stdout;
+--json and --plot write the full results.
 """
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def add_parser(sub) -> None:
 
     p = sub.add_parser("bench", help="benchmark speculative configurations against the target alone",
                        description="Run the target alone and every speculative configuration on the same prompts, "
-                                   "interleaved after a warm-up; rank them by end-to-end speed and recommend one.")
+                                   "interleaved after a warm-up; rank them by speed after the prompt (the speedup to "
+                                   "the last token, prompt included, beside) and recommend one.")
     add_model_args(p, draft=False)
     d = p.add_argument_group("draft models")
     d.add_argument("-md", "--model-draft", nargs="+", action="extend", default=[], metavar="DRAFT",
