@@ -1,17 +1,14 @@
 """Benchmark results: medians, paired speedups, ranking, the recommendation, the JSON report.
 
-Speed is tokens/s per run after the target's prompt (the bench's own runs: a draft model's prompt and the
-first step included; an --endpoint's: from its first token). Repeats of one prompt are reduced to their median
-first, so each prompt counts once. A configuration's speedup is paired: for every
-prompt, its tokens/s over the target alone's on that same prompt, then the geometric
-mean of those ratios (the median is reported beside it). The target alone is 1 by
-construction. Configurations are ranked by that speedup, never by
-acceptance: a draft that accepts more but costs more per step loses. Beside it, `speedup_e2e`
-pairs the tokens/s to the last token, from sending the request (in-process: from taking the prompt),
-timed alike for every configuration and endpoint: what a user waits for, every prompt's processing
-included. Multi-turn
-conversations are also reported by turn: the first request against the later ones,
-which re-send or edit earlier answers (`summarize_turns`).
+Speed is tokens/s per run after the target's prompt (the bench's own runs: a draft model's prompt and
+the first step included; an --endpoint's: from its first token). Repeats of one prompt are reduced to their
+median first, so each prompt counts once. A configuration's speedup is paired: for every prompt, its tokens/s
+over the target alone's on that same prompt, then the geometric mean of those ratios (the median is reported
+beside it). The target alone is 1 by construction. Configurations are ranked by that speedup, never by
+acceptance: a draft that accepts more but costs more per step loses. Beside it, `speedup_e2e` pairs the
+tokens/s to the last token (`e2e_tokens_per_s`), timed alike for every configuration and endpoint: what a
+user waits for, every prompt's processing included. Multi-turn conversations are also reported by turn: the
+first request against the later ones, which re-send or edit earlier answers (`summarize_turns`).
 """
 from __future__ import annotations
 
@@ -22,6 +19,7 @@ import statistics
 import sys
 import time
 from collections import Counter, defaultdict
+from typing import Callable
 
 from .runner import IN_PROCESS, BenchConfig, Measurement
 from .structured import valid_share
@@ -41,28 +39,21 @@ def _add(into: list[int], values: list[int]) -> None:
         into[i] += v
 
 
-def _per_prompt(runs: list[Measurement], key: str) -> dict[tuple, float]:
-    """(workload, temperature, prompt) -> median over repeats of stats[key]."""
+def _per_prompt(runs: list[Measurement], key: "str | Callable[[dict], float]") -> dict[tuple, float]:
+    """(workload, temperature, prompt) -> median over repeats of stats[key] (or of key(stats))."""
     by_prompt: dict[tuple, list[float]] = defaultdict(list)
     for m in runs:
-        by_prompt[(m.workload, m.temperature, m.prompt_index)].append(float(m.stats.get(key) or 0.0))
+        value = key(m.stats) if callable(key) else float(m.stats.get(key) or 0.0)
+        by_prompt[(m.workload, m.temperature, m.prompt_index)].append(value)
     return {k: statistics.median(v) for k, v in by_prompt.items()}
 
 
-def _last_token_s(stats: dict) -> float:
-    """Seconds from sending the request (in-process: from taking the prompt) to its last token, on the
-    client's clock: what a user waits for, the prompt's processing (a draft model's too) included. Measured
+def e2e_tokens_per_s(stats: dict) -> float:
+    """Tokens per second from sending the request (in-process: from taking the prompt) to its last token, on
+    the client's clock: what a user waits for, the prompt's processing (a draft model's too) included. Timed
     alike for every configuration, the bench's own, served or in-process, and any --endpoint's."""
-    return float(stats.get("t_last_token_s") or stats.get("t_total_s") or 0.0)
-
-
-def _per_prompt_e2e(runs: list[Measurement]) -> dict[tuple, float]:
-    """(workload, temperature, prompt) -> median over repeats of tokens per second to the last token."""
-    by_prompt: dict[tuple, list[float]] = defaultdict(list)
-    for m in runs:
-        t = _last_token_s(m.stats)
-        by_prompt[(m.workload, m.temperature, m.prompt_index)].append(m.stats.get("n_generated", 0) / t if t else 0.0)
-    return {k: statistics.median(v) for k, v in by_prompt.items()}
+    t = float(stats.get("t_last_token_s") or stats.get("t_total_s") or 0.0)
+    return stats.get("n_generated", 0) / t if t > 0 else 0.0
 
 
 def summarize_config(config: BenchConfig, runs: list[Measurement], baseline: dict[tuple, float],
@@ -109,7 +100,8 @@ def summarize_config(config: BenchConfig, runs: list[Measurement], baseline: dic
 
 def _e2e_speedup(runs: list[Measurement], baseline: dict[tuple, float]) -> float:
     """Geometric mean over prompts of tokens/s to the last token, over the baseline's on the same prompt."""
-    ratios = [v / baseline[k] for k, v in _per_prompt_e2e(runs).items() if v > 0 and baseline.get(k, 0) > 0]
+    e2e = _per_prompt(runs, e2e_tokens_per_s)
+    ratios = [v / baseline[k] for k, v in e2e.items() if v > 0 and baseline.get(k, 0) > 0]
     return round(_geomean(ratios), 4)
 
 
@@ -150,7 +142,8 @@ def summarize(configs: list[BenchConfig], results: list[Measurement], memory: di
 
             baselines = {b: _per_prompt([m for m in by_config[b] if keep(m)], "tokens_per_s")
                          for b in {c.baseline for c in configs}}
-            e2e = {b: _per_prompt_e2e([m for m in by_config[b] if keep(m)]) for b in {c.baseline for c in configs}}
+            e2e = {b: _per_prompt([m for m in by_config[b] if keep(m)], e2e_tokens_per_s)
+                   for b in {c.baseline for c in configs}}
             group = [{**summarize_config(c, [m for m in by_config[c.name] if keep(m)], baselines[c.baseline],
                                          e2e[c.baseline]),
                       "workload": workload, "temperature": t, "memory_bytes": config_memory(c, memory)}
