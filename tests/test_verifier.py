@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from specserve.config import SamplingParams
+from specserve.config import SamplingParams, verify_method
 from specserve.sampling import Sampler, candidates
 from specserve.verifier import verify, verify_greedy
 
@@ -98,6 +98,27 @@ def test_acceptance_probability():
     assert abs(rate_q - 0.5) < 0.015
     assert abs(rate_onehot - 0.3) < 0.015 and abs(rate_onehot_gumbel - 0.3) < 0.015
     assert abs(rate_coupled - 0.7) < 0.015 and abs(rate_rejection_drawn - 0.7) < 0.015
+
+
+def test_auto_verifies_a_seeded_request_by_gumbel_and_an_unseeded_one_by_rejection():
+    # Where the distributions differ over more than two tokens, gumbel's coupling keeps less of a draft model's
+    # tokens than rejection's 1 - TV; a request without a seed has no text to keep, so auto (the default) takes
+    # rejection there, and gumbel where the seed's text is promised.
+    assert verify_method("auto", 7) == "gumbel" and verify_method("auto", None) == "rejection"
+    assert verify_method("gumbel", None) == "gumbel" and verify_method("rejection", 7) == "rejection"
+    with pytest.raises(ValueError, match="verify method"):
+        verify_method("coupled", None)
+    p, q = [0.4, 0.3, 0.2, 0.1, 0, 0], [0.1, 0.2, 0.3, 0.4, 0, 0]  # TV 0.4: rejection keeps 0.6
+    logits = np.stack([logp(p)] * 2)
+
+    def kept(make, n=20000):
+        return np.mean([verify([draw_coupled(q, s, 0)], q_rows(q), logits, s, 0).n_accepted
+                        for s in (make(i) for i in range(n))])
+    unseeded = kept(lambda i: Sampler(T1))  # the default method, no seed: each sampler draws its own noise
+    seeded = kept(lambda i: Sampler(SamplingParams(temperature=1.0, seed=i)))
+    assert Sampler(T1).method == "rejection" and Sampler(SamplingParams(temperature=1.0, seed=1)).method == "gumbel"
+    assert abs(unseeded - 0.6) < 0.015
+    assert 0.6 / 1.4 - 0.015 < seeded < unseeded - 0.04  # (1 - TV) / (1 + TV) <= gumbel's, measurably below
 
 
 @pytest.mark.parametrize("method", METHODS)

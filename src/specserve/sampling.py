@@ -21,7 +21,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .config import DEFAULT_VERIFY, VERIFY_METHODS, SamplingParams
+from .config import DEFAULT_VERIFY, SamplingParams, verify_method
 from .processors import LogitRules
 
 _TOP_P_CANDIDATES = 1024  # without top-k, top-p sorts only this many first (all of them if they miss top_p)
@@ -284,9 +284,7 @@ class Sampler:
     """
 
     def __init__(self, params: SamplingParams, method: str = DEFAULT_VERIFY):
-        if method not in VERIFY_METHODS:
-            raise ValueError(f"verify method must be one of {', '.join(VERIFY_METHODS)}, got {method!r}")
-        self.params, self.method = params, method
+        self.params, self.method = params, verify_method(method, params.seed)  # gumbel or rejection
         self.rules = LogitRules.of(params)
         self.noise = Noise(params.seed if params.seed is not None else secrets.randbits(64))
         self._argmax = _inverse_temperature(params) == np.inf  # greedy (or as good as)

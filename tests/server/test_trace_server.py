@@ -152,3 +152,20 @@ def test_a_repeated_request_traces_its_copy_to_the_earlier_answer(server):
     copied = [e for e in again["speculative_trace"] if e["source"] == "suffix"]
     assert copied and all(e["from"]["same_request"] and e["from"]["continuations"] == 1 for e in copied)
     assert {e["from"]["requests_ago"] for e in copied} == {2}  # the other request came between
+
+
+@pytest.mark.parametrize("seed,asked,used", [
+    (3, None, "gumbel"),  # a seeded request keeps the seed's text: gumbel
+    (None, None, "rejection"),  # llama-server's -1 (or none at all): nothing to keep, rejection keeps more
+    (-1, None, "rejection"),
+    (None, "gumbel", "gumbel"),  # asked for by name: as asked
+    (3, "rejection", "rejection"),
+], ids=["seeded", "unseeded", "seed-minus-one", "asked-gumbel", "asked-rejection"])
+def test_the_default_verify_is_told_apart_by_the_seed_and_usage_names_the_one_used(server, seed, asked, used):
+    body = {"model": "fixed", "prompt": "the cat sat on the", "temperature": 0.8, "n_predict": 12,
+            "cache_prompt": False, **({"seed": seed} if seed is not None else {}),
+            **({"speculative": {"verify": asked}} if asked else {})}
+    out = json.loads(post(server, "/completion", body))
+    assert out["speculative"]["verify"] == used and out["speculative"]["drafted"] > 0
+    props = httpx.get(server.url + "/props").json()  # the server's default, as a request that sets nothing gets it
+    assert props["default_generation_settings"]["params"]["speculative"]["verify"] == "auto"

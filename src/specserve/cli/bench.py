@@ -82,8 +82,9 @@ def add_parser(sub) -> None:
     g.add_argument("--seed", type=int, default=0, metavar="S", help="base of the per-prompt seeds (default 0)")
     g.add_argument("--ignore-eos", action="store_true", help="always generate N tokens")
     g.add_argument("--verify", choices=VERIFY_METHODS, default=DEFAULT_VERIFY,
-                   help="sampled verification: gumbel (default: the text for a seed is the target alone's, "
-                        "whatever is speculated) or rejection (accepts more of a draft model's tokens)")
+                   help="sampled verification (default auto: gumbel, as the bench seeds every prompt); rejection "
+                        "measures what a request without a seed gets under auto: more of a draft model's tokens "
+                        "kept, a different text for a seed in each configuration")
     g.add_argument("--no-auto-profile", action="store_true",
                    help="auto starts from its priors (a fresh process's first requests) and keeps nothing; by "
                         "default it starts from, and adds to, what it learnt on these models before")

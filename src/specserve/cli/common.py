@@ -65,8 +65,9 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft-p-min", "--spec-draft-p-min", dest="draft_p_min", type=float, default=0.0,
                    metavar="P", help="stop drafting where the draft's top probability is below P (default 0)")
     g.add_argument("--verify", choices=VERIFY_METHODS, default=DEFAULT_VERIFY,
-                   help="sampled verification: gumbel (default: the text for a seed is the target alone's, "
-                        "whatever is speculated) or rejection (accepts more of a draft model's tokens)")
+                   help="sampled verification: auto (default: gumbel for a request with a seed, rejection for one "
+                        "without), gumbel (the text for a seed is the target alone's, whatever is speculated) "
+                        "or rejection (keeps more of a draft model's tokens; which text a seed gives varies)")
     g.add_argument("--no-auto-profile", action="store_true",
                    help="start --spec auto from its priors: neither read nor write what it learnt on these "
                         "models before (kept in ~/.cache/specserve/auto)")

@@ -88,8 +88,9 @@ def vllm_config(spec: str, draft_model: str | None = None, draft_max: int | None
                 ngram_max: int = 4, suffix_tree_depth: int = 24, cross_request: bool = True,
                 hf_draft: str | None = None) -> Export:
     """vLLM's speculative config for specserve's settings, and notes on what does not carry over."""
-    notes = ["vLLM verifies with rejection sampling (specserve's --verify rejection); specserve's default, "
-             "gumbel, which keeps the text for a seed whatever is drafted, has no vLLM counterpart"]
+    notes = ["vLLM verifies with rejection sampling (specserve's --verify rejection, and its default for a "
+             "request without a seed); gumbel, which keeps the text for a seed whatever is drafted (specserve's "
+             "default for a request with one), has no vLLM counterpart"]
     if spec == "auto":
         notes.append(f"--spec auto picks drafter and length per step; vLLM has one method per server: exported as "
                      f"{AUTO_FALLBACK} (bench the draft model and suffix exports too, with specserve bench --endpoint)")

@@ -11,6 +11,7 @@ import anyio
 from pydantic import field_validator, model_validator
 
 from ...chat import ChatTemplateError
+from ...config import verify_method
 from ...prompt import chat_tokens
 from ..core.constraints.tools import ToolRequest, template_input
 from ..core.params import SAMPLING_FIELDS, SPEC_FIELDS, Limit, sampling_params, spec_params
@@ -177,7 +178,7 @@ def params_of(state, fields: Generation, profile: Profile, key_scope: str | None
     if spec is None:
         spec = fields.speculative.asked() if fields.speculative is not None else {}
     spec_p, verify = spec_params(spec, profile, state.engine.draft is not None, key_scope)
-    return sampling, described, spec_p, verify
+    return sampling, described, spec_p, verify_method(verify, sampling.seed)  # auto told apart by the seed
 
 
 def first_limit(fields: Fields, keys: tuple[str, ...]) -> Limit | None:
