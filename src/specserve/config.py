@@ -39,6 +39,8 @@ def verify_method(method: str, seed: int | None) -> str:
     if method == "auto":
         return "gumbel" if seed is not None else "rejection"
     return method
+
+
 # --draft-ctx: the draft model's cache holds the sequence's first tokens and its most recent ones, this many
 # cells in all (drafters/window.py; 0: the whole context). Why 4096, measured: docs/draft-window.md ("The default").
 DRAFT_CTX_DEFAULT = 4096
