@@ -8,6 +8,7 @@ import pytest
 from specserve import learned
 from specserve.config import SpecParams
 from specserve.auto import Controller
+from specserve.auto.cost import STALE, STALE_MIN, CostModel
 from test_controller import SCENARIOS, Scenario, const, curve, simulate
 
 # the reference pair on this project's CPU: Qwen2.5-Coder 1.5B F16 target passes (measured, ms),
@@ -261,3 +262,66 @@ def test_engine_load_calibrates_a_saved_drafting_cost(tiny_paths, tmp_path, monk
     b = ctl.draft_coef("draft", ctl.verify.table(4))[1]
     again.close()
     assert ctl.loaded and 1e-5 < b < 0.5  # the tiny draft's measured token: well under a millisecond to tens
+
+
+def busy_first_run(model_files, tmp_path) -> learned.ProfileStore:
+    """The profile a newcomer's first run left on a busy machine (issue 60): its 1-token passes measured
+    all run long, its 2- and 3-token passes once each, early, while another program held the cores
+    (17 and 53 of its 1-token passes); auto drafted no more after them, so never measured them again."""
+    st = store(model_files, tmp_path)
+    ctl = Controller(st)
+    v1 = REFERENCE.verify(1)
+    ctl.verify = CostModel.from_state({"passes": [[1, v1, 190, 200], [2, 17 * v1, 1, 6], [3, 53 * v1, 1, 9]],
+                                       "tick": 200})
+    ctl.save()
+    return store(model_files, tmp_path)
+
+
+def test_a_profile_from_a_busy_first_run_drafts_again_within_the_first_request(model_files, tmp_path):
+    """Issue 60: after a first run on a busy machine the README's main job ran with speculation off on
+    every step, run after run (13 tok/s against 26 from priors). On the quiet machine, the next
+    process's first request drafts with the draft model again and makes at least 0.9x what the
+    priors make."""
+    s = type(REFERENCE)(**{**REFERENCE.__dict__, "n_requests": 1})
+    spec = SpecParams(draft_max=s.cap)
+    busy = Controller(busy_first_run(model_files, tmp_path))
+    assert busy.load()
+    run = simulate(s, lambda: busy.policy(spec, s.names), seed=5)
+    fresh = Controller()
+    priors = simulate(s, lambda: fresh.policy(spec, s.names), seed=5)
+    drafted = [d for _, d, _ in run.steps if d == "draft"]
+    assert len(drafted) > 0.5 * len(run.steps)
+    assert run.tokens_per_s >= 0.9 * priors.tokens_per_s
+    # and what it measured replaces the busy minute's: a 2-token pass costs what it costs now
+    assert busy.verify.table(3)[2] < 1.5 * s.verify(2)
+
+
+def test_a_pass_costs_at_most_its_tokens_one_by_one():
+    """A 2-token pass measured at 17 one-token passes (another program held the cores) is an outlier:
+    it is recorded at the bound physics allows, and the fit never stands above n one-token passes."""
+    m = CostModel()
+    for _ in range(20):
+        m.add(1, 0.1)
+    m.add(2, 1.7)
+    m.add(9, 30.0)
+    tab = m.table(9)
+    assert tab[2] <= 0.2 + 1e-12 and tab[9] <= 0.9 + 1e-12
+    loaded = CostModel.from_state({"passes": [[1, 0.1, 20, 30], [4, 5.0, 1, 29]], "tick": 30})
+    assert loaded.table(4)[4] <= 0.4 + 1e-12
+
+
+def test_an_estimate_far_above_the_prior_shape_is_rechecked_soon():
+    """The further a pass length's estimate stands above what passes usually cost, the sooner it goes
+    stale (and its cost is extrapolated again, optimistically); one near the prior shape lasts STALE passes."""
+    m = CostModel()
+    for _ in range(20):
+        m.add(1, 0.1)
+        m.add(5, 0.4)  # 4x a 1-token pass: 2.2x the prior shape (1.8x)
+        m.add(3, 0.13)  # below the prior shape
+    assert m.stale_after(3) == STALE and STALE_MIN <= m.stale_after(5) < STALE / 4
+    for _ in range(m.stale_after(5) + 1):
+        m.add(1, 0.1)
+        m.add(3, 0.13)
+    tab = m.table(5)
+    assert tab[5] < 0.25  # 0.13 + half the slope between 1 and 3 for each token past 3
+    assert tab[3] == pytest.approx(0.13)

@@ -15,9 +15,13 @@ import bisect
 
 _G_COST = 0.95  # per-step decay of the drafting-cost regression
 _LOADED_OBS = 4  # the most observations a loaded pass-cost estimate counts as
-# passes after which a pass length not measured since is stale: past the longest fresh one it is
-# forgotten (extrapolated from the fresh ones, optimistically) until a pass of it measures it anew
+# passes after which a pass length not measured since is stale, at most: it is left out of the fit
+# (interpolated or extrapolated from the fresh ones, optimistically) until a pass of it measures it anew
 STALE = 512
+STALE_MIN = 16  # the soonest an estimate far above the prior shape goes stale
+# the prior shape of a pass's cost: each token past the first adds this share of a 1-token pass (what the fit
+# extrapolates with before two pass lengths are measured; a CPU's F16 passes measure about 0.16, a GPU's ~0)
+PRIOR_PER_TOKEN = 0.2
 
 
 class DraftCost:
@@ -123,9 +127,20 @@ class VerifyCost:
 
     A long pass measured once in a slow spell and never since would price long drafts out for
     good: they are never planned, so never measured again (a profile saved after prose, where
-    no long draft ran for thousands of passes, then a code edit). So an n not measured in
-    STALE passes is left out of the fit where it lies past every fresh n: its cost is
-    extrapolated, optimistically, and the next pass over it starts its estimate anew.
+    no long draft ran for thousands of passes, then a code edit; a first run on a busy machine,
+    whose 2-token pass cost 17 of its 1-token ones). Three rules keep such an estimate from
+    outliving the spell:
+    - physics: a pass over n tokens costs at most n passes over one (the batch runs the same
+      work, with the weights read once). A measurement above that is an outlier, recorded at
+      the bound, and the fit never stands above it;
+    - an n not measured in `stale_after(n)` passes is left out of the fit: its cost is
+      interpolated between fresh ones or extrapolated past them, optimistically, and the next
+      pass over it starts its estimate anew;
+    - `stale_after(n)` is STALE for an estimate at or below the prior shape (PRIOR_PER_TOKEN),
+      and shrinks with the square of how far it stands above it, to STALE_MIN: an estimate that
+      keeps drafting off is re-checked soon, one near what passes usually cost rarely.
+    A saved profile's estimates keep their ticks, so a loaded estimate far above the prior
+    shape is stale as soon as the passes since it was measured say so (learned.py).
     """
 
     stale = STALE  # passes after which an n not measured since is stale
@@ -135,23 +150,27 @@ class VerifyCost:
         self._keys: list[int] = []  # measured n, sorted
         self._tick = self._built = 0  # passes measured: all, and when the table was last built
         self._table: list[float] | None = None
+        self._soonest = self.stale  # the fewest passes after which an estimate of the table goes stale
         self.batching = 1.0  # (seconds per extra token) / (seconds of a 1-token pass)
 
     def add(self, n: int, t: float) -> None:
         self._tick += 1
+        one = self._m.get(1)
+        if n > 1 and one is not None:
+            t = min(t, n * one[0])  # an outlier (a preempted pass): no batch costs more than its tokens one by one
         m = self._m.get(n)
-        if m is None or self._tick - m[2] > self.stale:  # new, or stale: measured anew
+        if m is None or self._tick - m[2] > self.stale_after(n):  # new, or stale: measured anew
             if m is None:
                 bisect.insort(self._keys, n)
             self._m[n], self._table = [t, 1, self._tick], None
             return
         m[1], m[2] = m[1] + 1, self._tick
         m[0] += (min(t, 3 * m[0]) - m[0]) * max(0.05, 1 / m[1])  # clipped: a preempted pass
-        # rebuilt when an estimate moved by more than 2%, at most every 8 passes, and every
-        # STALE / 4 passes (an estimate may have gone stale)
+        # rebuilt when an estimate moved by more than 2%, at most every 8 passes, and every quarter
+        # of the soonest staleness (an estimate may have gone stale)
         tab, since = self._table, self._tick - self._built
         if tab is not None and since >= 8 and (
-                n >= len(tab) or abs(m[0] - tab[n]) > 0.02 * tab[n] or 4 * since >= self.stale):
+                n >= len(tab) or abs(m[0] - tab[n]) > 0.02 * tab[n] or 4 * since >= self._soonest):
             self._table = None
 
     def table(self, n_max: int) -> list[float] | None:
@@ -164,9 +183,11 @@ class VerifyCost:
         if not keys:
             return None
         w = [max(min(self._m[n][1], 20) * 0.99 ** (self._tick - self._m[n][2]), 1e-6) for n in keys]
-        fit = dict(zip(keys, _isotonic([self._m[n][0] for n in keys], w)))
         lo, hi = keys[0], keys[-1]
-        slope = (fit[hi] - fit[lo]) / (hi - lo) if hi > lo else 0.4 * fit[lo] / lo  # a guess before two n
+        fit = dict(zip(keys, _isotonic([self._m[n][0] for n in keys], w)))
+        fit = {n: min(t, fit[lo] * n / lo) for n, t in fit.items()}  # physics (see the class docstring)
+        # a guess before two n: the prior shape, which the extrapolation below halves
+        slope = (fit[hi] - fit[lo]) / (hi - lo) if hi > lo else 2 * PRIOR_PER_TOKEN * fit[lo] / lo
         tab = [0.0] * (n_max + 1)
         for n in range(1, n_max + 1):
             j = bisect.bisect_left(keys, n)
@@ -181,12 +202,22 @@ class VerifyCost:
         self.batching = (tab[n_max] - tab[1]) / ((n_max - 1) * tab[1]) if n_max > 1 else 1.0
         return tab
 
+    def stale_after(self, n: int) -> int:
+        """Passes after which the estimate of n, not measured since, is stale: STALE at or below the prior
+        shape (PRIOR_PER_TOKEN over the shortest measured pass), fewer the further above it it stands."""
+        lo = self._keys[0] if self._keys else n
+        if n <= lo:
+            return self.stale
+        base = self._m[lo][0] / (1 + PRIOR_PER_TOKEN * (lo - 1))  # a 1-token pass, as the shortest measured says
+        est = min(self._m[n][0], base * n)  # physics
+        r = est / (base * (1 + PRIOR_PER_TOKEN * (n - 1)))
+        return self.stale if r <= 1 else max(int(self.stale / (r * r)), STALE_MIN)
+
     def _fresh_keys(self) -> list[int]:
-        """The measured n the fit uses: all but the stale ones past the longest fresh one."""
-        keys, tick = self._keys, self._tick
-        fresh = (j for j in range(len(keys) - 1, -1, -1) if tick - self._m[keys[j]][2] <= self.stale)
-        last = next(fresh, len(keys) - 1)
-        return keys[:last + 1]
+        """The measured n the fit uses: the fresh ones (all, while none is)."""
+        after = {n: self.stale_after(n) for n in self._keys}
+        self._soonest = min(after.values(), default=self.stale)
+        return [n for n in self._keys if self._tick - self._m[n][2] <= after[n]] or self._keys
 
     def state(self) -> dict:
         return {"passes": [[n, *self._m[n]] for n in self._keys], "tick": self._tick}
