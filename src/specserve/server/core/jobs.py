@@ -12,6 +12,7 @@ the slot back. When a drain's deadline passes, the next step of every job raises
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import AsyncIterator
@@ -20,6 +21,8 @@ import anyio
 from starlette.requests import Request
 
 from ...chat import ChatTemplateError
+from ...config import SamplingParams
+from ...processors import LogitRules, with_bias_text
 from ...slot import Chunk
 from ...logprobs import TokenLogprob
 from ...prompt import chat_tokens
@@ -55,6 +58,18 @@ def prompt_ids(model, req: GenRequest, template_kwargs: dict | None = None) -> l
     if bad:
         raise bad_request(f"token id {bad[0]} is outside the vocabulary [0, {model.vocab.n_vocab})", "prompt")
     return list(req.prompt)
+
+
+def _prepare(model, req: GenRequest, template_kwargs: dict | None) -> tuple[list[int], SamplingParams]:
+    """Off the event loop: the prompt's tokens, and the sampling with its logit_bias text tokenized and
+    checked against the vocabulary (400 `logit_bias` for a bias that leaves no token possible)."""
+    tokens = prompt_ids(model, req, template_kwargs)
+    try:
+        sampling = with_bias_text(req.sampling, model)
+        LogitRules.check(sampling, model.vocab.n_vocab)
+    except ValueError as e:
+        raise bad_request(str(e), "logit_bias") from None
+    return tokens, sampling
 
 
 class Job:
@@ -241,7 +256,9 @@ async def start(state, req: GenRequest, request: Request | None = None) -> Job:
         raise queue_full(scheduler.pool)
     scheduler.enter()  # from here the request counts as in flight: a drain waits for it
     try:
-        tokens = await anyio.to_thread.run_sync(prompt_ids, engine.target, req, state.settings.template_kwargs)
+        tokens, sampling = await anyio.to_thread.run_sync(_prepare, engine.target, req, state.settings.template_kwargs)
+        if sampling is not req.sampling:
+            req = dataclasses.replace(req, sampling=sampling)
         if not tokens:
             raise bad_request("the prompt is empty after tokenization", "prompt")
         req = fit_context(req, len(tokens), engine.n_ctx)  # a prompt that leaves no room: 400

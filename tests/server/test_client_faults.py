@@ -1,0 +1,127 @@
+"""What a client's own input causes is the client's error (issue 63, the fourth hardening round): a 4xx in its
+API's shape, never a 500, and never work the server does for nothing or on its event loop.
+
+One server: tiny models, two slots. Tests that need another set-up start their own.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from server_fixtures import ServerProcess, serve_args, tiny_models_dir  # noqa: E402,F401
+
+pytestmark = pytest.mark.server
+
+C, CH, L, M = "/v1/completions", "/v1/chat/completions", "/completion", "/v1/messages"
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_models_dir, tmp_path_factory):
+    srv = ServerProcess(serve_args(tiny_models_dir, "-c", "2048", "--parallel", "2"),
+                        tmp_path_factory.mktemp("faults") / "serve.log")
+    yield srv
+    assert srv.stop() == 0
+    assert "Traceback" not in srv.log()
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def n_vocab(http) -> int:
+    message = http.post("/detokenize", json={"tokens": [10**9]}).json()["error"]["message"]
+    return int(re.search(r"\[0, (\d+)\)", message).group(1))
+
+
+def _post(http, path: str, body: dict) -> httpx.Response:
+    """`body` sent as Python's json writes it: inf as Infinity, which the server's parser reads as llama-server's
+    does an overflowing number (1e999)."""
+    return http.post(path, content=json.dumps(body), headers={"Content-Type": "application/json"})
+
+
+def _status(r: httpx.Response, status: int, param: str | None = None) -> dict:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    if param is not None:
+        assert err["param"] == param, err
+    return err
+
+
+@pytest.mark.parametrize("path, body", [
+    (L, {"prompt": "hi", "n_predict": 2}), (L, {"prompt": "hi", "n_predict": 2, "stream": True}),
+    (C, {"prompt": "hi", "max_tokens": 2}), (C, {"prompt": "hi", "max_tokens": 2, "stream": True}),
+    (CH, {"messages": HI, "max_tokens": 2}), (CH, {"messages": HI, "max_tokens": 2, "stream": True}),
+])
+def test_a_bias_past_float32_or_forbidding_every_token_is_a_400_on_every_api(http, n_vocab, path, body):
+    """Issue 63 N3: logit_bias [[28, 1e308]], false on every token or -1e300 on all gave 500 NonFiniteLogits."""
+    listed = path == L
+    huge = [[28, 1e308]] if listed else {"28": 1e308}
+    _status(_post(http, path, {**body, "logit_bias": huge}), 400, "logit_bias[0]" if listed else "logit_bias.28")
+    everything = [[t, False] for t in range(n_vocab)] if listed else {str(t): False for t in range(n_vocab)}
+    err = _status(_post(http, path, {**body, "logit_bias": everything}), 400, "logit_bias")
+    assert "forbids every one" in err["message"]
+    low = [[t, -1e300] for t in range(n_vocab)] if listed else {str(t): -1e300 for t in range(n_vocab)}
+    _status(_post(http, path, {**body, "logit_bias": low}), 400)
+
+
+def test_an_infinite_bias_forces_its_token_and_false_on_all_but_one_leaves_that_one(http, n_vocab):
+    forced = _post(http, L, {"prompt": "hi", "n_predict": 3, "logit_bias": [[7, 1e999]], "temperature": 0.9,
+                             "return_tokens": True, "ignore_eos": True})
+    assert forced.status_code == 200, forced.text
+    assert forced.json()["tokens"] == [7, 7, 7]
+    one_left = {"prompt": "hi", "n_predict": 2, "ignore_eos": True,
+                "logit_bias": [[t, False] for t in range(n_vocab) if t != 9]}
+    r = _post(http, L, {**one_left, "return_tokens": True})
+    assert r.status_code == 200 and r.json()["tokens"] == [9, 9], r.text
+
+
+@pytest.mark.parametrize("key", ["²", "--5", "٣", "1_0"])
+@pytest.mark.parametrize("path, body", [
+    (CH, {"messages": HI, "max_tokens": 2}), (L, {"prompt": "hi", "n_predict": 2}),
+    (M, {"model": "x", "messages": HI, "max_tokens": 2}),
+])
+def test_a_key_that_is_not_an_ascii_integer_is_text_to_bias(http, path, body, key):
+    """Issue 63 N4: keys that str.isdigit() took and int() refused gave 500; llama-server tokenizes them."""
+    r = http.post(path, json={**body, "logit_bias": {key: 1}})
+    assert r.status_code == 200, r.text
+
+
+def test_logit_bias_past_its_size_limits_is_refused_before_any_work(http):
+    """Issue 63 N2: 120,000 text keys stalled the server 3.9 s, one 3.9 MB key 2.4 s."""
+    many = {f"w{i}": 1 for i in range(120_000)}
+    err = _status(http.post(CH, json={"messages": HI, "max_tokens": 2, "logit_bias": many}), 400, "logit_bias")
+    assert err["code"] == "logit_bias_too_large"
+    err = _status(http.post(L, json={"prompt": "hi", "logit_bias": [["ab " * 40_000, 1]]}), 400, "logit_bias")
+    assert err["code"] == "logit_bias_too_large"
+
+
+def test_health_answers_while_a_long_logit_bias_text_is_tokenized(server, http):
+    """Ordering, not speed: the text is tokenized off the event loop."""
+    done = threading.Event()
+    answers: list[httpx.Response] = []
+    keys = {f"w{i:04x}": 0.5 for i in range(12_000)}  # 60,000 characters, within the limits
+
+    def run():
+        with httpx.Client(base_url=server.url, timeout=120) as c:
+            answers.append(c.post(CH, json={"messages": HI, "max_tokens": 2, "logit_bias": keys}))
+        done.set()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    health_during = 0
+    while not done.wait(0.02):
+        health_during += http.get("/health").status_code == 200 and not done.is_set()
+    thread.join()
+    assert answers[0].status_code == 200, answers[0].text
+    assert health_during >= 1
