@@ -125,3 +125,28 @@ def test_health_answers_while_a_long_logit_bias_text_is_tokenized(server, http):
     thread.join()
     assert answers[0].status_code == 200, answers[0].text
     assert health_during >= 1
+
+
+@pytest.mark.parametrize("path", ["/v1/responses", "/v1/responses/input_tokens"])
+@pytest.mark.parametrize("content, param", [
+    ([{"type": "reasoning_text", "text": 5}], "input[1].content[0].text"),
+    (5, "input[1].content"),
+    (["thought"], "input[1].content[0].text"),
+])
+def test_a_reasoning_item_without_text_content_is_a_400_naming_it(http, path, content, param):
+    """Issue 63 N5: a reasoning item whose content was not text parts gave 500 TypeError."""
+    body = {"model": "x", "input": [{"role": "user", "content": "hi"}, {"type": "reasoning", "content": content}],
+            "max_output_tokens": 2}
+    _status(http.post(path, json=body), 400, param)
+
+
+@pytest.mark.parametrize("arguments", ["NaN", "[1,2]", "7"])
+def test_apply_template_renders_a_past_call_whose_arguments_are_not_an_object_as_chat_does(http, arguments):
+    """Issue 63 N6: /apply-template gave 500 where the chat itself (the generic form) answers 200."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "done"}]
+    r = http.post("/apply-template", json={"messages": messages})
+    assert r.status_code == 200, r.text
+    assert f'"arguments": {json.dumps(json.loads(arguments))}' in r.json()["prompt"]  # the generic form's call
+    assert http.post(CH, json={"messages": messages, "max_tokens": 2}).status_code == 200

@@ -150,12 +150,15 @@ def render_chat(model, messages: list, tools: list | None, add_generation_prompt
     bos = v.token_texts[v.bos] if v.bos is not None else ""
     eos = v.token_texts[v.eos] if v.eos is not None else ""
     cont = prefilled(msgs, add_generation_prompt, continue_final)
-    msgs = validate_messages(prefill_joined(messages, cont))
-    msgs, tools = template_input(model, msgs, tools)
     try:
+        # the messages as sent, as a chat request gives them: validated messages hold parsed tool-call
+        # arguments, which a second validation (the generic form's) takes only where they are objects
+        msgs, tools = template_input(model, prefill_joined(messages, cont), tools)
         return render(msgs, model.metadata.get("tokenizer.chat_template"), bos, eos,
                       add_generation_prompt=add_generation_prompt is not False, tools=tools,
                       continue_final=cont, template_kwargs=template_kwargs)
+    except MessageError as e:
+        raise bad_request(str(e), e.param, e.code) from None
     except ChatTemplateError as e:
         raise bad_request(str(e), "messages") from None
 
