@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from server_fixtures import ServerProcess, serve_args, tiny_models_dir  # noqa: E402,F401
+from server_fixtures import ServerProcess, serve_args, tiny_models_dir, wait_for  # noqa: E402,F401
 
 pytestmark = pytest.mark.server
 
@@ -150,3 +150,49 @@ def test_apply_template_renders_a_past_call_whose_arguments_are_not_an_object_as
     assert r.status_code == 200, r.text
     assert f'"arguments": {json.dumps(json.loads(arguments))}' in r.json()["prompt"]  # the generic form's call
     assert http.post(CH, json={"messages": messages, "max_tokens": 2}).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def vertex(tiny_models_dir, tmp_path_factory):
+    """Vertex AI's /predict (AIP_MODE=PREDICTION): two slots, a queue of four."""
+    srv = ServerProcess(serve_args(tiny_models_dir, "-c", "8192", "--parallel", "2", "--queue", "4"),
+                        tmp_path_factory.mktemp("vertex") / "serve.log", env={"AIP_MODE": "PREDICTION"})
+    yield srv
+    assert srv.stop() == 0
+    assert "Traceback" not in srv.log()
+
+
+LONG_INSTANCES = {"instances": [{"@requestFormat": "completion", "prompt": f"the cat {i}", "n_predict": 8000,
+                                 "ignore_eos": True} for i in range(16)]}
+
+
+def _busy(srv) -> int:
+    return httpx.get(srv.url + "/health").json()["slots_processing"]
+
+
+def test_predict_stops_its_instances_when_the_client_leaves(vertex):
+    """Issue 63 N9: 128 instances dropped after 1 s went on running ~30 s, slots and queue full."""
+    with pytest.raises(httpx.ReadTimeout), httpx.Client(base_url=vertex.url, timeout=1.0) as c:
+        c.post("/predict", json=LONG_INSTANCES)
+    assert wait_for(lambda: _busy(vertex) == 0, timeout=5), _busy(vertex)
+
+
+def test_one_predict_request_leaves_other_clients_a_slot(vertex):
+    """Issue 63 N9: one request filled every slot and the queue: another client got 503, then waited 23.6 s."""
+    def predict_then_leave():
+        with httpx.Client(base_url=vertex.url, timeout=3.0) as c:
+            try:
+                c.post("/predict", json=LONG_INSTANCES)
+            except httpx.ReadTimeout:
+                pass
+
+    gone = threading.Thread(target=predict_then_leave)
+    gone.start()
+    try:
+        assert wait_for(lambda: _busy(vertex) >= 1, timeout=3)
+        other = httpx.post(vertex.url + "/completion", json={"prompt": "hi", "n_predict": 4}, timeout=60)
+        assert other.status_code == 200, other.text
+        assert other.elapsed.total_seconds() < 2  # ran at once, on the slot the request left free
+    finally:
+        gone.join()
+    assert wait_for(lambda: _busy(vertex) == 0, timeout=5)
