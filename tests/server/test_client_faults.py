@@ -229,3 +229,22 @@ def test_health_answers_at_once_while_a_large_detokenize_answer_is_built(server)
     assert len(took) >= 3 and max(took) < 0.4, (len(took), max(took))
     r = httpx.post(server.url + "/tokenize", json={"content": "the cat sat", "with_pieces": True})
     assert [t["piece"] for t in r.json()["tokens"]] and "".join(t["piece"] for t in r.json()["tokens"]) == "the cat sat"
+
+
+def test_a_stream_dropped_and_sent_again_at_once_finds_its_own_cache(server, http):
+    """Issue 63 N10: re-sent at once, a stream's prompt (1,830 tokens) missed its own cache in 1 of 2 tries: its
+    slot was still being given back, and the request took the other one."""
+    base = "the cat sat on the mat and the dog ran in the park " * 400
+    n = len(http.post("/tokenize", json={"content": base}).json()["tokens"])
+    base = " ".join(base.split()[: int(len(base.split()) * 1700 / n)])
+    for attempt in range(6):
+        prompt = f"{attempt} {attempt} {base}"  # its own prompt: no slot holds any of it yet
+        with httpx.Client(base_url=server.url, timeout=60) as c, \
+                c.stream("POST", L, json={"prompt": prompt, "n_predict": 200, "ignore_eos": True,
+                                          "stream": True}) as s:
+            lines = (line for line in s.iter_lines() if line.startswith("data: "))
+            for _ in range(5):
+                next(lines)
+        again = http.post(L, json={"prompt": prompt, "n_predict": 1}).json()
+        assert again["tokens_cached"] >= again["tokens_evaluated"] - 2, (attempt, again["tokens_cached"],
+                                                                         again["tokens_evaluated"])

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import time
 from typing import AsyncIterator
 
@@ -39,6 +40,7 @@ log = logging.getLogger("specserve.server")
 CLIENT_GONE = 499  # nginx's "client closed request": nobody reads it, the log and metrics do
 DISCONNECT_CHECK_S = 0.25  # how often a non-streamed generation asks whether its client is still there
 ADMIT_GRACE_S = 0.1  # how long a request that finds slots and queue full waits for a place before 503
+RESEND_GRACE_S = 0.5  # how long a request waits for an ended request's slot that holds more of its prompt
 
 
 def prompt_ids(model, req: GenRequest, template_kwargs: dict | None = None) -> list[int]:
@@ -99,6 +101,11 @@ class Job:
         # who produced each token, when the request asks (speculative.trace): fed every chunk by chunks()
         self.tracer = (Tracer(state.engine.target.token_bytes, keep=not req.stream, skip=len(req.sampling.heal))
                        if req.spec.trace else None)
+
+    @property
+    def ending(self) -> bool:
+        """Whether the request has ended (finish() called): its slot is on its way back."""
+        return self._finished
 
     @property
     def finish_reason(self) -> str:
@@ -245,6 +252,39 @@ async def _acquire(pool: SlotPool, tokens: list[int], request: Request | None, i
     return acquire.result()
 
 
+def _ending_with_more(state, tokens: list[int], scope: str) -> int:
+    """The slot (-1: none) whose request has ended and which is on its way back, holding more of `tokens`
+    than any free slot can give."""
+    pool = state.scheduler.pool
+    most = max((pool.reusable(s, tokens, scope) for s in pool.slots if pool.is_free(s)), default=0)
+    found = -1
+    for i, record in enumerate(state.slot_records.slots):
+        job = record.job
+        if job is None or not job.ending or pool.is_free(pool.slots[i]) or not pool.holds(i, scope):
+            continue
+        n = len(os.path.commonprefix([job.prompt_tokens, tokens]))
+        if n > most:
+            found, most = i, n
+    return found
+
+
+async def _own_cache_soon(state, tokens: list[int], request: Request | None, req: GenRequest):
+    """A slot on its way back whose cache holds more of the prompt than any free one, if it is back within
+    RESEND_GRACE_S; else None. A client that drops a stream and sends it again at once arrives while its
+    slot is still being closed (on the engine thread, after the pass under way): without this it took
+    another slot and evaluated its whole prompt again."""
+    if req.id_slot >= 0 or not req.cache_prompt:
+        return None
+    i = _ending_with_more(state, tokens, req.spec.cross_request_scope)
+    if i < 0:
+        return None
+    try:
+        return await asyncio.wait_for(_acquire(state.scheduler.pool, tokens, request, i, req.spec.cross_request_scope),
+                                      RESEND_GRACE_S)
+    except (asyncio.TimeoutError, QueueFull):  # (a queue of 0 has no place to wait in)
+        return None
+
+
 async def start(state, req: GenRequest, request: Request | None = None) -> Job:
     """Validate the prompt, wait for a slot, run the prompt and first step. Raises ApiError.
     With `request`, a client that disconnects while queued is dropped (ApiError(CLIENT_GONE))."""
@@ -265,7 +305,9 @@ async def start(state, req: GenRequest, request: Request | None = None) -> Job:
         req, parting = resolve(req, engine.target, tokens, state.settings.reasoning_format,
                                state.settings.reasoning_budget)
         t_queued = time.perf_counter()
-        slot = await _acquire(scheduler.pool, tokens, request, req.id_slot, req.spec.cross_request_scope)
+        slot = await _own_cache_soon(state, tokens, request, req)
+        if slot is None:
+            slot = await _acquire(scheduler.pool, tokens, request, req.id_slot, req.spec.cross_request_scope)
     except QueueFull:
         scheduler.leave()
         raise queue_full(scheduler.pool) from None
