@@ -248,3 +248,14 @@ def test_a_stream_dropped_and_sent_again_at_once_finds_its_own_cache(server, htt
         again = http.post(L, json={"prompt": prompt, "n_predict": 1}).json()
         assert again["tokens_cached"] >= again["tokens_evaluated"] - 2, (attempt, again["tokens_cached"],
                                                                          again["tokens_evaluated"])
+
+
+def test_a_chat_longer_than_the_context_by_its_messages_alone_is_refused_before_rendering(http):
+    """Issue 63 N11: 40,000 one-word input items took 21 s of rendering and tokenizing before the 400."""
+    items = [{"role": "user", "content": f"w{i}"} for i in range(40_000)]
+    r = http.post("/v1/responses", json={"model": "x", "input": items, "max_output_tokens": 2})
+    err = _status(r, 400)
+    assert err["code"] == "context_length_exceeded"
+    assert r.elapsed.total_seconds() < 3, r.elapsed
+    r = http.post(CH, json={"messages": items[:3000], "max_tokens": 2})  # past 2048 too
+    assert _status(r, 400)["code"] == "context_length_exceeded" and r.elapsed.total_seconds() < 3

@@ -32,7 +32,7 @@ from ..http.errors import ApiError, bad_request
 from .constraints.tools import template_input
 from .metrics import log_request
 from .reasoning import Parting, resolve
-from .request import GenRequest, fit_context
+from .request import GenRequest, exceed_context, fit_context
 from .scheduler import QueueFull, SlotPool, draining, queue_full, stopping
 from .trace import Tracer
 
@@ -43,10 +43,13 @@ ADMIT_GRACE_S = 0.1  # how long a request that finds slots and queue full waits 
 RESEND_GRACE_S = 0.5  # how long a request waits for an ended request's slot that holds more of its prompt
 
 
-def prompt_ids(model, req: GenRequest, template_kwargs: dict | None = None) -> list[int]:
+def prompt_ids(model, req: GenRequest, template_kwargs: dict | None = None, n_ctx: int | None = None) -> list[int]:
     """Tokenize the prompt or render and tokenize the chat (`template_kwargs`: the server's variables for
-    the chat template, under the request's own). Raises ApiError(400)."""
+    the chat template, under the request's own). Raises ApiError(400); with `n_ctx`, a chat whose messages
+    alone cannot fit is refused before its rendering (which takes seconds for tens of thousands of them)."""
     if req.messages is not None:
+        if n_ctx is not None and (least := _least_tokens(req.messages)) >= n_ctx:
+            raise exceed_context(least, n_ctx, "messages")
         try:
             messages, tools = template_input(model, req.messages, req.tools)
             return chat_tokens(model, messages, tools, req.continue_final,
@@ -62,10 +65,16 @@ def prompt_ids(model, req: GenRequest, template_kwargs: dict | None = None) -> l
     return list(req.prompt)
 
 
-def _prepare(model, req: GenRequest, template_kwargs: dict | None) -> tuple[list[int], SamplingParams]:
+def _least_tokens(messages) -> int:
+    """A lower bound on a chat's prompt tokens: each user or tool message with text renders at least one (no
+    template leaves out the user's words). Cheap: the messages are counted, not rendered."""
+    return sum(1 for m in messages if isinstance(m, dict) and m.get("role") in ("user", "tool") and m.get("content"))
+
+
+def _prepare(model, req: GenRequest, template_kwargs: dict | None, n_ctx: int) -> tuple[list[int], SamplingParams]:
     """Off the event loop: the prompt's tokens, and the sampling with its logit_bias text tokenized and
     checked against the vocabulary (400 `logit_bias` for a bias that leaves no token possible)."""
-    tokens = prompt_ids(model, req, template_kwargs)
+    tokens = prompt_ids(model, req, template_kwargs, n_ctx)
     try:
         sampling = with_bias_text(req.sampling, model)
         LogitRules.check(sampling, model.vocab.n_vocab)
@@ -296,7 +305,8 @@ async def start(state, req: GenRequest, request: Request | None = None) -> Job:
         raise queue_full(scheduler.pool)
     scheduler.enter()  # from here the request counts as in flight: a drain waits for it
     try:
-        tokens, sampling = await anyio.to_thread.run_sync(_prepare, engine.target, req, state.settings.template_kwargs)
+        tokens, sampling = await anyio.to_thread.run_sync(_prepare, engine.target, req, state.settings.template_kwargs,
+                                                          engine.n_ctx)
         if sampling is not req.sampling:
             req = dataclasses.replace(req, sampling=sampling)
         if not tokens:
