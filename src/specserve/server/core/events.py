@@ -62,11 +62,13 @@ class Finish:
     """The end. reason: "stop" (end of generation or a stop string), "length" (max_tokens or the
     context), "tool_calls" (the answer ended on complete tool calls: on its own, or on a call that
     repeated one); detail: the `finish_detail` field where the reason alone would not say why (else
-    {}); stats: the counts."""
+    {}); stats: the counts; cut: the tool call cut short where its name was whole (a Call: name and
+    arguments so far), which Anthropic's and the Responses API show as an incomplete block, else None."""
 
     reason: str
     detail: dict
     stats: GenerationStats
+    cut: object = None
 
 
 Event = Union[Reasoning, Text, CallStart, CallArguments, Finish]
