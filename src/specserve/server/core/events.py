@@ -5,7 +5,8 @@ block (`<think>...</think>`, parted once for every API: core/reasoning.py), `Tex
 token ids and, where asked, the trace of who produced each token), `CallStart` and `CallArguments`
 where the request's tools are read back from the text, and one `Finish`. Each piece is final when
 yielded: text that might still turn out to be a marker or a tool call is held back until it is known,
-and a call comes whole, once complete (a call cut by max_tokens never comes: toolcalls.py).
+and a call comes whole, once complete (a call cut by max_tokens never comes as calls do: `Finish.cut`
+names it, for the APIs that show a cut call).
 """
 from __future__ import annotations
 
