@@ -72,7 +72,12 @@ def test_logit_bias_adds_and_skips_tokens_a_smaller_vocabulary_lacks():
     (dict(logit_bias={"a": 1.0}), "logit_bias token ids must be integers"),
     (dict(logit_bias={-1: 1.0}), "logit_bias token ids must be integers"),
     (dict(logit_bias={1: math.nan}), "logit_bias values must be numbers"),
-    (dict(logit_bias={1: math.inf}), "logit_bias values must be numbers"),
+    (dict(logit_bias={1: 1e308}), "logit_bias values must be numbers from"),  # float32 inf: refused, not rounded
+    (dict(logit_bias={1: -1e300}), "logit_bias values must be numbers from"),
+    (dict(logit_bias=[(1, 1e30), (1, 1e30)]), "logit_bias adds up to 2e\\+30 on token 1"),
+    (dict(logit_bias=[(1, math.inf), (1, -math.inf)]), "both forbids .* and forces"),
+    (dict(repeat_penalty=1e-300), "repeat_penalty must be"),  # float32 0: a division by zero
+    (dict(frequency_penalty=-1e300), "frequency_penalty must be"),
     (dict(logit_bias=[[1, 2, 3]]), "logit_bias must map token ids to numbers"),
     (dict(logit_bias=5), "logit_bias must map token ids to numbers"),
     (dict(repeat_penalty=0.0), "repeat_penalty must be"),
@@ -87,6 +92,20 @@ def test_logit_bias_adds_and_skips_tokens_a_smaller_vocabulary_lacks():
 def test_bad_values_are_refused_naming_the_field(kw, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kw)
+
+
+def test_an_infinite_bias_forces_its_tokens_and_nothing_else_is_drawn():
+    """Issue 63 N3: +inf (as llama-server takes it) made the logits inf and the request a 500."""
+    rules = LogitRules(SamplingParams(logit_bias={2: math.inf, 5: math.inf, 3: 1.0}))
+    out = rules.apply(np.arange(8, dtype=np.float32), [])
+    assert out.tolist() == [-math.inf, -math.inf, 2, -math.inf, -math.inf, 5, -math.inf, -math.inf]
+
+
+def test_a_bias_that_forbids_every_token_is_refused_before_generation():
+    """Issue 63 N3: false on every token left no finite logit (500 NonFiniteLogits)."""
+    with pytest.raises(ValueError, match="forbids every one of the model's 8 tokens"):
+        LogitRules.check(SamplingParams(logit_bias={t: -math.inf for t in range(8)}), 8)
+    LogitRules.check(SamplingParams(logit_bias={t: -math.inf for t in range(7)}), 8)  # one left: fine
 
 
 def test_logit_bias_takes_a_mapping_or_pairs():

@@ -19,6 +19,10 @@ GREEDY_TEMPERATURE = 1e-5
 # Past this a distribution is uniform for any real logits; bigger values are refused, not clamped
 # (OpenAI allows [0, 2]; llama-server takes anything, including inf).
 MAX_TEMPERATURE = 100.0
+# the largest finite logit bias (and sum of one token's biases): logits plus it, divided by a repeat penalty and
+# tempered, stay finite in float32 (max 3.4e38); anything past it is refused, never rounded to infinity
+BIAS_LIMIT = 1e30
+MIN_REPEAT_PENALTY = 1e-6  # a positive logit divided by less could pass float32's range
 SEED_LIMIT = 2**64
 # How sampled drafts are verified (verifier.py): gumbel keeps the text a function of the seed
 # whatever is speculated; rejection accepts more of a draft model's tokens (1 - TV a position, against
@@ -75,8 +79,12 @@ class SamplingParams:
     """Token selection for one request. temperature < GREEDY_TEMPERATURE (0 included) means greedy.
 
     logit_bias: token id -> a bias added to the target's (and the draft's) logits before anything
-    else (-inf forbids the token); a mapping or (id, bias) pairs, kept as sorted pairs (a repeated id
-    adds up, as llama-server's list form does). Then llama.cpp's penalties over the last
+    else (-inf forbids the token, +inf forces it: only +inf tokens can then be drawn, by their logits); a
+    mapping or (id, bias) pairs, kept as sorted pairs (a repeated id adds up, as llama-server's list form
+    does). A finite bias (and sum) is at most BIAS_LIMIT either way, which keeps float32 logits finite.
+    bias_text: (text, bias) pairs whose text's every token gets the bias (llama-server's text keys):
+    tokenized into logit_bias before generation (processors.with_bias_text), off the server's event loop.
+    Then llama.cpp's penalties over the last
     `repeat_last_n` tokens of prompt and output (-1: all of them, 0: none): a token seen there c times
     has its logit divided by repeat_penalty (multiplied where <= 0), then lowered by
     c * frequency_penalty + presence_penalty (processors.py). The neutral values cost nothing.
@@ -97,6 +105,7 @@ class SamplingParams:
     heal: bytes = b""  # the answer must begin with these bytes, which are not sent (grammar.healing)
     reasoning: Reasoning | None = None  # the answer may begin with a reasoning block; its budget (None: no rule)
     logit_bias: tuple[tuple[int, float], ...] = ()
+    bias_text: tuple[tuple[str, float], ...] = ()
     repeat_penalty: float = 1.0  # 1.0 = disabled
     repeat_last_n: int = 64  # llama.cpp's default window
     presence_penalty: float = 0.0
@@ -118,13 +127,15 @@ class SamplingParams:
         if self.seed is not None and not 0 <= self.seed < SEED_LIMIT:
             raise ValueError(f"seed must be in [0, 2^64), got {self.seed}")
         object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
-        if not (math.isfinite(self.repeat_penalty) and self.repeat_penalty > 0):
-            raise ValueError(f"repeat_penalty must be a finite number > 0, got {self.repeat_penalty}")
+        if not (math.isfinite(self.repeat_penalty) and self.repeat_penalty >= MIN_REPEAT_PENALTY):
+            raise ValueError(f"repeat_penalty must be a finite number >= {MIN_REPEAT_PENALTY:g}, got "
+                             f"{self.repeat_penalty}")
         if self.repeat_last_n < -1:
             raise ValueError(f"repeat_last_n must be >= -1 (-1: the whole context), got {self.repeat_last_n}")
         for name in ("presence_penalty", "frequency_penalty"):
-            if not math.isfinite(getattr(self, name)):
-                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
+            if not -BIAS_LIMIT <= getattr(self, name) <= BIAS_LIMIT:
+                raise ValueError(f"{name} must be a finite number from {-BIAS_LIMIT:g} to {BIAS_LIMIT:g}, got "
+                                 f"{getattr(self, name)}")
         if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
                                           or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}] alternatives, got {self.logprobs}")
@@ -144,7 +155,8 @@ class SamplingParams:
 
 def _logit_bias(value) -> tuple[tuple[int, float], ...]:
     """SamplingParams.logit_bias as sorted (id, bias) pairs, a repeated id summed; ValueError for what
-    cannot be one (an id that is not an integer >= 0, a bias that is not a number, NaN or +inf)."""
+    cannot be one (an id that is not an integer >= 0, a bias that is not a number, NaN, a finite bias or
+    sum past BIAS_LIMIT, a token both forbidden and forced)."""
     try:
         pairs = list(value.items() if isinstance(value, Mapping) else value)
         if not all(len(pair) == 2 for pair in pairs):
@@ -155,10 +167,22 @@ def _logit_bias(value) -> tuple[tuple[int, float], ...]:
     for token, bias in pairs:
         if isinstance(token, bool) or not isinstance(token, Integral) or token < 0:
             raise ValueError(f"logit_bias token ids must be integers >= 0, got {token!r}")
-        if isinstance(bias, bool) or not isinstance(bias, Real) or math.isnan(bias) or bias == math.inf:
-            raise ValueError(f"logit_bias values must be numbers or -inf (which forbids the token), got {bias!r}")
+        if isinstance(bias, bool) or not isinstance(bias, Real) or not bias_in_range(bias):
+            raise ValueError(f"logit_bias values must be numbers from {-BIAS_LIMIT:g} to {BIAS_LIMIT:g}, or -inf "
+                             f"(which forbids the token) or +inf (which forces it), got {bias!r}")
         out[int(token)] = out.get(int(token), 0.0) + float(bias)
+    for token, bias in out.items():
+        if math.isnan(bias):
+            raise ValueError(f"logit_bias both forbids (-inf) and forces (+inf) token {token}")
+        if not bias_in_range(bias):
+            raise ValueError(f"logit_bias adds up to {bias:g} on token {token}: past {BIAS_LIMIT:g}, which float32 "
+                             "logits cannot hold finitely under the penalties")
     return tuple(sorted(out.items()))
+
+
+def bias_in_range(bias: float) -> bool:
+    """A logit bias this server takes: ±inf, or a finite number of magnitude at most BIAS_LIMIT."""
+    return math.isinf(bias) or -BIAS_LIMIT <= bias <= BIAS_LIMIT
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ changed target no longer says.
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Sequence
 
 import numpy as np
@@ -27,8 +29,11 @@ class LogitRules:
     """One request's logit_bias and penalties; holds no state that changes as tokens are committed."""
 
     def __init__(self, params: SamplingParams):
-        self.bias_ids = np.array([t for t, _ in params.logit_bias], np.int64)
-        self.bias = np.array([b for _, b in params.logit_bias], np.float32)
+        added = [(t, b) for t, b in params.logit_bias if b != math.inf]
+        self.bias_ids = np.array([t for t, _ in added], np.int64)
+        self.bias = np.array([b for _, b in added], np.float32)
+        # +inf forces: only these tokens can be drawn (adding inf to a logit would make the row NaN)
+        self.forced = np.array([t for t, b in params.logit_bias if b == math.inf], np.int64)
         self.penalized = params.penalized
         self.last_n = None if params.repeat_last_n == -1 else params.repeat_last_n  # None: the whole sequence
         self.repeat = np.float32(params.repeat_penalty)
@@ -42,10 +47,16 @@ class LogitRules:
 
     @staticmethod
     def check(params: SamplingParams, n_vocab: int) -> None:
-        """ValueError for a logit_bias token the target does not have (refused, never ignored)."""
+        """ValueError for a logit_bias token the target does not have (refused, never ignored), for text
+        not yet tokenized (with_bias_text), and for a bias that leaves no token possible."""
+        if params.bias_text:
+            raise ValueError("logit_bias text must be tokenized first (processors.with_bias_text)")
         bad = [t for t, _ in params.logit_bias if t >= n_vocab]
         if bad:
             raise ValueError(f"logit_bias names token {bad[0]}, but the model's vocabulary has {n_vocab} tokens")
+        if sum(b == -math.inf for _, b in params.logit_bias) >= n_vocab:
+            raise ValueError(f"logit_bias forbids every one of the model's {n_vocab} tokens: nothing could be "
+                             "generated")
 
     def window(self, seq: Sequence[int]) -> list[int]:
         """The part of seq that penalties can see: its last repeat_last_n tokens (all for -1; none
@@ -61,6 +72,12 @@ class LogitRules:
         if len(self.bias_ids):
             inside = self.bias_ids < V  # a token past this model's vocabulary (a smaller draft's) has no logit
             z[:, self.bias_ids[inside]] += self.bias[inside]
+        if len(self.forced):
+            forced = self.forced[self.forced < V]
+            if len(forced):  # (a draft without any of them drafts freely: the target refuses its tokens)
+                kept = z[:, forced]
+                z[:] = -np.inf
+                z[:, forced] = kept
         if self.penalized:
             self._penalize(z, history, draft)
         return z.reshape(np.shape(logits)) if np.ndim(logits) == 1 else z
@@ -93,3 +110,15 @@ class LogitRules:
         pen = np.where(g <= 0, g * self.repeat, g / self.repeat)
         pen -= c.astype(np.float32) * self.frequency + seen.astype(np.float32) * self.presence
         z[:, ids] = np.where(seen, pen, g)
+
+
+def with_bias_text(params: SamplingParams, model) -> SamplingParams:
+    """The params with their bias_text tokenized into logit_bias (each of a text's tokens gets its bias,
+    as llama-server's text keys do). Tokenizing is slow for long texts: the server calls this off its
+    event loop, with the prompt's tokenization."""
+    if not params.bias_text:
+        return params
+    pairs = list(params.logit_bias)
+    for text, bias in params.bias_text:
+        pairs += [(t, bias) for t in model.tokenize(text, add_special=False)]
+    return dataclasses.replace(params, logit_bias=tuple(pairs), bias_text=())

@@ -32,7 +32,7 @@ from .drafters.window import draft_contexts
 from .grammar import Constraint, for_request
 from .logprobs import TokenLogprob
 from .policy import OFF, Choice, Outcome, Policy, ask_offers, judge
-from .processors import LogitRules
+from .processors import LogitRules, with_bias_text
 from .sampling import Sampler
 from .stats import GenerationStats
 from .text import StreamDecoder
@@ -185,6 +185,7 @@ class Slot:
             raise ValueError("empty prompt")
         if len(seq) >= engine.n_ctx:
             raise ContextOverflow(f"prompt is {len(seq)} tokens but the context holds {engine.n_ctx}")
+        params = with_bias_text(params, engine.target)
         LogitRules.check(params, engine.target.vocab.n_vocab)
         constraint = for_request(params, engine.grammar_tokenizer, engine.target)
         policy = engine.policy_for(spec, params.temperature, grammar=params.grammar is not None)

@@ -38,3 +38,17 @@ def test_sleep_idle_seconds_with_replicas_is_refused_with_the_reason():
     args = build_parser().parse_args(["serve", "--replicas", "2", "--sleep-idle-seconds", "5"])
     with pytest.raises(CliError, match="--sleep-idle-seconds is for one server"):
         args.run(args)
+
+
+def test_spec_synth_rates_is_accepted_with_a_warning_and_changes_no_speculation(caplog):
+    """Issue 63: llama.cpp's test_with_and_without_draft starts llama-server with it; it exited 2 here."""
+    from specserve.cli.llama_flags import llama_overrides
+
+    plain = build_parser().parse_args(["serve"])
+    args = build_parser().parse_args(["serve", "--spec-synth-rates", "0.5,0.3"])
+    with caplog.at_level("WARNING", logger="specserve.server"):
+        llama_overrides(args)
+    assert "--spec-synth-rates" in caplog.text and "ignored" in caplog.text
+    assert args.spec == plain.spec and settings("--spec-synth-rates", "0").model_name == settings().model_name
+    with pytest.raises(CliError, match="--spec-synth-len is not supported"):
+        llama_overrides(build_parser().parse_args(["serve", "--spec-synth-len", "4"]))

@@ -138,3 +138,38 @@ def test_the_open_tag_stays_allowed_before_a_constrained_answer(engine):
     row = rule.masked(np.zeros((1, V), np.float32), [])[0]
     assert np.isfinite(row[open_]) and np.isfinite(row[_ids(engine, "{")[0]])
     assert not np.isfinite(row[_ids(engine, " the")[0]])
+
+
+def _plain(engine: Engine, params: SamplingParams, mode: str = "none"):
+    """A prompt that does not open the block: the answer (here, the grammar) may."""
+    slot = engine.new_slot()
+    try:
+        return slot.generate(engine.target.tokenize("the cat sat on the mat", add_special=True), params,
+                             SpecParams(mode=mode, draft_max=4))
+    finally:
+        slot.close()
+
+
+@pytest.mark.parametrize("mode", ["none", "draft"])
+def test_the_budget_holds_when_the_grammar_writes_the_block(engine, mode):
+    """Issue 63: a grammar that wrote the thinking text itself (its open tag as text) was past the rule, which
+    took its first token for the answer: the block ran on past the budget. Markers spelt in several tokens."""
+    from specserve.grammar import from_gbnf
+
+    grammar = from_gbnf('root ::= "[THINK]" [a-z ]+ "[/THINK]" " done"')
+    params = SamplingParams(max_tokens=60, grammar=grammar, reasoning=Reasoning("[THINK]", "[/THINK]", budget=4))
+    gen = _plain(engine, params, mode)
+    text = engine.target.detokenize(gen.tokens).decode()
+    assert text.startswith("[THINK]") and text.endswith("[/THINK] done"), text
+    inside = text[len("[THINK]"):text.index("[/THINK]")]
+    assert 0 < len(_ids(engine, inside)) <= 4 + 1, inside  # (+1: a token may straddle the open tag's end)
+    assert gen.tokens == _plain(engine, params, "none").tokens
+
+
+def test_a_grammar_that_cannot_close_the_block_within_the_budget_is_a_dead_end(engine):
+    from specserve.grammar import from_gbnf
+
+    grammar = from_gbnf('root ::= "[THINK]" [a-z]{40} "[/THINK]"')
+    params = SamplingParams(max_tokens=80, grammar=grammar, reasoning=Reasoning("[THINK]", "[/THINK]", budget=3))
+    gen = _plain(engine, params)
+    assert "reasoning budget (3 tokens) is spent" in (gen.stats.grammar_error or ""), gen.stats.grammar_error

@@ -89,10 +89,31 @@ def test_llama_vim_bodies_warm_then_complete_from_the_cache(fim_server):
 def test_llama_vscode_bodies(fim_server):
     warm = post(fim_server, "/infill", vscode_warm("    a = "))
     assert warm["content"] == "" and warm["tokens_predicted"] == 0 and warm["stop_type"] == "limit"
-    out = post(fim_server, "/infill", vscode_fim("    a = "))
+    outs = post(fim_server, "/infill", vscode_fim("    a = "))  # n_cmpl 3: three completions, as llama-server
+    assert [o["index"] for o in outs] == [0, 1, 2] and len({o["content"] for o in outs}) == 1  # greedy: the same
+    out = outs[0]
     assert isinstance(out["content"], str) and out["tokens_cached"] == out["tokens_evaluated"] - 1
     assert out["timings"]["prompt_n"] == 1 and out["timings"]["cache_n"] == out["tokens_cached"]
     assert {"truncated", "stop_type", "tokens_predicted", "timings"} <= set(out)
+
+
+def test_n_cmpl_answers_that_many_completions_sampled_ones_each_their_own(tmp_path):
+    """Issue 63: llama.vscode's n_cmpl 3 got one completion, where llama-server answers an array of 3."""
+    write_tiny_model(tmp_path / "tiny.gguf", seed=1, control_tokens=QWEN_FIM)
+    write_tiny_model(tmp_path / "tiny_draft.gguf", seed=1, noise=0.05, noise_seed=7, control_tokens=QWEN_FIM)
+    srv = ServerProcess(serve_args(tmp_path, "-c", "1024", "--parallel", "3"), tmp_path / "serve.log")
+    try:
+        body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "prompt": "    a", "n_predict": 12, "n_cmpl": 3,
+                "temperature": 1.0, "seed": 5, "ignore_eos": True, "samplers": ["temperature"]}
+        outs = post(srv, "/infill", body)
+        assert [o["index"] for o in outs] == [0, 1, 2] and len({o["content"] for o in outs}) > 1
+        again = post(srv, "/infill", body)
+        assert [o["content"] for o in again] == [o["content"] for o in outs]  # seed + i for the i-th: reproduces
+        with srv.client() as c:
+            r = c.post("/infill", json={**body, "n_cmpl": 4})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "n_cmpl"  # more than the slots
+    finally:
+        assert srv.stop() == 0
 
 
 def test_greedy_infill_with_speculation_equals_the_target_alone(fim_server):

@@ -95,3 +95,19 @@ def test_a_profile_pins_what_pinned_lists(limited):
         assert c.post(C, json={"prompt": "hi", "max_tokens": 2, "temperature": 0.9}).status_code == 200
         models = {m["id"]: m["specserve"] for m in c.get("/v1/models").json()["data"]}
         assert models["fixed"]["pinned"] == ["temperature", "verify"]
+
+
+def test_slots_show_a_scoped_key_no_other_tenants_request(server):
+    """Issue 63 N1: key B saw key A's grammar and stop strings in GET /slots, and could erase A's slot."""
+    secret = {"prompt": "the cat", "n_predict": 4, "id_slot": 0, "grammar": 'root ::= "SECRET-GRAMMAR"',
+              "stop": ["STOP-SECRET-XYZ"]}
+    with client(server, KEY_A) as a, client(server, KEY_B) as b, client(server, ADMIN) as admin:
+        assert a.post(L, json=secret).status_code == 200
+        seen_by_b = b.get("/slots")
+        assert seen_by_b.status_code == 200
+        assert "SECRET" not in seen_by_b.text and "params" not in seen_by_b.json()[0]
+        assert "speculation" not in seen_by_b.json()[0]  # summed over every tenant's requests
+        assert "STOP-SECRET-XYZ" in a.get("/slots").text and "SECRET-GRAMMAR" in admin.get("/slots").text
+        r = b.post("/slots/0?action=erase")
+        assert r.status_code == 403 and r.json()["error"]["code"] == "slot_of_another_scope", r.text
+        assert a.post("/slots/0?action=erase").status_code == 200  # its own scope's slot

@@ -250,3 +250,40 @@ def test_tag_text_in_arguments_reads_back_whole(client, server, stream):
         calls = [{"name": c.function.name, "arguments": c.function.arguments} for c in choice.message.tool_calls]
     assert content == "" and finish == "tool_calls" and len(calls) == 1 and calls[0]["name"] == "search"
     assert json.loads(calls[0]["arguments"]) == {"q": Q}
+
+
+def _sse(r: httpx.Response) -> list[dict]:
+    return [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+
+
+def test_a_call_cut_by_max_tokens_is_reported_as_each_api_reports_a_cut(server):
+    """Issue 63: a call cut by max_tokens left `content: []` on /v1/messages and `output: []` on /v1/responses,
+    the reason only in finish_detail. Anthropic's API gives stop_reason max_tokens with the incomplete tool_use
+    block; the Responses API status incomplete with the incomplete function_call."""
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        whole = c.post("/v1/chat/completions", json={"messages": ASK, "tools": TOOLS, "tool_choice": "required",
+                                                     "max_tokens": 200, "temperature": 0}).json()
+        assert whole["choices"][0]["finish_reason"] == "tool_calls"
+        name = whole["choices"][0]["message"]["tool_calls"][0]["function"]["name"]
+        n = whole["usage"]["completion_tokens"] - 3  # cut inside the arguments
+        tools = [{"name": t["function"]["name"], "input_schema": t["function"]["parameters"]} for t in TOOLS]
+        body = {"model": "tiny", "messages": ASK, "tools": tools, "tool_choice": {"type": "any"}, "max_tokens": n}
+        m = c.post("/v1/messages", json=body).json()
+        assert m["stop_reason"] == "max_tokens" and m["content"][-1]["type"] == "tool_use", m
+        assert m["content"][-1]["name"] == name
+        events = _sse(c.post("/v1/messages", json={**body, "stream": True}))
+        started = [e["content_block"] for e in events if e["type"] == "content_block_start"]
+        assert started[-1]["type"] == "tool_use" and started[-1]["name"] == name
+        assert [e["delta"]["stop_reason"] for e in events if e["type"] == "message_delta"] == ["max_tokens"]
+        tools = [{"type": "function", **t["function"]} for t in TOOLS]
+        body = {"model": "tiny", "input": ASK, "tools": tools, "tool_choice": "required", "max_output_tokens": n}
+        r = c.post("/v1/responses", json=body).json()
+        assert r["status"] == "incomplete" and r["incomplete_details"] == {"reason": "max_output_tokens"}
+        last = r["output"][-1]
+        assert (last["type"], last["name"], last["status"]) == ("function_call", name, "incomplete"), r["output"]
+        assert whole["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"].startswith(
+            last["arguments"][:5])
+        events = _sse(c.post("/v1/responses", json={**body, "stream": True}))
+        assert events[-1]["type"] == "response.incomplete"
+        streamed = events[-1]["response"]["output"][-1]
+        assert (streamed["type"], streamed["name"], streamed["status"]) == ("function_call", name, "incomplete")

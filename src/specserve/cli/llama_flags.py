@@ -8,7 +8,10 @@ Three kinds (docs/llama-server-compat.md lists them all):
   logged (--jinja, --metrics, --cont-batching, --kv-unified, -b, -tb, -fa, --offline, ...);
 - flags for what it does not do, refused with the reason: --context-shift (generation ends at the
   context, finish_reason "length", rather than dropping the oldest tokens), -ctk/-ctv, self-extend,
-  the synthetic acceptance of --spec-synth-len/--spec-synth-rates.
+  the synthetic drafts of --spec-synth-len;
+- --spec-synth-rates (llama-server's made-up acceptance rates, a benchmark mode that llama.cpp's own
+  test_with_and_without_draft starts it with): accepted with a warning and ignored, so that such a command
+  line starts; speculation stays real, and the output the target's.
 (--sleep-idle-seconds is one of serve's own flags: cli/serve.py.)
 
 Default temperature: llama-server samples at 0.8 unless told otherwise; specserve stays greedy
@@ -59,7 +62,11 @@ _REFUSED = {
     "--grp-attn-n": "self-extend (group attention) is not supported", "-gan": "self-extend is not supported",
     "--grp-attn-w": "self-extend (group attention) is not supported", "-gaw": "self-extend is not supported",
     "--spec-synth-len": "synthetic acceptance (a llama-server benchmark mode) makes the output invalid",
-    "--spec-synth-rates": "synthetic acceptance (a llama-server benchmark mode) makes the output invalid",
+}
+# accepted and ignored, with a warning: the command line starts, and nothing it asks for is done
+_IGNORED_VALUE = {
+    "--spec-synth-rates": "synthetic acceptance rates (a llama-server benchmark mode) are ignored: drafts are "
+                          "accepted where the target's tokens agree, and the output stays the target's",
 }
 # llama-server's --spec-type names -> --spec modes
 _SPEC_TYPES = {"none": "none", "draft-simple": "draft", "ngram-simple": "ngram", "ngram-map-k": "ngram",
@@ -106,7 +113,7 @@ def add_llama_args(p: argparse.ArgumentParser) -> None:
     for flag, why in _ACCEPTED_BOOL.items():
         g.add_argument(flag, dest=f"llama_{flag.lstrip('-').replace('-', '_')}", action="store_true",
                        help=argparse.SUPPRESS)
-    for flag, why in {**_ACCEPTED_VALUE, **_REFUSED}.items():
+    for flag, why in {**_ACCEPTED_VALUE, **_REFUSED, **_IGNORED_VALUE}.items():
         if flag != "--context-shift":
             g.add_argument(flag, dest=f"llama_{flag.lstrip('-').replace('-', '_')}", metavar="V",
                            help=argparse.SUPPRESS)
@@ -121,6 +128,9 @@ def llama_overrides(args) -> None:
     for flag, why in {**_ACCEPTED_BOOL, **_ACCEPTED_VALUE}.items():
         if getattr(args, f"llama_{flag.lstrip('-').replace('-', '_')}", None):
             log.info("%s: accepted (%s)", flag, why)
+    for flag, why in _IGNORED_VALUE.items():
+        if getattr(args, f"llama_{flag.lstrip('-').replace('-', '_')}", None):
+            log.warning("%s: %s", flag, why)
     if args.cors_origins:
         args.cors_origin = [*args.cors_origin, *filter(None, (o.strip() for o in args.cors_origins.split(",")))]
     if args.spec_type:

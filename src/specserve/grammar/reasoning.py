@@ -16,7 +16,11 @@ break it, the draft model drafts under it. Rows stop where a draft prefix moves 
 constrained answer (the first row that the inner constraint would judge): the target's token
 there is the target alone's, and the next step starts under the inner constraint. So speculation
 stays on inside and outside the block, and greedy text equals the target alone's under the same
-rule. The inner constraint (a grammar, e.g. the tools'; or none) sees only the answer's tokens.
+rule. The inner constraint (a grammar, e.g. the tools'; or none) sees only the answer's tokens, unless
+it writes the block itself (its text opens it, `<think>` as text, not as the model's own open token): the
+block is then "judged", every token of it the grammar's, and still counted against the budget; when the
+budget is spent the close tag is forced there too, and a grammar that does not allow it at that point is
+a dead end (`error`), never a block that runs past its budget.
 """
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ class _State:
     phase: str
     n: int = 0  # tokens of reasoning so far (think), or close-tag tokens written (force)
     tail: bytes = b""  # start: the answer's bytes so far; think: the last bytes, for a close tag in pieces
+    judged: bool = False  # think, force: the inner constraint wrote the open tag and judges the block's tokens
 
 
 class ReasoningRule:
@@ -53,11 +58,12 @@ class ReasoningRule:
         self._bytes = model.token_bytes
         self.state = self._thinking(0) if reasoning.inside else _State(START)
         self.n_committed = 0
+        self._error: str | None = None
 
     # --- the phases ------------------------------------------------------------------------------
 
-    def _thinking(self, n: int, tail: bytes = b"") -> _State:
-        return _State(FORCE) if 0 <= self.budget <= n else _State(THINK, n, tail)
+    def _thinking(self, n: int, tail: bytes = b"", judged: bool = False) -> _State:
+        return _State(FORCE, judged=judged) if 0 <= self.budget <= n else _State(THINK, n, tail, judged)
 
     def _piece(self, token: int) -> bytes:
         return self._bytes(token) if 0 <= token < self.n_vocab else b""
@@ -68,36 +74,40 @@ class ReasoningRule:
             return s
         if s.phase == FORCE:
             n = s.n + 1
-            return _State(ANSWER) if n >= len(self.close_ids) else _State(FORCE, n)
+            return _State(ANSWER) if n >= len(self.close_ids) else _State(FORCE, n, judged=s.judged)
         if s.phase == THINK:
             if len(self.close_ids) == 1 and token == self.close_ids[0]:
                 return _State(ANSWER)
             tail = s.tail + self._piece(token)
             if self.close in tail:  # the close tag written in pieces
                 return _State(ANSWER)
-            return self._thinking(s.n + 1, tail[-len(self.close):])
+            return self._thinking(s.n + 1, tail[-len(self.close):], s.judged)
         # start: the open tag (one token, or its text after blanks) opens the block; anything else is the
-        # answer. Under an inner constraint only the open token can (the constraint judges the answer's first)
+        # answer. Under an inner constraint the open token opens a block the constraint does not see (it
+        # judges the answer's first token after it); the open tag's text is the constraint's own writing,
+        # which opens a judged block
         if token in self._opens:
             return self._thinking(0)
-        if self.inner is not None:
-            return _State(ANSWER)
         text = (s.tail + self._piece(token)).lstrip(_BLANK)
         if text.startswith(self.open):
-            return self._thinking(0, text[len(self.open):])
+            return self._thinking(0, text[len(self.open):], self.inner is not None)
         if self.open.startswith(text):
             return _State(START, 0, s.tail + self._piece(token))
         return _State(ANSWER)
 
     def _constrained(self, s: _State) -> bool:
         """Whether the inner constraint judges the token after state `s` (alone or with the open tag)."""
-        return self.inner is not None and s.phase in (START, ANSWER)
+        return self.inner is not None and (s.phase in (START, ANSWER) or s.judged)
+
+    def _judges(self, s: _State, token: int) -> bool:
+        """Whether `token` after state `s` is the inner constraint's (the answer's, or a judged block's)."""
+        return s.phase == ANSWER or s.judged or s.phase == START and token not in self._opens
 
     # --- the committed state (grammar.Constraint's interface) ------------------------------------
 
     @property
     def error(self) -> str | None:
-        return self.inner.error if self.inner is not None else None
+        return self._error or (self.inner.error if self.inner is not None else None)
 
     @property
     def seconds(self) -> float:
@@ -108,14 +118,19 @@ class ReasoningRule:
         return self.state.phase == ANSWER and self.inner is not None and self.inner.done
 
     def stuck(self) -> bool:
-        return self.state.phase == ANSWER and self.inner is not None and self.inner.stuck()
+        s = self.state
+        if s.phase == FORCE and s.judged and self.inner.valid_prefix([self.close_ids[s.n]]) == 0:
+            self._error = (f"the reasoning budget ({self.budget} tokens) is spent, and the output constraint, which "
+                           "writes the reasoning block, does not allow its close tag there")
+            return True
+        return self._constrained(s) and self.inner.stuck()
 
     def commit(self, tokens: Sequence[int]) -> None:
         answer = []
         for token in tokens:
             before, self.state = self.state, self.step(self.state, token)
-            if self.state.phase == ANSWER and before.phase in (START, ANSWER):
-                answer.append(token)  # the answer's own token (not the tag that closed the block)
+            if self.inner is not None and self._judges(before, token):
+                answer.append(token)  # the answer's own token (not a tag that closed a block it did not write)
         self.n_committed += len(tokens)
         if answer and self.inner is not None:
             self.inner.commit(answer)
@@ -175,7 +190,7 @@ class ReasoningRule:
         if s.phase == FORCE:
             return _only(row, [self.close_ids[s.n]])
         allowed = np.array(self.inner.masked(row[None], ())[0], dtype=np.float32)
-        for token in self._opens:
+        for token in self._opens if s.phase == START else ():
             if token < len(row):
                 allowed[token] = row[token]
         return allowed

@@ -86,16 +86,20 @@ def head(req: GenRequest, fields: MessagesRequest) -> dict:
 
 def content_blocks(out: Answer) -> list[dict]:
     """The whole answer's content blocks: its reasoning as a thinking block (signed "": nothing here signs),
-    text (omitted when blank beside tool calls), then each call's tool_use with its arguments as an object."""
+    text (omitted when blank beside tool calls), then each call's tool_use with its arguments as an object;
+    a call max_tokens cut short comes last, as Anthropic's API gives it (stop_reason max_tokens with an
+    incomplete tool_use block: its input as far as it is a whole object, else empty)."""
     blocks = [{"type": "thinking", "thinking": out.reasoning, "signature": ""}] if out.reasoning else []
-    if out.content and (out.content.strip() or not out.calls):
+    cut = out.cut_by_limit
+    if out.content and (out.content.strip() or not (out.calls or cut)):
         blocks.append({"type": "text", "text": out.content})
-    for call in out.calls:
+    for call in [*out.calls, *([cut] if cut else [])]:
         try:
             arguments = json.loads(call.arguments)
         except ValueError:  # cut short
             arguments = {}
-        blocks.append({"type": "tool_use", "id": call.id, "name": call.name, "input": arguments})
+        blocks.append({"type": "tool_use", "id": call.id, "name": call.name,
+                       "input": arguments if isinstance(arguments, dict) else {}})
     return blocks
 
 

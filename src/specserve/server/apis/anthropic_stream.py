@@ -105,10 +105,16 @@ async def events(job: Job, head: dict) -> AsyncIterator[dict]:
         elif kind is CallArguments:
             yield blocks.delta({"type": "input_json_delta", "partial_json": event.text})
         elif kind is Finish:
-            if held and not calls:  # blank text and no call after it: the answer is that text
+            cut = event.cut if event.reason == "length" else None  # a call max_tokens cut: an incomplete tool_use
+            if held and not calls and cut is None:  # blank text and no call after it: the answer is that text
                 for e in blocks.start({"type": "text", "text": ""}):
                     yield e
                 yield blocks.delta({"type": "text_delta", "text": held})
+            if cut is not None:
+                for e in blocks.start({"type": "tool_use", "id": cut.id, "name": cut.name, "input": {}}):
+                    yield e
+                if cut.arguments:
+                    yield blocks.delta({"type": "input_json_delta", "partial_json": cut.arguments})
             for e in blocks.stop():
                 yield e
             stop_word = event.stats.stop_word

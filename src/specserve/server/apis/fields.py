@@ -170,7 +170,7 @@ def params_of(state, fields: Generation, profile: Profile, key_scope: str | None
     logprobs: (alternatives per token, logprobs_mode) where the request asks for logprobs."""
     asked = fields.sampling_asked(random_seed)
     if fields.logit_bias is not None:
-        asked["logit_bias"] = logit_bias_of(fields.logit_bias, state.engine.target)
+        asked["logit_bias"], asked["bias_text"] = logit_bias_of(fields.logit_bias, state.engine.target)
     if logprobs is not None:
         asked["logprobs"], asked["logprobs_mode"] = logprobs
     sampling, described = sampling_params(profile, state.engine.n_ctx, asked,

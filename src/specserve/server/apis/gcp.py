@@ -5,6 +5,11 @@ on the endpoint its @requestFormat names (llama-server's camelCase of the path: 
 completions, completion, infill, tokenize, ... or the path itself), at once, never streamed, and answers
 {"predictions": [each answer, or {"error": ...}]}. Each instance goes through the whole server as its
 own request (the same key, limits and checks). Without AIP_MODE=PREDICTION the route answers 404.
+
+One request's instances run at most half the slots at once (at least one), so that a request of 128
+instances neither fills every slot nor the queue: other clients keep slots of their own. A client that
+hangs up stops them all: the instances running are told of the disconnect as a request of their own is
+(their generation ends), and those not yet started never start.
 """
 from __future__ import annotations
 
@@ -29,8 +34,9 @@ def routes() -> list[Endpoint]:
     return [Endpoint("/predict", predict)]
 
 
-async def _run(request: Request, path: str, body: dict) -> dict:
-    """`body` sent to `path` through the app, as a request of its own with this request's headers."""
+async def _run(request: Request, path: str, body: dict, gone: asyncio.Event) -> dict:
+    """`body` sent to `path` through the app, as a request of its own with this request's headers; it is
+    told the client disconnected once `gone` is set."""
     data = json.dumps(body).encode()
     headers = [(k, v) for k, v in request.scope["headers"] if k not in (b"content-length", b"content-type")]
     scope = {**request.scope, "path": path, "raw_path": path.encode(), "query_string": b"",
@@ -42,7 +48,8 @@ async def _run(request: Request, path: str, body: dict) -> dict:
     async def receive():
         nonlocal sent
         if sent:
-            await asyncio.Event().wait()  # no disconnect while the instance runs
+            await gone.wait()  # (returns at once once set: Request.is_disconnected's polls see it)
+            return {"type": "http.disconnect"}
         sent = True
         return {"type": "http.request", "body": data, "more_body": False}
 
@@ -70,7 +77,16 @@ async def predict(request: Request) -> Response:
     if len(instances) > MAX_INSTANCES:
         raise bad_request(f"instances holds at most {MAX_INSTANCES}", "instances")
 
+    share = asyncio.Semaphore(max(1, len(state.scheduler.pool.slots) // 2))
+    gone = asyncio.Event()
+
     async def one(i: int, instance) -> dict:
+        async with share:
+            if gone.is_set():
+                return error_body(499, "the client closed the connection", code="client_gone")
+            return await _instance(i, instance)
+
+    async def _instance(i: int, instance) -> dict:
         fmt = instance.get("@requestFormat") if isinstance(instance, dict) else None
         if not isinstance(fmt, str):
             return error_body(400, f"instances[{i}] must be an object with a string @requestFormat",
@@ -80,6 +96,16 @@ async def predict(request: Request) -> Response:
             return error_body(400, f"no endpoint for @requestFormat {fmt!r}: {', '.join(FORMATS)}", f"instances[{i}]")
         payload = {k: v for k, v in instance.items() if k != "@requestFormat"}
         payload["stream"] = False  # the predict route does not stream
-        return await _run(request, path, payload)
+        return await _run(request, path, payload, gone)
 
-    return JSONResponse({"predictions": await asyncio.gather(*(one(i, x) for i, x in enumerate(instances)))})
+    async def watch() -> None:  # the only reader of the client's messages once the body is read
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        gone.set()
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        predictions = await asyncio.gather(*(one(i, x) for i, x in enumerate(instances)))
+    finally:
+        watcher.cancel()
+    return JSONResponse({"predictions": predictions})

@@ -11,10 +11,13 @@ Where the editors' bodies ask for what this server does differently, it says so 
 llama.cpp's `infill` sampler (in both editors' `samplers`) is served as greedy decoding, the
 target's most likely token each step; `id_slot` runs the request on that slot (waiting for it
 while busy), as llama-server does; -1 takes the free slot whose cache shares the longest prefix;
-`n_cmpl` > 1 of a greedy request answers once (the completions would be identical).
+`n_cmpl` > 1 answers an array of that many completions, as llama-server does (llama.vscode asks for 3):
+sampled ones run at once on as many slots (several.py; at most the server's slots), a greedy request's
+are one generation handed out n times (they would be identical), at most MAX_GREEDY_COPIES.
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 
@@ -32,6 +35,7 @@ from ..core.request import GenRequest
 from ..http.body import read_json
 from ..http.endpoint import Endpoint
 from ..http.errors import bad_request
+from . import several
 from .infill_rules import LineRules, fim_prompt, select_fields
 from .llama import llama_request
 from .llama_answer import final
@@ -41,6 +45,7 @@ from .validation import Fields, parse
 # fields /infill reads itself; the rest is /completion's
 _OWN = ("input_prefix", "input_suffix", "input_extra", "prompt", "n_indent", "t_max_predict_ms", "t_max_prompt_ms",
         "n_cmpl", "response_fields", "samplers", "n_predict")
+MAX_GREEDY_COPIES = 16  # n_cmpl of a greedy request: copies of one generation, on a server of fewer slots
 _EXTRA_SHAPE = 'input_extra must be an array of {"filename": string, "text": string} objects (text required)'
 
 
@@ -136,10 +141,9 @@ async def _parse(request: Request) -> tuple[GenRequest, Infill, InfillRequest]:
     req = dataclasses.replace(req, warm=own.n_predict == 0)
     if req.spec.trace:  # the line rules cut the text after the fact: runs would not match it
         raise bad_request("speculative.trace is not available on /infill", "speculative.trace", "unsupported_parameter")
-    n_cmpl = 1 if own.n_cmpl is None else own.n_cmpl
-    if n_cmpl < 1 or n_cmpl > 1 and not req.sampling.greedy:
-        raise bad_request(f"n_cmpl={n_cmpl}: this server answers one completion a request (n_cmpl > 1 only for a "
-                          "greedy request, whose completions would all be the same)", "n_cmpl", "unsupported_parameter")
+    n_slots = len(state.scheduler.pool.slots)
+    several.count(own.n_cmpl, max(n_slots, MAX_GREEDY_COPIES) if req.sampling.greedy else n_slots, "n_cmpl",
+                  req.stream)
     return req, infill, own
 
 
@@ -150,17 +154,13 @@ async def infill(request: Request) -> Response:
     tokens = await anyio.to_thread.run_sync(fim_prompt, target, fim_req, state.engine.n_ctx, own.n_predict or 0)
     tokens, heal = healed(target, tokens, fim_req)
     req = dataclasses.replace(req, prompt=tokens, sampling=dataclasses.replace(req.sampling, heal=heal))
-    t_start = time.perf_counter()
-    job = await start(state, req, request)
-    # the time rule counts from the end of the prompt, as llama-server's t_start_generation
-    rules = LineRules(own.n_indent or 0, own.t_max_predict_ms or 0, t_start + job.queue_s + job.stats.t_prompt)
-    fields = own.response_fields
+    n = own.n_cmpl or 1
+    if n > 1:
+        return await _several(request, state, req, own, n)
+    job, rules = await _start(request, state, req, own)
 
     def answer(content: str) -> dict:
-        out = final(job, content, [])
-        if rules.stopped:
-            out["stop_type"] = "limit"
-        return select_fields(out, fields) if fields else out
+        return _shaped(job, rules, content, own)
 
     if req.stream:
         async def chunks():
@@ -179,6 +179,38 @@ async def infill(request: Request) -> Response:
     if content is None:
         return Response(status_code=CLIENT_GONE)
     return JSONResponse(answer(content))
+
+
+async def _start(request: Request, state, req: GenRequest, own: InfillRequest) -> tuple[Job, LineRules]:
+    t_start = time.perf_counter()
+    job = await start(state, req, request)
+    # the time rule counts from the end of the prompt, as llama-server's t_start_generation
+    return job, LineRules(own.n_indent or 0, own.t_max_predict_ms or 0, t_start + job.queue_s + job.stats.t_prompt)
+
+
+def _shaped(job: Job, rules: LineRules, content: str, own: InfillRequest, index: int = 0) -> dict:
+    out = {**final(job, content, []), "index": index}
+    if rules.stopped:
+        out["stop_type"] = "limit"
+    return select_fields(out, own.response_fields) if own.response_fields else out
+
+
+async def _several(request: Request, state, req: GenRequest, own: InfillRequest, n: int) -> Response:
+    """n_cmpl > 1: an array of n completions, each under its own line rules (several.variants: one run for a
+    greedy request). The first refusal is raised once every run has ended."""
+    async def one(run: GenRequest) -> tuple[Job, LineRules, str | None]:
+        job, rules = await _start(request, state, run, own)
+        return job, rules, await _collect(job, rules, request)
+
+    runs = several.variants(req, n)
+    results = await asyncio.gather(*(one(r) for r in runs), return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    if any(content is None for _, _, content in results):
+        return Response(status_code=CLIENT_GONE)
+    picked = [results[i % len(results)] for i in range(n)]
+    return JSONResponse([_shaped(job, rules, content, own, i) for i, (job, rules, content) in enumerate(picked)])
 
 
 def _stop(job: Job) -> None:

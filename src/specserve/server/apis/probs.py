@@ -14,52 +14,69 @@ In the legacy shape, which has no bytes, a piece that is not whole UTF-8 is name
 from __future__ import annotations
 
 import math
+import re
 from numbers import Real
 from typing import Any, Sequence
 
-from ...config import MAX_LOGPROBS
+from ...config import BIAS_LIMIT, MAX_LOGPROBS, bias_in_range
 from ...logprobs import TokenLogprob
 from ..http.errors import bad_request
 
 LOWEST = -3.4028234663852886e38  # llama-server's logprob of a probability 0 (JSON has no -inf)
 
 
-def logit_bias_of(value: Any, model, param: str = "logit_bias") -> tuple[tuple[int, float], ...]:
-    """(token id, bias) pairs from OpenAI's map of token ids (`{"1234": -100}`) or llama-server's list
-    (`[[1234, -100], ["text", -1]]`); as llama-server: a key or first element that is text biases each of
-    its tokens (in the list form, text is always text), and a bias of false forbids the token (-inf).
-    400 naming the entry for anything else."""
+MAX_BIAS_ENTRIES = 16384  # logit_bias entries a request may give: each is checked on the event loop
+MAX_BIAS_TEXT = 65536  # characters of text to bias, all entries together: tokenized off the loop (jobs.start)
+_TOKEN_ID = re.compile(r"\s*-?[0-9]+\s*")  # a key that is one whole integer (ASCII digits: int() takes it)
+
+
+def logit_bias_of(value: Any, model, param: str = "logit_bias"
+                  ) -> tuple[tuple[tuple[int, float], ...], tuple[tuple[str, float], ...]]:
+    """((token id, bias) pairs, (text, bias) pairs) from OpenAI's map of token ids (`{"1234": -100}`) or
+    llama-server's list (`[[1234, -100], ["text", -1]]`); as llama-server: a key or first element that is
+    text biases each of its tokens (in the list form, text is always text), a bias of false forbids the
+    token (-inf), and ±inf forbids or forces it. The text is left to tokenize off the event loop
+    (SamplingParams.bias_text). One place for every API: 400 naming the entry for anything else, and for
+    more than MAX_BIAS_ENTRIES entries or MAX_BIAS_TEXT characters of text, before any of it is read."""
     if value is None:
-        return ()
+        return (), ()
+    if not isinstance(value, (dict, list)):
+        raise bad_request(f"{param} must be an object of token ids to biases, or an array of [token, bias] pairs",
+                          param)
+    if len(value) > MAX_BIAS_ENTRIES:
+        raise bad_request(f"{param} has {len(value)} entries; at most {MAX_BIAS_ENTRIES} are taken", param,
+                          "logit_bias_too_large")
     if isinstance(value, dict):
         # a key is a token id where it is one whole integer (OpenAI's form), else text to tokenize
-        entries = [(f"{param}.{k}", int(k) if k.strip().lstrip("-").isdigit() else k, v)
-                   for k, v in value.items()]
-    elif isinstance(value, list):
+        entries = [(f"{param}.{k}", int(k) if _TOKEN_ID.fullmatch(k) else k, v) for k, v in value.items()]
+    else:
         entries = []
         for i, el in enumerate(value):
             if not (isinstance(el, list) and len(el) == 2):
                 raise bad_request(f"{param}[{i}] must be a [token, bias] pair", f"{param}[{i}]")
             entries.append((f"{param}[{i}]", *el))
-    else:
-        raise bad_request(f"{param} must be an object of token ids to biases, or an array of [token, bias] pairs",
-                          param)
+    n_text = sum(len(token) for _, token, _ in entries if isinstance(token, str))
+    if n_text > MAX_BIAS_TEXT:
+        raise bad_request(f"{param} has {n_text} characters of text to bias; at most {MAX_BIAS_TEXT} are taken",
+                          param, "logit_bias_too_large")
     n_vocab = model.vocab.n_vocab
-    out: list[tuple[int, float]] = []
+    ids: list[tuple[int, float]] = []
+    texts: list[tuple[str, float]] = []
     for where, token, bias in entries:
         if bias is False:
             bias = -math.inf
-        elif isinstance(bias, bool) or not isinstance(bias, Real) or not math.isfinite(bias):
-            raise bad_request(f"{where}: a bias must be a number, or false to forbid the token", where)
+        elif isinstance(bias, bool) or not isinstance(bias, Real) or not bias_in_range(bias):
+            raise bad_request(f"{where}: a bias must be a number from {-BIAS_LIMIT:g} to {BIAS_LIMIT:g}, false "
+                              "(or -inf) to forbid the token, or +inf to force it", where)
         if isinstance(token, str):
             if not token:
                 raise bad_request(f"{where}: the text to bias is empty", where)
-            out += [(t, float(bias)) for t in model.tokenize(token, add_special=False)]
+            texts.append((token, float(bias)))
         elif isinstance(token, int) and not isinstance(token, bool) and 0 <= token < n_vocab:
-            out.append((token, float(bias)))
+            ids.append((token, float(bias)))
         else:
             raise bad_request(f"{where}: {str(token)[:20]} is not a token id of this model (0 to {n_vocab - 1})", where)
-    return tuple(out)
+    return tuple(ids), tuple(texts)
 
 
 def count(n: Any, param: str, low: int = 0) -> int:

@@ -4,7 +4,10 @@
 `default_generation_settings.n_ctx`): the context of a slot, the slots, the requests' default
 sampling, the chat template, the speculative settings, the build. /slots: each slot's current or
 last request, plus what speculation did on that slot (`speculation`, a specserve extension).
-`--no-slots` answers /slots with 501, as llama-server. The model is named by its file name, never its
+`--no-slots` answers /slots with 501, as llama-server. A key confined to a scope (--api-key-file's
+`scope=`) sees the request of a slot whose cache is its own scope's, and of any other slot only what
+carries no request text (its id, context, whether it is busy); it sees no counters summed over other
+tenants' requests, and erases only its own scope's slots. The model is named by its file name, never its
 path: a path tells a client about the host's directories and user names.
 """
 from __future__ import annotations
@@ -22,6 +25,7 @@ from ...config import SamplingParams, SpecParams
 from ..core.params import sampling_params
 from ..http.endpoint import Endpoint
 from ..http.errors import ApiError, bad_request
+from ..http.guard import KEY_SCOPE
 
 RANDOM_SEED = 0xFFFFFFFF  # llama-server's LLAMA_DEFAULT_SEED: a random seed per request
 BUILD_INFO = f"specserve {__version__} (llama-cpp-python {llama_cpp.__version__})"
@@ -123,14 +127,17 @@ async def props_change(request: Request) -> Response:
                         "with other flags")
 
 
-def _slot(state, i: int) -> dict:
+def _slot(state, i: int, key_scope: str | None) -> dict:
+    """Slot i as llama-server shows it; for a key confined to `key_scope`, the request only where the
+    slot's last one was of that scope, and no speculation counters (they sum every tenant's requests)."""
     pool, record = state.scheduler.pool, state.slot_records.slots[i]
     slot = pool.slots[i]
     busy = not pool.is_free(slot)
-    out = {"id": i, "n_ctx": state.engine.n_ctx, "speculative": _speculates(state), "is_processing": busy,
-           "speculation": record.speculation()}
+    out = {"id": i, "n_ctx": state.engine.n_ctx, "speculative": _speculates(state), "is_processing": busy}
+    if key_scope is None:
+        out["speculation"] = record.speculation()
     job = record.job
-    if job is not None:
+    if job is not None and key_scope in (None, job.req.spec.cross_request_scope):
         s, req = job.stats, job.req
         out.update({
             "id_task": record.id_task, "n_prompt_tokens": s.n_prompt,
@@ -149,12 +156,19 @@ async def slots(request: Request) -> Response:
     state = request.app.state.server
     if not state.settings.slots_endpoint:
         raise not_supported("This server does not support slots endpoint: it was started with --no-slots")
-    return JSONResponse([_slot(state, i) for i in range(len(state.scheduler.pool.slots))])
+    key_scope = request.scope.get(KEY_SCOPE)
+    return JSONResponse([_slot(state, i, key_scope) for i in range(len(state.scheduler.pool.slots))])
+
+
+def other_scope(i: int) -> ApiError:
+    return ApiError(403, f"slot {i} holds the cache of another scope than this API key's; a scoped key may act "
+                         "only on its own scope's slots", "id_slot", "slot_of_another_scope", kind="permission_error")
 
 
 async def slot_action(request: Request) -> Response:
     """POST /slots/{id}?action=erase empties the slot's caches, waiting while it is busy; save and restore
-    (llama-server's --slot-save-path) are not supported."""
+    (llama-server's --slot-save-path) are not supported. A scoped key acts only on a slot whose cache
+    is its scope's (asked again once the slot is held: another scope's request may have run meanwhile)."""
     state = request.app.state.server
     pool = state.scheduler.pool
     try:
@@ -168,8 +182,13 @@ async def slot_action(request: Request) -> Response:
         raise not_supported(f"slot {action} is not supported: a slot's cache is not written to or read from files")
     if action != "erase":
         raise bad_request(f"action must be erase, save or restore, got {action!r}", "action")
+    key_scope = request.scope.get(KEY_SCOPE)
+    if key_scope is not None and not pool.holds(i, key_scope):
+        raise other_scope(i)
     slot = await pool.acquire([], i)
     try:
+        if key_scope is not None and not pool.holds(i, key_scope):
+            raise other_scope(i)
         n = await state.scheduler.worker.run(slot.forget_cache)
     finally:
         pool.release(slot)

@@ -70,9 +70,10 @@ def output_items(out: Answer) -> list[dict]:
     function_call per call, after its reasoning item where it reasoned; the last is "incomplete" where
     max_output_tokens cut it."""
     items = [reasoning_item(new_id("rs"), out.reasoning)] if out.reasoning else []
-    if out.content and (out.content.strip() or not out.calls):
+    cut = out.cut_by_limit  # a call max_output_tokens cut: an incomplete function_call, its arguments so far
+    if out.content and (out.content.strip() or not (out.calls or cut)):
         items.append(message_item(new_id("msg"), out.content))
-    for call in out.calls:
+    for call in [*out.calls, *([cut] if cut else [])]:
         items.append(call_item(new_id("fc"), call.id, call.name, call.arguments))
     if items and out.reason == "length":
         items[-1]["status"] = "incomplete"

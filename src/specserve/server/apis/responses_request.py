@@ -134,6 +134,22 @@ def _parts_text(content: str | list, where: str) -> str:
     return "".join(texts)
 
 
+def _reasoning_text(content, where: str) -> str:
+    """A reasoning item's `content` (absent, or an array of reasoning_text parts) as text; 400 naming the part
+    for anything else (its summary and encrypted_content are not read)."""
+    if content is None:
+        return ""
+    if not isinstance(content, list):
+        raise bad_request(f"{where} must be an array of reasoning_text parts", where)
+    texts = []
+    for k, part in enumerate(content):
+        text = part.get("text") if isinstance(part, dict) else None
+        if not isinstance(text, str):
+            raise bad_request(f"{where}[{k}].text must be a string", f"{where}[{k}].text")
+        texts.append(text)
+    return "".join(texts)
+
+
 def _assistant(out: list[dict]) -> dict:
     """The assistant message the next output item belongs to: the last message if it is the
     assistant's (a message, then its calls, are one turn), else a new one."""
@@ -175,10 +191,10 @@ def chat_messages(fields: ResponsesRequest) -> list[dict]:
             o = parse(FunctionOutputItem, raw, where)
             out.append({"role": "tool", "tool_call_id": o.call_id, "content": _parts_text(o.output, f"{where}.output")})
         elif kind == "reasoning":  # its text, where given, is what reasoning templates render
-            texts = [p.get("text", "") for p in raw.get("content") or [] if isinstance(p, dict)]
-            if any(texts):
+            text = _reasoning_text(raw.get("content"), f"{where}.content")
+            if text:
                 prev = _assistant(out)
-                prev["reasoning_content"] = prev.get("reasoning_content", "") + "".join(texts)
+                prev["reasoning_content"] = prev.get("reasoning_content", "") + text
         elif kind == "item_reference":
             raise bad_request(f"{where}: item references are not supported: {STATELESS}", f"{where}.type",
                               "unsupported_parameter")

@@ -137,11 +137,19 @@ class ResponseStream:
                 yield self._event("response.function_call_arguments.delta", item_id=self.item["id"],
                                   output_index=len(self.output), delta=event.text)
             elif kind is Finish:
+                cut = event.cut if event.reason == "length" else None  # an incomplete function_call
                 calls = any(i["type"] == "function_call" for i in self.output) or (
                     self.item is not None and self.item["type"] == "function_call")
-                if held and not calls:  # blank text and no call after it: the answer is that text
+                if held and not calls and cut is None:  # blank text and no call after it: the answer is that text
                     for e in self._text(held, None):
                         yield e
+                if cut is not None:
+                    for e in self._open(call_item(new_id("fc"), cut.id, cut.name, "")):
+                        yield e
+                    if cut.arguments:
+                        self.item["arguments"] += cut.arguments
+                        yield self._event("response.function_call_arguments.delta", item_id=self.item["id"],
+                                          output_index=len(self.output), delta=cut.arguments)
                 for e in self._close("incomplete" if event.reason == "length" else "completed"):
                     yield e
                 final = head.response("completed", self.output, job, event.reason)

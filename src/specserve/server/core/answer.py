@@ -30,7 +30,8 @@ class Answer:
     `content`: the answer's text outside reasoning and tool calls (all of `text` when neither is read);
     `reasoning`: the reasoning block's text ("" without one); `reason`, `detail`: as in events.Finish;
     `trace`: the runs of the whole text by producer (speculative.trace), else None; `logprobs`: one per
-    token of `tokens` where the request asks (SamplingParams.logprobs), else None."""
+    token of `tokens` where the request asks (SamplingParams.logprobs), else None; `cut`: the tool call
+    cut short, where its name was whole (events.Finish.cut)."""
 
     text: str
     tokens: list[int]
@@ -42,6 +43,12 @@ class Answer:
     trace: list[dict] | None
     reasoning: str = ""
     logprobs: list[TokenLogprob] | None = None
+    cut: Call | None = None
+
+    @property
+    def cut_by_limit(self) -> Call | None:
+        """The call max_tokens cut short (reported by the APIs that show a cut call), else None."""
+        return self.cut if self.reason == "length" else None
 
 
 def reader_for(job: Job) -> AnswerReader | None:
@@ -68,7 +75,8 @@ async def events(job: Job) -> AsyncIterator[Event]:
             break
     for event in reader.close():
         yield event
-    yield Finish(reader.finish(job.finish_reason), finish_detail(job.stats, reader.cut()), job.stats)
+    yield Finish(reader.finish(job.finish_reason), finish_detail(job.stats, reader.cut()), job.stats,
+                 reader.cut_call)
 
 
 def _stop(job: Job) -> None:
@@ -98,7 +106,7 @@ async def answer(job: Job, request: Request) -> Answer | None:
     reader.close()
     calls = reader.calls.calls if reader.calls is not None else []
     return Answer(text, tokens, reader.finish(job.finish_reason), finish_detail(job.stats, reader.cut()),
-                  reader.message(), reader.content, calls, trace, reader.reasoning, job.logprobs)
+                  reader.message(), reader.content, calls, trace, reader.reasoning, job.logprobs, reader.cut_call)
 
 
 def finish_detail(stats: GenerationStats, cut: str | None = None) -> dict:

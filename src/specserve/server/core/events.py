@@ -5,7 +5,8 @@ block (`<think>...</think>`, parted once for every API: core/reasoning.py), `Tex
 token ids and, where asked, the trace of who produced each token), `CallStart` and `CallArguments`
 where the request's tools are read back from the text, and one `Finish`. Each piece is final when
 yielded: text that might still turn out to be a marker or a tool call is held back until it is known,
-and a call comes whole, once complete (a call cut by max_tokens never comes: toolcalls.py).
+and a call comes whole, once complete (a call cut by max_tokens never comes as calls do: `Finish.cut`
+names it, for the APIs that show a cut call).
 """
 from __future__ import annotations
 
@@ -62,11 +63,13 @@ class Finish:
     """The end. reason: "stop" (end of generation or a stop string), "length" (max_tokens or the
     context), "tool_calls" (the answer ended on complete tool calls: on its own, or on a call that
     repeated one); detail: the `finish_detail` field where the reason alone would not say why (else
-    {}); stats: the counts."""
+    {}); stats: the counts; cut: the tool call cut short where its name was whole (a Call: name and
+    arguments so far), which Anthropic's and the Responses API show as an incomplete block, else None."""
 
     reason: str
     detail: dict
     stats: GenerationStats
+    cut: object = None
 
 
 Event = Union[Reasoning, Text, CallStart, CallArguments, Finish]

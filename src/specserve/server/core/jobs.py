@@ -12,7 +12,9 @@ the slot back. When a drain's deadline passes, the next step of every job raises
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import os
 import time
 from typing import AsyncIterator
 
@@ -20,6 +22,8 @@ import anyio
 from starlette.requests import Request
 
 from ...chat import ChatTemplateError
+from ...config import SamplingParams
+from ...processors import LogitRules, with_bias_text
 from ...slot import Chunk
 from ...logprobs import TokenLogprob
 from ...prompt import chat_tokens
@@ -28,7 +32,7 @@ from ..http.errors import ApiError, bad_request
 from .constraints.tools import template_input
 from .metrics import log_request
 from .reasoning import Parting, resolve
-from .request import GenRequest, fit_context
+from .request import GenRequest, exceed_context, fit_context
 from .scheduler import QueueFull, SlotPool, draining, queue_full, stopping
 from .trace import Tracer
 
@@ -36,12 +40,16 @@ log = logging.getLogger("specserve.server")
 CLIENT_GONE = 499  # nginx's "client closed request": nobody reads it, the log and metrics do
 DISCONNECT_CHECK_S = 0.25  # how often a non-streamed generation asks whether its client is still there
 ADMIT_GRACE_S = 0.1  # how long a request that finds slots and queue full waits for a place before 503
+RESEND_GRACE_S = 0.5  # how long a request waits for an ended request's slot that holds more of its prompt
 
 
-def prompt_ids(model, req: GenRequest, template_kwargs: dict | None = None) -> list[int]:
+def prompt_ids(model, req: GenRequest, template_kwargs: dict | None = None, n_ctx: int | None = None) -> list[int]:
     """Tokenize the prompt or render and tokenize the chat (`template_kwargs`: the server's variables for
-    the chat template, under the request's own). Raises ApiError(400)."""
+    the chat template, under the request's own). Raises ApiError(400); with `n_ctx`, a chat whose messages
+    alone cannot fit is refused before its rendering (which takes seconds for tens of thousands of them)."""
     if req.messages is not None:
+        if n_ctx is not None and (least := _least_tokens(req.messages)) >= n_ctx:
+            raise exceed_context(least, n_ctx, "messages")
         try:
             messages, tools = template_input(model, req.messages, req.tools)
             return chat_tokens(model, messages, tools, req.continue_final,
@@ -55,6 +63,24 @@ def prompt_ids(model, req: GenRequest, template_kwargs: dict | None = None) -> l
     if bad:
         raise bad_request(f"token id {bad[0]} is outside the vocabulary [0, {model.vocab.n_vocab})", "prompt")
     return list(req.prompt)
+
+
+def _least_tokens(messages) -> int:
+    """A lower bound on a chat's prompt tokens: each user or tool message with text renders at least one (no
+    template leaves out the user's words). Cheap: the messages are counted, not rendered."""
+    return sum(1 for m in messages if isinstance(m, dict) and m.get("role") in ("user", "tool") and m.get("content"))
+
+
+def _prepare(model, req: GenRequest, template_kwargs: dict | None, n_ctx: int) -> tuple[list[int], SamplingParams]:
+    """Off the event loop: the prompt's tokens, and the sampling with its logit_bias text tokenized and
+    checked against the vocabulary (400 `logit_bias` for a bias that leaves no token possible)."""
+    tokens = prompt_ids(model, req, template_kwargs, n_ctx)
+    try:
+        sampling = with_bias_text(req.sampling, model)
+        LogitRules.check(sampling, model.vocab.n_vocab)
+    except ValueError as e:
+        raise bad_request(str(e), "logit_bias") from None
+    return tokens, sampling
 
 
 class Job:
@@ -84,6 +110,11 @@ class Job:
         # who produced each token, when the request asks (speculative.trace): fed every chunk by chunks()
         self.tracer = (Tracer(state.engine.target.token_bytes, keep=not req.stream, skip=len(req.sampling.heal))
                        if req.spec.trace else None)
+
+    @property
+    def ending(self) -> bool:
+        """Whether the request has ended (finish() called): its slot is on its way back."""
+        return self._finished
 
     @property
     def finish_reason(self) -> str:
@@ -230,6 +261,39 @@ async def _acquire(pool: SlotPool, tokens: list[int], request: Request | None, i
     return acquire.result()
 
 
+def _ending_with_more(state, tokens: list[int], scope: str) -> int:
+    """The slot (-1: none) whose request has ended and which is on its way back, holding more of `tokens`
+    than any free slot can give."""
+    pool = state.scheduler.pool
+    most = max((pool.reusable(s, tokens, scope) for s in pool.slots if pool.is_free(s)), default=0)
+    found = -1
+    for i, record in enumerate(state.slot_records.slots):
+        job = record.job
+        if job is None or not job.ending or pool.is_free(pool.slots[i]) or not pool.holds(i, scope):
+            continue
+        n = len(os.path.commonprefix([job.prompt_tokens, tokens]))
+        if n > most:
+            found, most = i, n
+    return found
+
+
+async def _own_cache_soon(state, tokens: list[int], request: Request | None, req: GenRequest):
+    """A slot on its way back whose cache holds more of the prompt than any free one, if it is back within
+    RESEND_GRACE_S; else None. A client that drops a stream and sends it again at once arrives while its
+    slot is still being closed (on the engine thread, after the pass under way): without this it took
+    another slot and evaluated its whole prompt again."""
+    if req.id_slot >= 0 or not req.cache_prompt:
+        return None
+    i = _ending_with_more(state, tokens, req.spec.cross_request_scope)
+    if i < 0:
+        return None
+    try:
+        return await asyncio.wait_for(_acquire(state.scheduler.pool, tokens, request, i, req.spec.cross_request_scope),
+                                      RESEND_GRACE_S)
+    except (asyncio.TimeoutError, QueueFull):  # (a queue of 0 has no place to wait in)
+        return None
+
+
 async def start(state, req: GenRequest, request: Request | None = None) -> Job:
     """Validate the prompt, wait for a slot, run the prompt and first step. Raises ApiError.
     With `request`, a client that disconnects while queued is dropped (ApiError(CLIENT_GONE))."""
@@ -241,14 +305,19 @@ async def start(state, req: GenRequest, request: Request | None = None) -> Job:
         raise queue_full(scheduler.pool)
     scheduler.enter()  # from here the request counts as in flight: a drain waits for it
     try:
-        tokens = await anyio.to_thread.run_sync(prompt_ids, engine.target, req, state.settings.template_kwargs)
+        tokens, sampling = await anyio.to_thread.run_sync(_prepare, engine.target, req, state.settings.template_kwargs,
+                                                          engine.n_ctx)
+        if sampling is not req.sampling:
+            req = dataclasses.replace(req, sampling=sampling)
         if not tokens:
             raise bad_request("the prompt is empty after tokenization", "prompt")
         req = fit_context(req, len(tokens), engine.n_ctx)  # a prompt that leaves no room: 400
         req, parting = resolve(req, engine.target, tokens, state.settings.reasoning_format,
                                state.settings.reasoning_budget)
         t_queued = time.perf_counter()
-        slot = await _acquire(scheduler.pool, tokens, request, req.id_slot, req.spec.cross_request_scope)
+        slot = await _own_cache_soon(state, tokens, request, req)
+        if slot is None:
+            slot = await _acquire(scheduler.pool, tokens, request, req.id_slot, req.spec.cross_request_scope)
     except QueueFull:
         scheduler.leave()
         raise queue_full(scheduler.pool) from None

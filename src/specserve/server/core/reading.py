@@ -88,6 +88,11 @@ class AnswerReader:
     def cut(self) -> str | None:
         return self.calls.cut() if self.calls is not None else None
 
+    @property
+    def cut_call(self):
+        """The tool call cut short (constraints.toolcalls.Call: its name, its arguments so far), else None."""
+        return self.calls.cut_call if self.calls is not None else None
+
 
 def _call_reader(tools: ToolRequest) -> CallReader:
     """The reader of the request's call form: the generic JSON object, or the template's own."""

@@ -90,6 +90,10 @@ class SlotPool:
             return 0
         return slot.reusable(tokens)
 
+    def holds(self, i: int, scope: str) -> bool:
+        """Whether slot i's cache is `scope`'s (the scope of the last request that ran on it)."""
+        return self._scope[i] == scope
+
     def claim(self, slot: Slot, scope: str) -> bool:
         """Record that the slot's cache is now `scope`'s; True where it held another scope's prompt,
         which the caller must then empty before running anything."""

@@ -75,6 +75,9 @@ class CallReader:
     _line_start: bool = True  # the buffer starts a line (or the answer)
     _after_call: bool = False  # only blanks since the last call
     _cut: str | None = None
+    # the call cut short, where its name was whole: its arguments as far as they came (the APIs that report a
+    # cut call, Anthropic's and the Responses API, show it as an incomplete tool_use / function_call)
+    cut_call: Call | None = None
 
     @classmethod
     def for_tools(cls, tools) -> "CallReader":
@@ -151,17 +154,19 @@ class CallReader:
         name, start = rest[len(f.prefix):end], end + len(f.middle)
         close = rest.find(f.suffix, start)
         if close < 0:
-            return self._wait(name, final)
+            return self._wait(name, final, rest[start:])
         self._buf, self._tag = rest[close + len(f.suffix):], False
         self._finish(name, rest[start:close], out)
         return True
 
-    def _wait(self, name: str | None, final: bool) -> bool:
+    def _wait(self, name: str | None, final: bool, arguments: str = "") -> bool:
         if final:
-            self._dropped(name)
+            self._dropped(name, arguments)
         return False
 
-    def _dropped(self, name: str | None) -> None:
+    def _dropped(self, name: str | None, arguments: str = "") -> None:
+        if name:
+            self.cut_call = Call(call_id(), name, arguments)
         n = len(self.calls)
         self._cut = (f"tool call {n} ({name}) was cut before its arguments were complete and is left out"
                      if name else f"tool call {n} was cut before its function name was complete and is left out")
