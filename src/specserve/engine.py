@@ -68,7 +68,12 @@ class Engine:
     @classmethod
     def load(cls, cfg: ModelConfig) -> "Engine":
         target = load_model(cfg.target_path, cfg.n_gpu_layers, cfg.n_threads)
-        draft = load_model(cfg.draft_path, cfg.n_gpu_layers_draft, cfg.n_threads) if cfg.draft_path else None
+        try:
+            draft = load_model(cfg.draft_path, cfg.n_gpu_layers_draft, cfg.n_threads, flag="-ngld") \
+                if cfg.draft_path else None
+        except BaseException:  # the draft refused (-ngld on a CPU build) or not loaded: free the target
+            target.close()
+            raise
         store = SuffixStore(cfg.cross_request_bytes) if cfg.cross_request_bytes else None
         engine = cls(target, draft, cfg.n_ctx, controller=learning_controller(cfg, target), suffix_store=store)
         engine.cache_reuse, engine.draft_window = cfg.cache_reuse, cfg.draft_ctx

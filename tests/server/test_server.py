@@ -51,6 +51,14 @@ def http(server):
         yield c
 
 
+def test_start_up_names_the_devices_llama_cpp_sees(server):
+    """Before the models load, one line: llama.cpp's devices, and whether layers can leave the CPU."""
+    lines = server.log().splitlines()
+    line = next(row for row in lines if row.startswith("devices: "))
+    assert "CPU (" in line
+    assert lines.index(line) < min(i for i, row in enumerate(lines) if row.startswith("memory: "))
+
+
 def metrics(http) -> dict[str, float]:
     """Every sample as 'name{labels}' -> value."""
     text = http.get("/metrics").text

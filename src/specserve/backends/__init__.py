@@ -4,8 +4,11 @@ from .base import Context, MemoryUse, Model, VocabInfo, common_prefix, sync_and_
 __all__ = ["Context", "MemoryUse", "Model", "VocabInfo", "common_prefix", "load_model", "sync_and_eval", "sync_prefix"]
 
 
-def load_model(path: str, n_gpu_layers: int = 0, n_threads: int | None = None) -> Model:
-    """Load a GGUF model with the llama.cpp backend."""
+def load_model(path: str, n_gpu_layers: int = 0, n_threads: int | None = None, flag: str = "-ngl") -> Model:
+    """Load a GGUF model with the llama.cpp backend. n_gpu_layers other than 0 on a build that cannot
+    offload raises devices.OffloadUnavailable (a ValueError), naming `flag` and the install line that fixes it."""
+    from .devices import require_offload
     from .llama_cpp import LlamaCppModel
 
+    require_offload({flag: n_gpu_layers})
     return LlamaCppModel(path, n_gpu_layers=n_gpu_layers, n_threads=n_threads)

@@ -14,7 +14,7 @@ import resource
 import sys
 
 from ..config import DEFAULT_VERIFY, DRAFT_CTX_DEFAULT, DRAFT_CTX_MIN, VERIFY_METHODS
-from .common import CliError, add_model_args, draft_windows
+from .common import CliError, add_model_args, check_offload, draft_windows
 
 _SPECS = ("draft", "ngram", "suffix", "auto", "auto-fresh", "none")
 _DEFAULT_SPECS = ("draft", "ngram", "suffix", "auto", "none")
@@ -159,7 +159,7 @@ def _load(args, target_path: str, draft_paths: dict[str, str]):
             if path in by_path:  # the same model at another window
                 drafts[name] = by_path[path]
                 continue
-            drafts[name] = by_path[path] = load_model(path, args.n_gpu_layers_draft, args.threads)
+            drafts[name] = by_path[path] = load_model(path, args.n_gpu_layers_draft, args.threads, flag="-ngld")
             loaded.append(drafts[name])
             report = check_pairing(target, drafts[name])
             if report.flagrant:
@@ -186,6 +186,7 @@ def run(args) -> int:
     from ..bench.table import render
 
     _validate(args)
+    check_offload(args)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per endpoint request otherwise
     try:
         workloads = args.workload or _DEFAULT_WORKLOADS

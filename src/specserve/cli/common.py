@@ -91,9 +91,21 @@ def _config(factory, **kw):
         raise CliError(str(e), 2) from None
 
 
+def check_offload(args) -> None:
+    """-ngl/-ngld above 0 where this llama.cpp cannot offload: refused (exit status 2) before any model is
+    pulled or loaded, with the line that rebuilds it for the GPU (backends/devices.py)."""
+    from ..backends.devices import OffloadUnavailable, require_offload
+
+    try:
+        require_offload({"-ngl": args.n_gpu_layers, "-ngld": getattr(args, "n_gpu_layers_draft", 0)})
+    except OffloadUnavailable as e:
+        raise CliError(str(e), 2) from None
+
+
 def model_config(args) -> ModelConfig:
     from .. import models
 
+    check_offload(args)
     target, draft = args.model, getattr(args, "model_draft", None)
     pair_target, pair_draft = PAIRS[getattr(args, "pair", "qwen")]
     try:
@@ -129,10 +141,14 @@ def sampling_params(args) -> SamplingParams:
 
 
 def load_engine(cfg: ModelConfig, quiet: bool = False):
-    """Load target and draft, run the pairing check (a refused draft: exit status 2), print its warnings
-    and the memory summary."""
+    """Print the devices llama.cpp sees, load target and draft, run the pairing check (a refused draft: exit
+    status 2), print its warnings, where the layers went (a build that can offload) and the memory summary."""
+    from ..backends.devices import devices_line, gpu_offload, list_devices, placement
     from ..loading import PairingRefused, load_checked
 
+    if not quiet:
+        layers = {"-ngl": cfg.n_gpu_layers, **({"-ngld": cfg.n_gpu_layers_draft} if cfg.draft_path else {})}
+        print(devices_line(list_devices(), gpu_offload(), layers), file=sys.stderr)
     try:
         engine, warnings = load_checked(cfg)
     except PairingRefused as e:
@@ -144,5 +160,10 @@ def load_engine(cfg: ModelConfig, quiet: bool = False):
     if not quiet:
         from ..memory import loaded_summary
 
+        if gpu_offload():
+            where = [placement(role, m.load_log) for role, m in (("target", engine.target), ("draft", engine.draft))
+                     if m is not None and getattr(m, "load_log", None)]
+            if any(where):
+                print("layers: " + "; ".join(w for w in where if w), file=sys.stderr)
         print(loaded_summary(engine), file=sys.stderr)
     return engine

@@ -1,0 +1,62 @@
+"""-ngl/-ngld on a llama.cpp built for the CPU only, and the devices line, as a user meets them: every command
+that takes the flags refuses GPU layers with the install line that fixes it, and names llama.cpp's devices."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from specserve.backends import devices
+
+cpu_build = pytest.mark.skipif(devices.gpu_offload(), reason="this llama-cpp-python can offload to a GPU")
+
+
+def specserve(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "specserve", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@cpu_build
+@pytest.mark.parametrize("command, flags", [
+    (["generate", "-p", "x"], ["-ngl", "99"]),
+    (["generate", "-p", "x"], ["-ngld", "4"]),
+    (["serve"], ["-ngl", "99"]),
+    (["check"], ["-ngl", "99"]),
+    (["bench", "--via", "inprocess"], ["-ngld", "99"]),
+])
+def test_gpu_layers_on_a_cpu_build_exit_2_with_the_fix(tiny_paths, command, flags):
+    r = specserve(*command, "-m", tiny_paths["target"], "-md", tiny_paths["draft_close"], "-t", "1", *flags)
+    assert r.returncode == 2, r.stderr
+    assert r.stdout == ""
+    first, fix, last = r.stderr.strip().splitlines()
+    assert first.startswith(f"specserve: error: {' '.join(flags)} asks for layers on a GPU, but this "
+                            "llama-cpp-python is built for the CPU only")
+    assert fix == "  " + devices.install_line(devices.guess_backend())
+    assert last == f"To run on the CPU, leave out {' '.join(flags)} (or pass {flags[0]} 0)."
+    assert "memory:" not in r.stderr and "devices:" not in r.stderr  # refused before anything loads
+
+
+def test_generate_names_the_devices_at_start_up(tiny_paths):
+    r = specserve("generate", "-m", tiny_paths["target"], "-p", "the cat", "-n", "4", "--ignore-eos", "-t", "1",
+                  "-ngl", "0")
+    assert r.returncode == 0, r.stderr
+    line = r.stderr.splitlines()[0]
+    assert line.startswith("devices: ") and "CPU (" in line
+    if not devices.gpu_offload():
+        assert line.endswith('; llama-cpp-python is built for the CPU only (to use a GPU: README.md, "GPU")')
+
+
+def test_check_has_a_devices_section(tiny_paths, capsys):
+    from specserve.cli import main
+
+    assert main(["check", "-m", str(tiny_paths["target"]), "-md", str(tiny_paths["draft_close"]), "-t", "1",
+                 "-c", "256", "--no-measure"]) == 0
+    out = capsys.readouterr().out
+    section = out[out.index("\ndevices (llama.cpp)\n"):].splitlines()
+    assert any(row.split()[:2] == ["CPU", "CPU"] for row in section), section
+    assert main(["check", "-m", str(tiny_paths["target"]), "-t", "1", "-c", "256", "--no-measure", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["devices"]
+    assert got["gpu_offload"] == devices.gpu_offload()
+    assert any(d["kind"] == "CPU" and d["name"] for d in got["list"])
