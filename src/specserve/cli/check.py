@@ -69,11 +69,13 @@ def run(args) -> int:
                                                            budget_source)}
     if args.memory_only:
         result["pairing_checked"] = False
+    result["devices"] = _devices()
     if args.json:
         json.dump(result, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print(_render(paths, report, result["memory"], shapes, measured, args.memory_only))
+        print(_render_devices(result["devices"]))
     return 2 if report.flagrant else 0
 
 
@@ -197,3 +199,20 @@ def _budget_line(mem: dict) -> str:
         line += (f" at its window of {mem['draft_ctx']}, {mem['max_ctx_in_budget_full_draft']} with the draft "
                  "at the whole context")
     return line
+
+
+def _devices() -> dict:
+    """What llama.cpp sees (backends/devices.py): each device, and whether this build can offload layers."""
+    from dataclasses import asdict
+
+    from ..backends.devices import gpu_offload, list_devices
+
+    return {"gpu_offload": gpu_offload(), "list": [asdict(d) for d in list_devices()]}
+
+
+def _render_devices(devices: dict) -> str:
+    from ..backends.devices import Device, offload_status
+
+    listed = [Device(**d) for d in devices["list"]]
+    lines = ["", "devices (llama.cpp)"] + [f"  {d.kind:<11} {d.describe()}" for d in listed]
+    return "\n".join([*lines, "  " + offload_status(listed, devices["gpu_offload"])])
