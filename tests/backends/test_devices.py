@@ -42,7 +42,7 @@ def test_layers_by_device_read_from_the_load_log(tiny_models):
     assert set(by_dev) == {"CPU"} and by_dev["CPU"] >= 2  # its blocks and the output layer
     log = "".join(f"load_tensors: layer {i:3d} assigned to device {'CUDA0' if i < 20 else 'CPU'}, is_swa = 0\n"
                   for i in range(29))
-    assert devices.placement("target", log) == "target: 20/29 layers on CUDA0, 9/29 layers on CPU"
+    assert devices.placement("target", log) == "target 20/29 on CUDA0, 9/29 on CPU"
 
 
 def test_ngl_0_is_never_refused():
@@ -84,3 +84,15 @@ def test_a_config_with_gpu_layers_is_refused_before_anything_loads(tiny_paths, f
                       auto_profile=False, **{field: 99})
     with pytest.raises(OffloadUnavailable, match="-ngld 99" if field.endswith("draft") else "-ngl 99"):
         load_checked(cfg)
+
+
+def test_the_readme_gives_the_lines_the_refusal_gives():
+    """The refusal points at the README's "GPU" section: its install lines are the ones the error prints."""
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme[readme.index("\n## GPU\n"):].split("\n## ", 2)[1]
+    for backend in ("CUDA", "Metal", "Vulkan"):
+        assert f"`{devices.install_line(backend)}`" in section, backend
+    rocm = devices.install_line("ROCm").replace('-DGGML_HIP=on"', '-DGGML_HIP=on -DGPU_TARGETS=gfx1100"')
+    assert f"`{rocm}`" in section

@@ -60,3 +60,21 @@ def test_check_has_a_devices_section(tiny_paths, capsys):
     got = json.loads(capsys.readouterr().out)["devices"]
     assert got["gpu_offload"] == devices.gpu_offload()
     assert any(d["kind"] == "CPU" and d["name"] for d in got["list"])
+
+
+def test_where_the_layers_went_on_a_build_that_offloads(tiny_paths, capsys, monkeypatch):
+    """A build that can offload says, after loading, how many layers each model has on each device (read
+    from llama.cpp's load log); here, with no GPU to see, all on the CPU."""
+    from specserve.cli.common import load_engine
+    from specserve.config import ModelConfig
+
+    monkeypatch.setattr(devices, "gpu_offload", lambda: True)
+    engine = load_engine(ModelConfig(str(tiny_paths["target"]), str(tiny_paths["draft_close"]), n_ctx=64,
+                                     n_threads=1, auto_profile=False))
+    engine.close()
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("devices: CPU (") and err[0].endswith("llama.cpp sees no GPU (driver? "
+                                                                    "CUDA_VISIBLE_DEVICES?)")
+    n = devices.layers_by_device(engine.target.load_log)["CPU"]
+    m = devices.layers_by_device(engine.draft.load_log)["CPU"]
+    assert f"layers: target {n}/{n} on CPU; draft {m}/{m} on CPU" in err

@@ -136,12 +136,12 @@ def layers_by_device(load_log: str) -> dict[str, int]:
 
 
 def placement(role: str, load_log: str) -> str | None:
-    """'target: 31/31 layers on CUDA0' (several devices: each), None where the log does not say."""
+    """'target 31/31 on CUDA0' (split: 'target 20/29 on CUDA0, 9/29 on CPU'), None where the log does not say."""
     by_dev = layers_by_device(load_log)
     if not by_dev:
         return None
     n = sum(by_dev.values())
-    return f"{role}: " + ", ".join(f"{k}/{n} layers on {d}" for d, k in by_dev.items())
+    return f"{role} " + ", ".join(f"{k}/{n} on {d}" for d, k in by_dev.items())
 
 
 def guess_backend() -> str:
