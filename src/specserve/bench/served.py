@@ -85,10 +85,13 @@ class ServedModels:
     prompt lookup and suffix through the first)."""
 
     def __init__(self, target_path: str, draft_paths: dict[str, str], n_ctx: int, threads: int | None,
-                 parallel: int, auto_profile: bool, timeout: float = 3600.0, windows: dict[str, int] | None = None):
-        """windows: a draft's --draft-ctx by its name (default: the server's)."""
+                 parallel: int, auto_profile: bool, timeout: float = 3600.0, windows: dict[str, int] | None = None,
+                 n_gpu_layers: tuple[int, int] = (0, 0)):
+        """windows: a draft's --draft-ctx by its name (default: the server's); n_gpu_layers: the target's and
+        the drafts' layers on the GPU (-ngl, -ngld), as the in-process path loads them."""
         common = ["-m", target_path, "-c", str(n_ctx), "-np", str(parallel)]
         common += ["-t", str(threads)] if threads else []
+        common += ["-ngl", str(n_gpu_layers[0])] if n_gpu_layers[0] else []
         common += [] if auto_profile else ["--no-auto-profile"]
         self.servers: dict[str | None, SpawnedServer] = {}
         self._client = httpx.Client(timeout=timeout)
@@ -96,6 +99,7 @@ class ServedModels:
             for name, path in (draft_paths or {None: None}).items():
                 window = (windows or {}).get(name)
                 draft = ["-md", path] if path else []
+                draft += ["-ngld", str(n_gpu_layers[1])] if path and n_gpu_layers[1] else []
                 draft += ["--draft-ctx", str(window)] if path and window is not None else []
                 self.servers[name] = SpawnedServer(common + draft)
         except BaseException:

@@ -276,7 +276,8 @@ def _serve(args, target_path: str, draft_paths: dict[str, str]):
 
     print(f"starting specserve serve -np {args.parallel} for the served configurations ...", file=sys.stderr)
     return ServedModels(target_path, draft_paths, args.ctx_size, args.threads, args.parallel,
-                        auto_profile=not args.no_auto_profile, windows=draft_windows(args, draft_paths))
+                        auto_profile=not args.no_auto_profile, windows=draft_windows(args, draft_paths),
+                        n_gpu_layers=(args.n_gpu_layers, args.n_gpu_layers_draft))
 
 
 def _write(path: str, write) -> None:

@@ -57,7 +57,8 @@ def run(args, target_path: str, draft_paths: dict[str, str], specs: list[str]) -
     served = None
     try:
         served = ServedModels(target_path, draft_paths, args.ctx_size, args.threads, args.parallel,
-                              auto_profile=not args.no_auto_profile)
+                              auto_profile=not args.no_auto_profile,
+                              n_gpu_layers=(args.n_gpu_layers, args.n_gpu_layers_draft))
         urls = {c.name: c.endpoint if c.spec == "endpoint" else served.url(c.draft_model) for c in configs}
         runs = run_loop(configs, tasks, urls, apis, progress=not args.no_progress,
                         max_tokens={"edit": n_edit, "edit-2": n_edit})

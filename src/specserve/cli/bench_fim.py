@@ -45,7 +45,8 @@ def run(args, target_path: str, draft_paths: dict[str, str], specs: list[str]) -
     served = None
     try:
         served = ServedModels(target_path, draft_paths, args.ctx_size, args.threads, args.parallel,
-                              auto_profile=not args.no_auto_profile, windows=draft_windows(args, draft_paths))
+                              auto_profile=not args.no_auto_profile, windows=draft_windows(args, draft_paths),
+                              n_gpu_layers=(args.n_gpu_layers, args.n_gpu_layers_draft))
         urls = {c.name: c.endpoint if c.spec == "endpoint" else served.url(c.draft_model) for c in configs}
         runs = run_replay(configs, files, urls, n_predict, progress=not args.no_progress)
     except (EndpointError, ServerFailed) as e:
