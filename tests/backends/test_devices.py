@@ -55,7 +55,7 @@ def test_gpu_layers_on_a_cpu_build_are_refused_with_the_line_that_fixes_it(layer
     with pytest.raises(OffloadUnavailable) as e:
         devices.require_offload(layers)
     msg = str(e.value)
-    asked = " ".join(f"{f} {n}" for f, n in layers.items() if n)
+    asked = " ".join(f"{f} {n if n > 0 else 'all'}" for f, n in layers.items() if n)  # -1: llama.cpp's all
     assert msg.startswith(f"{asked} asks for layers on a GPU")
     assert "llama_supports_gpu_offload() is False" in msg
     fix = devices.install_line(devices.guess_backend())

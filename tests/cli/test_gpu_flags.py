@@ -19,22 +19,29 @@ def specserve(*args, timeout=120):
 
 
 @cpu_build
-@pytest.mark.parametrize("command, flags", [
-    (["generate", "-p", "x"], ["-ngl", "99"]),
-    (["generate", "-p", "x"], ["-ngld", "4"]),
-    (["serve"], ["-ngl", "99"]),
-    (["check"], ["-ngl", "99"]),
-    (["bench", "--via", "inprocess"], ["-ngld", "99"]),
+@pytest.mark.parametrize("command, flags, said", [
+    (["generate", "-p", "x"], ["-ngl", "99"], "-ngl 99"),
+    (["generate", "-p", "x"], ["-ngld", "4"], "-ngld 4"),
+    (["serve"], ["-ngl", "99"], "-ngl 99"),
+    (["serve"], ["--gpu-layers", "all"], "-ngl all"),  # llama-server's spelling
+    (["check"], ["-ngl", "99"], "-ngl 99"),
+    (["bench", "--via", "inprocess"], ["-ngld", "99"], "-ngld 99"),
 ])
-def test_gpu_layers_on_a_cpu_build_exit_2_with_the_fix(tiny_paths, command, flags):
+def test_gpu_layers_on_a_cpu_build_exit_2_with_the_fix(tiny_paths, command, flags, said):
     r = specserve(*command, "-m", tiny_paths["target"], "-md", tiny_paths["draft_close"], "-t", "1", *flags)
     assert r.returncode == 2, r.stderr
     assert r.stdout == ""
     first, fix, last = r.stderr.strip().splitlines()
-    assert first.startswith(f"specserve: error: {' '.join(flags)} asks for layers on a GPU, but this "
+    assert first.startswith(f"specserve: error: {said} asks for layers on a GPU, but this "
                             "llama-cpp-python is built for the CPU only")
     assert fix == "  " + devices.install_line(devices.guess_backend())
-    assert last == f"To run on the CPU, leave out {' '.join(flags)} (or pass {flags[0]} 0)."
+    assert last == f"To run on the CPU, leave out {said} (or pass {said.split()[0]} 0)."
+    assert "memory:" not in r.stderr and "devices:" not in r.stderr  # refused before anything loads
+
+
+def test_ngl_auto_is_refused_as_a_usage_error(tiny_paths):
+    r = specserve("generate", "-m", tiny_paths["target"], "-p", "x", "-ngl", "auto")
+    assert r.returncode == 2 and "auto (llama-server's fit to free memory) is not supported here" in r.stderr
     assert "memory:" not in r.stderr and "devices:" not in r.stderr  # refused before anything loads
 
 

@@ -175,7 +175,7 @@ def require_offload(layers: dict[str, int]) -> None:
     asked = {flag: n for flag, n in layers.items() if n}
     if not asked or gpu_offload():
         return
-    flags = " ".join(f"{f} {n}" for f, n in asked.items())
+    flags = " ".join(f"{f} {n if n > 0 else 'all'}" for f, n in asked.items())
     zero = " ".join(f"{f} 0" for f in asked)
     backend = guess_backend()
     others = ", ".join(b for b in BACKEND_CMAKE_ARGS if b != backend)

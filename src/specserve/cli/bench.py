@@ -14,7 +14,7 @@ import resource
 import sys
 
 from ..config import DEFAULT_VERIFY, DRAFT_CTX_DEFAULT, DRAFT_CTX_MIN, VERIFY_METHODS
-from .common import CliError, add_model_args, check_offload, draft_windows
+from .common import CliError, add_model_args, check_offload, draft_windows, gpu_layers
 
 _SPECS = ("draft", "ngram", "suffix", "auto", "auto-fresh", "none")
 _DEFAULT_SPECS = ("draft", "ngram", "suffix", "auto", "none")
@@ -48,7 +48,8 @@ def add_parser(sub) -> None:
     d.add_argument("-md", "--model-draft", nargs="+", action="extend", default=[], metavar="DRAFT",
                    help="draft model(s), GGUF path or packaged name; several to compare them "
                         "(default with no -m: the --pair's draft)")
-    d.add_argument("-ngld", "--n-gpu-layers-draft", type=int, default=0, metavar="N", help="draft layers on the GPU")
+    d.add_argument("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", dest="n_gpu_layers_draft", type=gpu_layers,
+                   default=0, metavar="N", help="draft layers on the GPU (default 0; all)")
     d.add_argument("--draft-ctx", "-cd", type=_comma_list(int), default=[DRAFT_CTX_DEFAULT], metavar="LIST",
                    help=f"the draft models' cache windows (default {DRAFT_CTX_DEFAULT}; 0: the whole context); "
                         "several to compare them: each draft model runs at each, named DRAFT@ctxN")

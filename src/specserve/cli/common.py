@@ -31,11 +31,26 @@ def add_model_args(p: argparse.ArgumentParser, draft: bool = True) -> None:
     g.add_argument("-c", "--ctx-size", type=int, default=4096, metavar="N", help="context size (default 4096)")
     if draft:
         add_draft_ctx_arg(g)
-    g.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, metavar="N", help="target layers on the GPU")
+    g.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="n_gpu_layers", type=gpu_layers, default=0,
+                   metavar="N", help="target layers on the GPU (default 0; all: every layer; a build for the CPU "
+                   "only refuses more than 0, naming the install line that fixes it)")
     if draft:
-        g.add_argument("-ngld", "--n-gpu-layers-draft", type=int, default=0, metavar="N",
-                       help="draft layers on the GPU")
+        g.add_argument("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", dest="n_gpu_layers_draft",
+                       type=gpu_layers, default=0, metavar="N", help="draft layers on the GPU (default 0; all)")
     g.add_argument("-t", "--threads", type=int, default=None, metavar="N", help="CPU threads (default: all cores)")
+
+
+def gpu_layers(text: str) -> int:
+    """-ngl/-ngld: a number of layers, or `all` (-1: llama.cpp puts every layer on the GPU)."""
+    if text.strip().lower() == "all":
+        return -1
+    if text.strip().lower() == "auto":  # llama-server's: as many as fit the free memory
+        raise argparse.ArgumentTypeError("auto (llama-server's fit to free memory) is not supported here: give a "
+                                         "number of layers, or all")
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of layers or all, got {text!r}") from None
 
 
 def add_draft_ctx_arg(g) -> None:
