@@ -25,6 +25,8 @@ def add_parser(sub) -> None:
     add_model_args(p)
     p.add_argument("--budget", metavar="SIZE", help="memory budget, e.g. 24GiB, 512MiB, 8GB (default: this "
                    "machine's RAM)")
+    p.add_argument("--gpu-budget", metavar="SIZE", help="GPU memory for -ngl/-ngld's share, e.g. 24GiB (default: "
+                   "the free memory of the first GPU llama.cpp sees)")
     p.add_argument("--no-measure", action="store_true", help="estimate only; do not create the contexts")
     p.add_argument("--memory-only", action="store_true", help="the memory estimate from the GGUF headers alone: "
                    "no pairing check, nothing loaded (a header-only GGUF with a model's shapes is enough)")
@@ -70,11 +72,16 @@ def run(args) -> int:
     if args.memory_only:
         result["pairing_checked"] = False
     result["devices"] = _devices()
+    layers = {"target": cfg.n_gpu_layers, "draft": cfg.n_gpu_layers_draft}
+    if any(layers.values()):
+        result["memory"]["offload"] = _offload(shapes, n_ctx, layers, args.gpu_budget, result["devices"])
     if args.json:
         json.dump(result, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print(_render(paths, report, result["memory"], shapes, measured, args.memory_only))
+        if "offload" in result["memory"]:
+            print(_render_offload(result["memory"]["offload"]))
         print(_render_devices(result["devices"]))
     return 2 if report.flagrant else 0
 
@@ -216,3 +223,56 @@ def _render_devices(devices: dict) -> str:
     listed = [Device(**d) for d in devices["list"]]
     lines = ["", "devices (llama.cpp)"] + [f"  {d.kind:<11} {d.describe()}" for d in listed]
     return "\n".join([*lines, "  " + offload_status(listed, devices["gpu_offload"])])
+
+
+def _offload(shapes, n_ctx: dict, layers: dict, gpu_budget: str | None, devices: dict) -> dict:
+    """-ngl/-ngld's split of each model between GPU memory and RAM (offload.py), and whether the GPU share fits
+    --gpu-budget, else the free memory of the first GPU llama.cpp sees (none seen and no --gpu-budget: a plan)."""
+    from ..memory import estimate, parse_bytes
+    from ..offload import LayerWeights, most_layers_within, split
+
+    if gpu_budget is not None:
+        try:
+            budget, source = parse_bytes(gpu_budget), "--gpu-budget"
+        except ValueError as e:
+            raise CliError(str(e), 2) from None
+    else:
+        gpus = [d for d in devices["list"] if d["kind"] in ("GPU", "iGPU") and d["free"]]
+        budget, source = (gpus[0]["free"], f"{gpus[0]['name']}'s free memory") if gpus else (None, None)
+    est = {role: estimate(s, n_ctx[role], _KV_TYPE) for role, s in shapes.items()}
+    weights = {role: LayerWeights.from_gguf(s.path, s.n_layer) for role, s in shapes.items()}
+    splits = {role: split(shapes[role], weights[role], est[role], layers[role]) for role in shapes}
+    out = {"n_gpu_layers": {role: layers[role] for role in shapes}, "gpu_budget_bytes": budget,
+           "gpu_budget_source": source, **{role: sp.as_dict() for role, sp in splits.items()},
+           "gpu_bytes": sum(sp.gpu for sp in splits.values()), "ram_bytes": sum(sp.ram for sp in splits.values())}
+    if budget is not None:
+        beside = sum(sp.gpu for role, sp in splits.items() if role != "target")
+        out["fits"] = out["gpu_bytes"] <= budget
+        out["most_target_layers"] = most_layers_within(shapes["target"], weights["target"], est["target"],
+                                                       budget - beside)
+    return out
+
+
+def _render_offload(off: dict) -> str:
+    from ..memory import fmt_bytes
+
+    flags = {"target": "-ngl", "draft": "-ngld"}
+    asked = " ".join(f"{flags[r]} {n if n >= 0 else 'all'}" for r, n in off["n_gpu_layers"].items())
+    lines = ["", f"GPU offload ({asked}; estimated from the GGUF headers)"]
+    for role in off["n_gpu_layers"]:
+        sp = off[role]
+        lines.append(f"  {role + ' ' + str(sp['on_gpu']) + '/' + str(sp['n_layers']) + ' layers on the GPU':<40} "
+                     f"GPU {fmt_bytes(sp['gpu']):>10}   RAM {fmt_bytes(sp['ram']):>10}")
+    lines.append(f"  {'total':<40} GPU {fmt_bytes(off['gpu_bytes']):>10}   RAM {fmt_bytes(off['ram_bytes']):>10}")
+    if off["gpu_budget_bytes"] is None:
+        lines.append("  no GPU seen here and no --gpu-budget: the split of a plan, checked against nothing")
+    else:
+        budget = f"{fmt_bytes(off['gpu_budget_bytes'])} ({off['gpu_budget_source']})"
+        most = off["most_target_layers"]
+        lines.append(f"  GPU budget {budget}: " + ("fits" if off["fits"] else
+                     f"does not fit; -ngl {most} is the most of the target's layers that fit" +
+                     (" beside the draft's" if "draft" in off["n_gpu_layers"] else "") if most else
+                     "does not fit, not even the target's output layer"))
+    if any(0 < off[r]["on_gpu"] < off[r]["n_layers"] for r in off["n_gpu_layers"]):
+        lines.append("  (a model split between the two: its compute buffer counts on both sides, an upper bound)")
+    return "\n".join(lines)

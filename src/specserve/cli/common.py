@@ -111,6 +111,8 @@ def check_offload(args) -> None:
     pulled or loaded, with the line that rebuilds it for the GPU (backends/devices.py)."""
     from ..backends.devices import OffloadUnavailable, require_offload
 
+    if getattr(args, "memory_only", False):  # check --memory-only loads nothing: the split of a plan (offload.py)
+        return
     try:
         require_offload({"-ngl": args.n_gpu_layers, "-ngld": getattr(args, "n_gpu_layers_draft", 0)})
     except OffloadUnavailable as e:
