@@ -53,7 +53,7 @@ class Engine:
         self.make_drafters = drafters or standard_drafters
         self.controller = controller if controller is not None else Controller()  # --spec auto, shared by slots
         weights = (target.weights_bytes, draft.weights_bytes if draft is not None else 0)
-        if draft is not None and all(weights) and self.controller is not None:
+        if draft is not None and all(weights):
             self.controller.cost_ratio.setdefault("draft", min(weights[1] / weights[0], 1.0))
         # a saved profile's drafting cost is checked against the machine as it is now (learned.py), on the
         # thread that decodes: see calibrate()
@@ -123,10 +123,8 @@ class Engine:
             return FixedPolicy("ngram", spec.draft_max)
         if spec.mode == "suffix":
             return FixedPolicy("suffix", spec.suffix_max)
-        if self.controller is not None:
-            self.calibrate()
-            return self.controller.policy(spec, self.drafter_names + [FORCED] * grammar, temperature)
-        return FixedPolicy(self.drafter_names[0], spec.draft_max)
+        self.calibrate()
+        return self.controller.policy(spec, self.drafter_names + [FORCED] * grammar, temperature)
 
     def check_grammar(self, grammar: str) -> None:
         """Raise GrammarError if `grammar` cannot constrain this target (its vocabulary included)."""
@@ -153,8 +151,7 @@ class Engine:
             )
 
     def close(self) -> None:
-        if self.controller is not None:
-            self.controller.save()
+        self.controller.save()
         for m in (self.target, self.draft):
             if m is not None:
                 m.close()
