@@ -11,7 +11,6 @@ key guard (http/guard.py); `anthropic-version` and `anthropic-beta` are accepted
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import uuid
 
@@ -20,18 +19,18 @@ from starlette.responses import JSONResponse, Response
 
 from ..core.answer import Answer, answer
 from ..core.jobs import CLIENT_GONE, start
-from ..core.params import Limit
+from ..core.constraints.tools import ToolRequest
 from ..core.request import GenRequest
 from ..http.body import read_json
 from ..http.endpoint import Endpoint
-from ..http.errors import ApiError, bad_request
-from ..http.guard import KEY_SCOPE
+from ..http.errors import ApiError
+from ..http.guard import key_scope
 from ..http.sse import sse_response
 from . import anthropic_stream
 from .anthropic_request import MessagesRequest, chat_messages, tool_request
 from .anthropic_stream import stop_reason, usage
-from .constraint_fields import output_grammar
-from .fields import count_chat_tokens, params_of, resolve_profile
+from .builder import Api, Prompt, ServerView, build_request
+from .fields import count_chat_tokens
 from .validation import parse
 
 # Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors)
@@ -51,29 +50,16 @@ def routes() -> list[Endpoint]:
             Endpoint("/v1/messages/count_tokens", count_tokens, render_error=error_body)]
 
 
-async def _fields(request: Request) -> MessagesRequest:
-    state = request.app.state.server
-    return parse(MessagesRequest, await read_json(request, state.settings.max_body, state.settings.read_timeout))
+async def messages_prompt(fields: MessagesRequest, body: dict, server: ServerView, max_tokens: int) -> Prompt:
+    return Prompt(messages=chat_messages(fields))
 
 
-async def messages_request(request: Request) -> tuple[GenRequest, MessagesRequest]:
-    """The body as a GenRequest (and its fields, for what shapes the answer)."""
-    state = request.app.state.server
-    fields = await _fields(request)
-    profile = resolve_profile(fields.model, state.profiles, state.settings.model_name)
-    if fields.max_tokens is None:
-        raise bad_request("max_tokens is required", "max_tokens")
-    sampling, limit, spec, verify = params_of(state, fields, profile, request.scope.get(KEY_SCOPE),
-                                              Limit("max_tokens", fields.max_tokens))
-    chat = chat_messages(fields)
-    tools = tool_request(fields, chat, state.engine.target)
-    grammar = await output_grammar(state, fields, tools, fields.format_grammar())
-    if grammar is not None:
-        sampling = dataclasses.replace(sampling, grammar=grammar)
-    req = GenRequest("messages", profile.name, sampling, spec, verify, stream=bool(fields.stream), messages=chat,
-                     cache_prompt=fields.cache_prompt is not False, limit=limit, tools=tools,
-                     reasoning_budget=fields.reasoning_budget())
-    return req, fields
+def messages_tools(fields: MessagesRequest, body: dict, prompt: Prompt, target) -> ToolRequest | None:
+    return tool_request(fields, prompt.messages, target)
+
+
+MESSAGES = Api("messages", MessagesRequest, messages_prompt, limits=("max_tokens",), limit_required=True,
+               tools=messages_tools)
 
 
 def message_id() -> str:
@@ -100,8 +86,9 @@ def content_blocks(out: Answer) -> list[dict]:
 
 
 async def messages(request: Request) -> Response:
-    req, fields = await messages_request(request)
     state = request.app.state.server
+    body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
+    req, fields = await build_request(MESSAGES, body, ServerView.of(state, key_scope(request.scope)))
     job = await start(state, req, request)
     if req.stream:
         return sse_response(anthropic_stream.events(job, head(req, fields)), job, state.metrics.error,
@@ -120,7 +107,8 @@ async def messages(request: Request) -> Response:
 async def count_tokens(request: Request) -> Response:
     """The prompt's tokens as /v1/messages would evaluate them: the same chat, tools and template."""
     state = request.app.state.server
-    fields = await _fields(request)
+    body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
+    fields = parse(MessagesRequest, body)
     chat = chat_messages(fields)
     model = state.engine.target
     n = await count_chat_tokens(model, chat, tool_request(fields, chat, model), "messages")

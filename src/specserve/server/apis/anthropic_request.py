@@ -120,13 +120,18 @@ class MessagesRequest(Generation):
 
     @model_validator(mode="after")
     def _stops(self):
-        """stop_sequences join the shared `stop` (what the engine stops at), under its limits."""
+        """stop_sequences join the shared `stop` (what the engine stops at), under its limits: the two
+        together, so that a request stops at no more strings here than on another API."""
         stops = self.stop_sequences or []
-        if len(stops) > MAX_STOP or any(len(s) > MAX_STOP_LEN for s in stops):
-            raise bad_request(f"stop_sequences takes at most {MAX_STOP} strings of at most {MAX_STOP_LEN} "
-                              "characters", "stop_sequences")
-        self.stop = tuple(dict.fromkeys([*self.stop, *(s for s in stops if s)]))
+        joined = tuple(dict.fromkeys([*self.stop, *(s for s in stops if s)]))
+        if max(len(stops), len(joined)) > MAX_STOP or any(len(s) > MAX_STOP_LEN for s in stops):
+            raise bad_request(f"stop_sequences (with stop) takes at most {MAX_STOP} strings of at most "
+                              f"{MAX_STOP_LEN} characters", "stop_sequences")
+        self.stop = joined
         return self
+
+    def reasoning_asked(self) -> tuple[str | None, int | None]:
+        return None, self.reasoning_budget()
 
     def format_grammar(self) -> tuple[str, str] | None:
         """(param, grammar) of output_config.format, for constraint_fields.output_grammar."""

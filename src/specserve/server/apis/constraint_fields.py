@@ -99,12 +99,6 @@ def refuse_constraints(body: dict, fields: ConstraintFields, endpoint: str) -> N
         raise bad_request(f"{keys[0]} is not supported on /{endpoint}", keys[0], "unsupported_parameter")
 
 
-def refuse_tools(body: dict) -> None:
-    """400 `unsupported_parameter` for tools on an endpoint without chat (they are read back from a chat)."""
-    if body.get("tools") or body.get("tool_choice") not in (None, "none", "auto"):
-        raise bad_request("tools are for /v1/chat/completions", "tools", "unsupported_parameter")
-
-
 def _response_format(fmt: ResponseFormat) -> str | None:
     if fmt.type == "text" and fmt.schema_ is not None:
         raise bad_request("response_format.schema goes with type 'json_object'", "response_format.schema")
@@ -139,20 +133,20 @@ def constraint(fields: ConstraintFields) -> str | None:
     return schema_grammar(fields.json_schema, "json_schema")
 
 
-async def output_grammar(state, fields: ConstraintFields, tools: ToolRequest | None = None,
+async def output_grammar(server, fields: ConstraintFields, tools: ToolRequest | None = None,
                         own: tuple[str, str] | None = None) -> CompiledGrammar | None:
     """The one grammar of a request: its constraint fields' or its tools', compiled for the target's
-    vocabulary on the server's grammar worker (state.grammars). Tools that may call (tool_choice other
+    vocabulary on the server's grammar worker (server: builder.ServerView). Tools that may call (tool_choice other
     than "none") and a constraint are refused together. own: (param, grammar text) of a JSON schema in
     the API's own field (Responses' `text.format`, Anthropic's `output_config.format`), refused beside
     any other. Raises ApiError(400) naming the field."""
     if tools is None and not fields.requested() and own is None:
         return constraint(fields)  # None; a malformed {"type": "text"} is still refused
     param = own[0] if own is not None else fields.source()[0]
-    return await compile_off_loop(state.grammars, param, _output_grammar, state.engine, fields, tools, own)
+    return await compile_off_loop(server.grammars, param, _output_grammar, server, fields, tools, own)
 
 
-def _output_grammar(engine, fields: ConstraintFields, tools: ToolRequest | None,
+def _output_grammar(server, fields: ConstraintFields, tools: ToolRequest | None,
                     own: tuple[str, str] | None = None) -> CompiledGrammar | None:
     """output_grammar's work, on a grammar worker thread."""
     keys = fields.requested() + ([own[0]] if own is not None else [])
@@ -168,7 +162,7 @@ def _output_grammar(engine, fields: ConstraintFields, tools: ToolRequest | None,
         return None
     param, what = fields.source() if own is None else (own[0], "JSON schema")
     try:
-        return compiled(engine, grammar, what, param)
+        return compiled(server, grammar, what, param)
     except ApiError:
         if param == "tools":
             name_the_tool(tools)  # a 400 naming the tool whose parameters llguidance refuses

@@ -154,6 +154,23 @@ class Generation(ConstraintFields):
             asked["seed"] = None
         return asked
 
+    # What an API spells its own way, its model overriding these
+    def spec_asked(self) -> dict:
+        """The speculative fields asked for (core.params.spec_params)."""
+        return self.speculative.asked() if self.speculative is not None else {}
+
+    def logprobs_asked(self) -> tuple[int, str] | None:
+        """(alternatives per token, logprobs_mode) where the request asks for logprobs."""
+        return None
+
+    def reasoning_asked(self) -> tuple[str | None, int | None]:
+        """(GenRequest.reasoning_format, GenRequest.reasoning_budget) the request asks for."""
+        return None, None
+
+    def format_grammar(self) -> tuple[str, str] | None:
+        """(param, grammar) of an output format in the API's own field (constraint_fields.output_grammar)."""
+        return None
+
 
 def resolve_profile(name: str | None, profiles: dict[str, Profile], default: str) -> Profile:
     """The profile named by `model`; any other name (or none) is the served model's own profile, as
@@ -162,32 +179,20 @@ def resolve_profile(name: str | None, profiles: dict[str, Profile], default: str
     return profiles.get(name or default) or profiles[default]
 
 
-def params_of(state, fields: Generation, profile: Profile, key_scope: str | None, limit: Limit | None, *,
-             default: Limit | None = None, random_seed: int | None = None, spec: dict | None = None,
-             logprobs: tuple[int, str] | None = None):
+def params_of(server, fields: Generation, profile: Profile, limit: Limit | None, *,
+              default: Limit | None = None, random_seed: int | None = None):
     """(SamplingParams, what set max_tokens, SpecParams, verify) of a request over its profile.
-    spec: the speculative fields asked for, where the API spells them its own way (else `speculative`);
-    logprobs: (alternatives per token, logprobs_mode) where the request asks for logprobs."""
+    server: builder.ServerView (the target for logit_bias, the context, the draft, the key's scope)."""
     asked = fields.sampling_asked(random_seed)
     if fields.logit_bias is not None:
-        asked["logit_bias"] = logit_bias_of(fields.logit_bias, state.engine.target)
+        asked["logit_bias"] = logit_bias_of(fields.logit_bias, server.target)
+    logprobs = fields.logprobs_asked()
     if logprobs is not None:
         asked["logprobs"], asked["logprobs_mode"] = logprobs
-    sampling, described = sampling_params(profile, state.engine.n_ctx, asked,
+    sampling, described = sampling_params(profile, server.n_ctx, asked,
                                           limit=limit, default=default, samplers=fields.samplers, stop=fields.stop)
-    if spec is None:
-        spec = fields.speculative.asked() if fields.speculative is not None else {}
-    spec_p, verify = spec_params(spec, profile, state.engine.draft is not None, key_scope)
+    spec_p, verify = spec_params(fields.spec_asked(), profile, server.has_draft, server.key_scope)
     return sampling, described, spec_p, verify_method(verify, sampling.seed)  # auto told apart by the seed
-
-
-def first_limit(fields: Fields, keys: tuple[str, ...]) -> Limit | None:
-    """The limit on generated tokens from the first of `keys` the request set."""
-    for key in keys:
-        n = getattr(fields, key)
-        if n is not None:
-            return Limit(key, n)
-    return None
 
 
 def prompt_value(value: Any, key: str = "prompt") -> str | list[int] | None:

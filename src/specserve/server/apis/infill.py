@@ -15,11 +15,10 @@ while busy), as llama-server does; -1 takes the free slot whose cache shares the
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import anyio
-from pydantic import field_validator
+from pydantic import field_validator, model_validator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -32,20 +31,19 @@ from ..core.request import GenRequest
 from ..http.body import read_json
 from ..http.endpoint import Endpoint
 from ..http.errors import bad_request
+from ..http.guard import key_scope
+from .builder import Api, Prompt, ServerView, build_request
+from .constraint_fields import refuse_constraints
 from .infill_rules import LineRules, fim_prompt, select_fields
-from .llama import llama_request
+from .llama import LlamaRequest
 from .llama_answer import final
-from .openai_common import key_scope, stream
-from .validation import Fields, parse
+from .openai_common import stream
 
-# fields /infill reads itself; the rest is /completion's
-_OWN = ("input_prefix", "input_suffix", "input_extra", "prompt", "n_indent", "t_max_predict_ms", "t_max_prompt_ms",
-        "n_cmpl", "response_fields", "samplers", "n_predict")
 _EXTRA_SHAPE = 'input_extra must be an array of {"filename": string, "text": string} objects (text required)'
 
 
-class InfillRequest(Fields):
-    """/infill's own fields; the rest of the body is checked as /completion's."""
+class InfillRequest(LlamaRequest):
+    """/infill's own fields beside /completion's."""
 
     input_prefix: str | None = None
     input_suffix: str | None = None
@@ -54,9 +52,22 @@ class InfillRequest(Fields):
     n_indent: int | None = None
     t_max_predict_ms: int | None = None
     t_max_prompt_ms: int | None = None  # accepted; not applied, as in llama-server
-    n_cmpl: int | None = None
     response_fields: list[str] | None = None
-    n_predict: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _infill_sampler(cls, body):
+        """llama.cpp's `infill` sampler (and a chain without temperature at temperature 0) means greedy
+        decoding here."""
+        if not isinstance(body, dict) or not isinstance(body.get("samplers"), list):
+            return body
+        names = [s.lower() if isinstance(s, str) else s for s in body["samplers"]]
+        temperature = body.get("temperature")
+        greedy_temp = isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature <= 0
+        if "infill" in names or ("temperature" not in names and greedy_temp):
+            body = {k: v for k, v in body.items() if k != "samplers"}
+            body["temperature"] = 0.0
+        return body
 
     @field_validator("input_extra", mode="before")
     @classmethod
@@ -104,52 +115,36 @@ def prepare(target) -> None:
     vocab_of(target)
 
 
-def _samplers(body: dict) -> dict:
-    """The body as /completion's checks should see it: llama.cpp's `infill` sampler (and a chain
-    without temperature at temperature 0) means greedy decoding here."""
-    samplers = body.get("samplers")
-    if not isinstance(samplers, list):
-        return body
-    names = [s.lower() if isinstance(s, str) else s for s in samplers]
-    temperature = body.get("temperature")
-    greedy_temp = isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature <= 0
-    if "infill" in names or ("temperature" not in names and greedy_temp):
-        body = {k: v for k, v in body.items() if k != "samplers"}
-        body["temperature"] = 0.0
-    return body
+async def infill_prompt(fields: InfillRequest, body: dict, server: ServerView, max_tokens: int) -> Prompt:
+    """The model's FIM layout of the body (fim.py), its cursor's line healed."""
+    infill = Infill(prefix=fields.input_prefix or "", suffix=fields.input_suffix or "", prompt=fields.prompt or "",
+                    extra=fields.input_extra)
+    tokens = await anyio.to_thread.run_sync(fim_prompt, server.target, infill, server.n_ctx, fields.n_predict or 0)
+    tokens, heal = healed(server.target, tokens, infill)
+    return Prompt(prompt=tokens, heal=heal)
 
 
-async def _parse(request: Request) -> tuple[GenRequest, Infill, InfillRequest]:
-    """(GenRequest without its prompt, the Infill to lay out, /infill's own fields)."""
-    state = request.app.state.server
-    body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
-    own = parse(InfillRequest, body)
-    infill = Infill(prefix=own.input_prefix or "", suffix=own.input_suffix or "", prompt=own.prompt or "",
-                    extra=own.input_extra)
-    rest = {k: v for k, v in _samplers(body).items() if k not in _OWN or k == "samplers"}
-    if own.n_predict == 0:  # nothing is sampled: the sampling fields do not matter, as in llama-server
-        rest = {k: v for k, v in rest.items() if k in ("model", "cache_prompt", "speculative", "stream", "id_slot")}
-        rest["n_predict"] = 1
-    elif own.n_predict is not None:
-        rest["n_predict"] = own.n_predict
-    req, _ = llama_request(rest, state, key_scope(request), endpoint="infill", prompt=[0])
-    req = dataclasses.replace(req, warm=own.n_predict == 0)
+def infill_constraints(fields: InfillRequest, body: dict, prompt: Prompt, target) -> None:
+    refuse_constraints(body, fields, "infill")
+
+
+def check_infill(fields: InfillRequest, req: GenRequest) -> None:
     if req.spec.trace:  # the line rules cut the text after the fact: runs would not match it
         raise bad_request("speculative.trace is not available on /infill", "speculative.trace", "unsupported_parameter")
-    n_cmpl = 1 if own.n_cmpl is None else own.n_cmpl
+    n_cmpl = 1 if fields.n_cmpl is None else fields.n_cmpl
     if n_cmpl < 1 or n_cmpl > 1 and not req.sampling.greedy:
         raise bad_request(f"n_cmpl={n_cmpl}: this server answers one completion a request (n_cmpl > 1 only for a "
                           "greedy request, whose completions would all be the same)", "n_cmpl", "unsupported_parameter")
-    return req, infill, own
+
+
+INFILL = Api("infill", InfillRequest, infill_prompt, limits=("n_predict", "max_tokens"), handles=("t_max_predict_ms",),
+             random_seed=-1, warms=True, tools=infill_constraints, check=check_infill)
 
 
 async def infill(request: Request) -> Response:
     state = request.app.state.server
-    req, fim_req, own = await _parse(request)
-    target = state.engine.target
-    tokens = await anyio.to_thread.run_sync(fim_prompt, target, fim_req, state.engine.n_ctx, own.n_predict or 0)
-    tokens, heal = healed(target, tokens, fim_req)
-    req = dataclasses.replace(req, prompt=tokens, sampling=dataclasses.replace(req.sampling, heal=heal))
+    body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
+    req, own = await build_request(INFILL, body, ServerView.of(state, key_scope(request.scope)))
     t_start = time.perf_counter()
     job = await start(state, req, request)
     # the time rule counts from the end of the prompt, as llama-server's t_start_generation

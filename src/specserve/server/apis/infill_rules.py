@@ -98,7 +98,7 @@ def fim_prompt(model, infill: Infill, n_ctx: int, n_predict: int) -> list[int]:
         raise bad_request(str(e), "model", "infill_not_supported") from None
 
 
-async def openai_fim_prompt(state, prompt, suffix, max_tokens: int, heal: bool = True) -> tuple[list[int], bytes]:
+async def openai_fim_prompt(server, prompt, suffix, max_tokens: int, heal: bool = True) -> tuple[list[int], bytes]:
     """/v1/completions with `suffix`: the prompt is the text before the cursor, `suffix` the text
     after; laid out as /infill lays them out (no extra context), the cursor's line after FIM_MID and
     healed (fim.healed) unless `heal` is False (a grammar constrains the answer instead).
@@ -107,6 +107,6 @@ async def openai_fim_prompt(state, prompt, suffix, max_tokens: int, heal: bool =
         raise bad_request("a prompt of token ids cannot take a suffix: send the text", "prompt")
     head, newline, line = prompt.rpartition("\n")
     infill = Infill(prefix=head + newline, suffix=suffix, prompt=line) if heal else Infill(prefix=prompt, suffix=suffix)
-    target = state.engine.target
-    tokens = await anyio.to_thread.run_sync(fim_prompt, target, infill, state.engine.n_ctx, max_tokens)
+    target = server.target
+    tokens = await anyio.to_thread.run_sync(fim_prompt, target, infill, server.n_ctx, max_tokens)
     return healed(target, tokens, infill)

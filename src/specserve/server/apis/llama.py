@@ -18,30 +18,28 @@ import dataclasses
 from typing import Any
 
 import anyio
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ..core.answer import answer, events
 from ..core.events import Text
 from ..core.jobs import CLIENT_GONE, Job, start
-from ..core.params import Limit
 from ..core.request import GenRequest
 from ..http.body import read_json
 from ..http.endpoint import Endpoint
 from ..http.errors import bad_request
+from ..http.guard import key_scope
 from . import several
-from .constraint_fields import output_grammar, refuse_constraints, refuse_tools
-from .fields import (Generation, check_unsupported, first_limit, params_of, prompt_value, required, resolve_profile,
-                     slot_id)
+from .builder import Api, Prompt, ServerView, build_request
+from .fields import Generation, prompt_value, required
 from .infill_rules import select_fields
 from .llama_extra import tokenize_mixed
 from .llama_answer import final
 from .probs import count, llama_probs, per_token
-from .openai_common import key_scope, stream, traced
+from .openai_common import stream, traced
 from .progress import progress_events
 from .timings import timings
-from .validation import parse
 
 
 class LlamaRequest(Generation):
@@ -71,6 +69,8 @@ class LlamaRequest(Generation):
                               "speculative")
         return flat if self.speculative is None else self.speculative.asked()
 
+    _prompts: list = PrivateAttr(default_factory=list)  # set by llama_prompt
+
     def logprobs_asked(self) -> tuple[int, str] | None:
         """(alternatives, logprobs_mode) where n_probs (or logprobs) asks for some; 0 asks for none."""
         key, n = ("n_probs", self.n_probs) if self.n_probs is not None else ("logprobs", self.logprobs)
@@ -78,31 +78,24 @@ class LlamaRequest(Generation):
             return None
         return n, "processed" if self.post_sampling_probs else "raw"
 
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """The body's prompts (llama_prompts), read by its prompt hook: each is a completion of its own."""
+        return self._prompts
+
 
 def routes() -> list[Endpoint]:
     return [Endpoint("/completion", completion)]
 
 
-def llama_request(body: dict, state, scope: str | None, endpoint: str = "llama",
-                  prompt: str | list[int] | None = None) -> tuple[GenRequest, LlamaRequest]:
-    """A /completion body (or what /infill leaves of one) -> GenRequest, without its output constraint,
-    and the body's fields; `prompt` given: the body has none. `scope`: the API key's cross-request scope."""
-    fields = parse(LlamaRequest, body)
-    profile = resolve_profile(fields.model, state.profiles, state.settings.model_name)
-    check_unsupported(body, handled=("n", "n_probs", "logprobs", "post_sampling_probs") if endpoint == "llama" else ())
-    if endpoint != "llama":
-        refuse_constraints(body, fields, endpoint)
-    limit = first_limit(fields, ("n_predict", "max_tokens"))
-    if limit is not None and limit.field == "n_predict" and limit.n == -1:  # llama-server: -1 = no limit
-        limit = Limit("n_predict", None)
-    sampling, described, spec, verify = params_of(state, fields, profile, scope, limit, random_seed=-1,
-                                                  spec=fields.spec_asked(), logprobs=fields.logprobs_asked())
-    if prompt is None:
-        prompt = required(prompt_value(fields.prompt), "prompt")
-    req = GenRequest(endpoint, profile.name, sampling, spec, verify, stream=bool(fields.stream), prompt=prompt,
-                     cache_prompt=fields.cache_prompt is not False, limit=described,
-                     id_slot=slot_id(fields.id_slot, len(state.scheduler.pool.slots)))
-    return req, fields
+async def llama_prompt(fields: LlamaRequest, body: dict, server: ServerView, max_tokens: int) -> Prompt:
+    """The first of the body's prompts; the endpoint runs the others beside it (fields.prompts)."""
+    fields._prompts = await anyio.to_thread.run_sync(llama_prompts, server.target, body.get("prompt"))
+    return Prompt(prompt=fields._prompts[0])
+
+
+LLAMA = Api("llama", LlamaRequest, llama_prompt, limits=("n_predict", "max_tokens"),
+            handles=("n", "n_probs", "logprobs", "post_sampling_probs"), random_seed=-1)
 
 
 def json_prompt(value: dict, param: str) -> str:
@@ -137,15 +130,10 @@ def llama_prompts(model, value) -> list[str | list[int]]:
 async def completion(request: Request) -> Response:
     state = request.app.state.server
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
-    prompts = await anyio.to_thread.run_sync(llama_prompts, state.engine.target, body.get("prompt"))
-    req, fields = llama_request(body, state, key_scope(request), prompt=prompts[0])
-    refuse_tools(body)
-    grammar = await output_grammar(state, fields)  # grammar, json_schema, response_format
-    if grammar is not None:
-        req = dataclasses.replace(req, sampling=dataclasses.replace(req.sampling, grammar=grammar))
+    req, fields = await build_request(LLAMA, body, ServerView.of(state, key_scope(request.scope)))
     n = several.count(fields.n_cmpl if fields.n_cmpl is not None else fields.n, len(state.scheduler.pool.slots),
                       "n_cmpl" if fields.n_cmpl is not None else "n")
-    reqs = [dataclasses.replace(req, prompt=p) for p in prompts]
+    reqs = [dataclasses.replace(req, prompt=p) for p in fields.prompts]
     if len(reqs) == 1 and n == 1:
         return await _one(request, state, req, fields)
     if req.stream:

@@ -8,7 +8,6 @@ The body is checked by `ChatRequest`, turned into the one GenRequest, and the an
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 from typing import Any
@@ -18,25 +17,22 @@ from starlette.responses import Response
 
 from ...chat import MessageError, validate_messages
 from ..core.answer import events
-from ..core.constraints.tools import call_form
+from ..core.constraints.tools import ToolRequest, call_form
 from ..core.events import CallStart, Event, Finish, Reasoning, Text
 from ..core.jobs import Job, start
-from ..core.params import Limit
 from ..core.reasoning import FORMATS
-from ..core.request import GenRequest
 from ..http.body import read_json
 from ..http.endpoint import Endpoint
 from ..http.errors import bad_request
+from ..http.guard import key_scope
 from . import several
-from .constraint_fields import output_grammar
-from .fields import check_unsupported, first_limit, params_of, resolve_profile, slot_id
+from .builder import Api, Prompt, ServerView, build_request
 from .llama_extra import prefill_joined, prefilled, template_kwargs_of
-from .openai_common import OpenAIGeneration, head, key_scope, respond, stream, stream_end, traced, verbose
+from .openai_common import OpenAIGeneration, head, respond, stream, stream_end, traced, verbose
 from .openai_tools import Tool, openai_tools
 from .probs import count, llama_probs
 from .progress import progress_events
 from .timings import timings
-from .validation import parse
 
 _CONTENT_PARTS = ("text",)  # chat content part types understood; images, audio and files are not
 
@@ -67,7 +63,7 @@ class ChatRequest(OpenAIGeneration):
             return None
         return count(self.top_logprobs or 0, "top_logprobs"), "processed" if self.post_sampling_probs else "raw"
 
-    def reasoning(self) -> tuple[str | None, int | None]:
+    def reasoning_asked(self) -> tuple[str | None, int | None]:
         """(reasoning_format, budget) asked for, or 400 naming the field."""
         if self.reasoning_format is not None and self.reasoning_format not in FORMATS:
             raise bad_request(f"reasoning_format must be one of {', '.join(FORMATS)}, got "
@@ -116,38 +112,23 @@ def check_messages(messages: list) -> None:
         raise bad_request(str(e), e.param, e.code) from None
 
 
-async def chat_request(request: Request) -> tuple[GenRequest, ChatRequest]:
-    """The body as a GenRequest (and its fields, for what shapes the answer)."""
-    state = request.app.state.server
-    body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
-    fields = parse(ChatRequest, body)
-    profile = resolve_profile(fields.model, state.profiles, state.settings.model_name)
-    check_unsupported(body, handled=("n", "logprobs", "top_logprobs", "post_sampling_probs"))
-    warm = fields.n_predict == 0  # llama.vim warms a slot so while its user types: nothing is sampled
-    if warm:
-        fields = fields.model_copy(update={"samplers": None, "n_predict": 1})
-    limit = first_limit(fields, ("max_completion_tokens", "max_tokens", "n_predict"))
-    if limit is not None and limit.field == "n_predict" and limit.n == -1:
-        limit = Limit("n_predict", None)
-    sampling, limit, spec, verify = params_of(state, fields, profile, key_scope(request), limit,
-                                              logprobs=fields.logprobs_asked())
+async def chat_prompt(fields: ChatRequest, body: dict, server: ServerView, max_tokens: int) -> Prompt:
+    """The chat, its last message continued where it is the assistant's (llama_extra.prefilled)."""
     if not fields.messages:
         raise bad_request("messages must be a non-empty array", "messages")
     check_messages(fields.messages)
     cont = prefilled(validate_messages(fields.messages), fields.add_generation_prompt, fields.continue_final_message)
-    tools = openai_tools(body.get("tools"), fields.tools, fields.tool_choice, fields.parallel_tool_calls,
-                         fields.messages, state.engine.target)
-    grammar = await output_grammar(state, fields, tools)
-    if grammar is not None:
-        sampling = dataclasses.replace(sampling, grammar=grammar)
-    reasoning_format, reasoning_budget = fields.reasoning()
-    req = GenRequest("chat", profile.name, sampling, spec, verify, stream=bool(fields.stream),
-                     messages=prefill_joined(fields.messages, cont), cache_prompt=fields.cache_prompt is not False,
-                     limit=limit, tools=tools, id_slot=slot_id(fields.id_slot, len(state.scheduler.pool.slots)),
-                     continue_final=cont, warm=warm, reasoning_format=reasoning_format,
-                     reasoning_budget=reasoning_budget,
-                     template_kwargs=template_kwargs_of(fields.chat_template_kwargs, {}) or None)
-    return req, fields
+    return Prompt(messages=prefill_joined(fields.messages, cont), continue_final=cont,
+                  template_kwargs=template_kwargs_of(fields.chat_template_kwargs, {}) or None)
+
+
+def chat_tools(fields: ChatRequest, body: dict, prompt: Prompt, target) -> ToolRequest | None:
+    return openai_tools(body.get("tools"), fields.tools, fields.tool_choice, fields.parallel_tool_calls,
+                        fields.messages, target)
+
+
+CHAT = Api("chat", ChatRequest, chat_prompt, limits=("max_completion_tokens", "max_tokens", "n_predict"),
+           handles=("n", "logprobs", "top_logprobs", "post_sampling_probs"), warms=True, tools=chat_tools)
 
 
 def delta(event: Event) -> dict:
@@ -164,7 +145,8 @@ def delta(event: Event) -> dict:
 
 async def chat_completions(request: Request) -> Response:
     state = request.app.state.server
-    req, fields = await chat_request(request)
+    body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
+    req, fields = await build_request(CHAT, body, ServerView.of(state, key_scope(request.scope)))
     n = several.count(fields.n, len(state.scheduler.pool.slots), stream=req.stream)
     if req.stream:
         job = await start(state, req, request)

@@ -15,7 +15,6 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from ..core.answer import speculative_usage
 from ..core.jobs import CLIENT_GONE, Job
 from ..core.request import GenRequest
-from ..http.guard import KEY_SCOPE
 from ..http.sse import sse_response
 from .fields import Generation
 from .llama_answer import final
@@ -41,11 +40,6 @@ class OpenAIGeneration(Generation):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and bool(self.stream_options.include_usage)
-
-
-def key_scope(request: Request) -> str | None:
-    """The cross-request scope the request's API key confines it to (http/guard.py), if any."""
-    return request.scope.get(KEY_SCOPE)
 
 
 def head(kind: str, req: GenRequest) -> dict:

@@ -1,7 +1,6 @@
 """OpenAI's POST /v1/completions (with `suffix`: fill in the middle, laid out as /infill) and GET /v1/models."""
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -13,17 +12,16 @@ from ..core.answer import events
 from ..core.events import Text
 from ..core.jobs import Job, start
 from ..core.params import Limit
-from ..core.request import GenRequest
 from ..http.body import read_json
 from ..http.endpoint import Endpoint
 from ..http.errors import bad_request
+from ..http.guard import key_scope
 from . import several
-from .constraint_fields import output_grammar, refuse_tools
-from .fields import check_unsupported, first_limit, params_of, prompt_value, required, resolve_profile, slot_id
+from .builder import Api, Prompt, ServerView, build_request
+from .fields import prompt_value, required
 from .infill_rules import openai_fim_prompt
-from .openai_common import OpenAIGeneration, head, key_scope, respond, stream, stream_end, traced, verbose
+from .openai_common import OpenAIGeneration, head, respond, stream, stream_end, traced, verbose
 from .probs import count, legacy
-from .validation import parse
 
 DEFAULT_MAX_TOKENS = Limit("max_tokens", 16)  # /v1/completions without max_tokens: OpenAI's default
 
@@ -48,31 +46,20 @@ def routes() -> list[Endpoint]:
     return [Endpoint("/v1/completions", completions), Endpoint("/v1/models", models, ("GET",), needs_model=False)]
 
 
-async def completion_request(request: Request) -> tuple[GenRequest, CompletionRequest]:
-    """The body as a GenRequest (and its fields, for what shapes the answer)."""
-    state = request.app.state.server
-    body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
-    fields = parse(CompletionRequest, body)
-    profile = resolve_profile(fields.model, state.profiles, state.settings.model_name)
-    check_unsupported(body, handled=("suffix", "n", "echo", "logprobs"))
-    sampling, limit, spec, verify = params_of(state, fields, profile, key_scope(request),
-                                              first_limit(fields, ("max_tokens",)), default=DEFAULT_MAX_TOKENS,
-                                              logprobs=fields.logprobs_asked())
-    refuse_tools(body)
-    grammar = await output_grammar(state, fields)
-    if grammar is not None:
-        sampling = dataclasses.replace(sampling, grammar=grammar)
+async def completion_prompt(fields: CompletionRequest, body: dict, server: ServerView, max_tokens: int) -> Prompt:
+    """The prompt; with `suffix`, the FIM prompt /infill would lay out, healed unless a grammar constrains
+    the answer instead."""
     prompt = required(prompt_value(fields.prompt), "prompt")
     if fields.echo and fields.suffix:
         raise bad_request("echo and suffix cannot be used together", "echo")
-    if fields.suffix:
-        prompt, heal = await openai_fim_prompt(state, prompt, fields.suffix, sampling.max_tokens,
-                                               heal=grammar is None)
-        sampling = dataclasses.replace(sampling, heal=heal)
-    req = GenRequest("completions", profile.name, sampling, spec, verify, stream=bool(fields.stream), prompt=prompt,
-                     cache_prompt=fields.cache_prompt is not False, limit=limit,
-                     id_slot=slot_id(fields.id_slot, len(state.scheduler.pool.slots)))
-    return req, fields
+    if not fields.suffix:
+        return Prompt(prompt=prompt)
+    tokens, heal = await openai_fim_prompt(server, prompt, fields.suffix, max_tokens, heal=not fields.requested())
+    return Prompt(prompt=tokens, heal=heal)
+
+
+COMPLETIONS = Api("completions", CompletionRequest, completion_prompt, limits=("max_tokens",),
+                  default_limit=DEFAULT_MAX_TOKENS, handles=("suffix", "n", "echo", "logprobs"))
 
 
 def echoed(job: Job, fields: CompletionRequest) -> str:
@@ -85,7 +72,8 @@ def echoed(job: Job, fields: CompletionRequest) -> str:
 
 async def completions(request: Request) -> Response:
     state = request.app.state.server
-    req, fields = await completion_request(request)
+    body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
+    req, fields = await build_request(COMPLETIONS, body, ServerView.of(state, key_scope(request.scope)))
     n = several.count(fields.n, len(state.scheduler.pool.slots), stream=req.stream)
     if req.stream:
         job = await start(state, req, request)

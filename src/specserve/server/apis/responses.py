@@ -12,21 +12,18 @@ anyway, and llama-server refuses it too). Errors keep OpenAI's shape.
 """
 from __future__ import annotations
 
-import dataclasses
-
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ..core.answer import Answer, answer
 from ..core.jobs import CLIENT_GONE, start
-from ..core.params import Limit
-from ..core.request import GenRequest
+from ..core.constraints.tools import ToolRequest
 from ..http.body import read_json
 from ..http.endpoint import Endpoint
-from ..http.guard import KEY_SCOPE
+from ..http.guard import key_scope
 from ..http.sse import sse_response
-from .constraint_fields import output_grammar
-from .fields import check_unsupported, count_chat_tokens, params_of, resolve_profile
+from .builder import Api, Prompt, ServerView, build_request
+from .fields import check_unsupported, count_chat_tokens
 from .responses_output import ResponseHead, call_item, message_item, new_id, reasoning_item
 from .responses_request import ResponsesRequest, chat_messages, check_stateless, tools_of
 from .responses_stream import ResponseStream
@@ -38,31 +35,24 @@ def routes() -> list[Endpoint]:
             Endpoint("/v1/responses/input_tokens", input_tokens), Endpoint("/responses/input_tokens", input_tokens)]
 
 
-async def _fields(request: Request) -> ResponsesRequest:
-    state = request.app.state.server
-    body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
+def _fields(body: dict) -> ResponsesRequest:
     fields = parse(ResponsesRequest, body)
     check_unsupported(body)
     check_stateless(fields)
     return fields
 
 
-async def responses_request(request: Request) -> tuple[GenRequest, ResponsesRequest]:
-    """The body as a GenRequest (and its fields, for what shapes the answer)."""
-    state = request.app.state.server
-    fields = await _fields(request)
-    profile = resolve_profile(fields.model, state.profiles, state.settings.model_name)
-    limit = Limit("max_output_tokens", fields.max_output_tokens) if fields.max_output_tokens is not None else None
-    sampling, limit, spec, verify = params_of(state, fields, profile, request.scope.get(KEY_SCOPE), limit)
-    chat = chat_messages(fields)
-    tools = tools_of(fields, chat, state.engine.target)
-    grammar = await output_grammar(state, fields, tools, fields.format_grammar())
-    if grammar is not None:
-        sampling = dataclasses.replace(sampling, grammar=grammar)
-    req = GenRequest("responses", profile.name, sampling, spec, verify, stream=bool(fields.stream), messages=chat,
-                     cache_prompt=fields.cache_prompt is not False, limit=limit, tools=tools,
-                     reasoning_budget=fields.reasoning_budget())
-    return req, fields
+async def responses_prompt(fields: ResponsesRequest, body: dict, server: ServerView, max_tokens: int) -> Prompt:
+    check_stateless(fields)
+    return Prompt(messages=chat_messages(fields))
+
+
+def responses_tools(fields: ResponsesRequest, body: dict, prompt: Prompt, target) -> ToolRequest | None:
+    return tools_of(fields, prompt.messages, target)
+
+
+RESPONSES = Api("responses", ResponsesRequest, responses_prompt, limits=("max_output_tokens",),
+                tools=responses_tools)
 
 
 def output_items(out: Answer) -> list[dict]:
@@ -80,8 +70,9 @@ def output_items(out: Answer) -> list[dict]:
 
 
 async def responses(request: Request) -> Response:
-    req, fields = await responses_request(request)
     state = request.app.state.server
+    body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
+    req, fields = await build_request(RESPONSES, body, ServerView.of(state, key_scope(request.scope)))
     job = await start(state, req, request)
     head = ResponseHead(req, fields)
     if req.stream:
@@ -99,7 +90,7 @@ async def responses(request: Request) -> Response:
 async def input_tokens(request: Request) -> Response:
     """The prompt's tokens as /v1/responses would evaluate them (OpenAI's `responses.input_tokens.count`)."""
     state = request.app.state.server
-    fields = await _fields(request)
+    fields = _fields(await read_json(request, state.settings.max_body, state.settings.read_timeout))
     chat = chat_messages(fields)
     tools = tools_of(fields, chat, state.engine.target)
     n = await count_chat_tokens(state.engine.target, chat, tools, "input")

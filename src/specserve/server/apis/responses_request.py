@@ -107,6 +107,9 @@ class ResponsesRequest(Generation):
         closed at once), else None (the server's --reasoning-budget: an effort names no token count)."""
         return 0 if self.reasoning_effort() == "none" else None
 
+    def reasoning_asked(self) -> tuple[str | None, int | None]:
+        return None, self.reasoning_budget()
+
 
 def check_stateless(fields: ResponsesRequest) -> None:
     if fields.previous_response_id:
