@@ -25,15 +25,17 @@ from starlette.routing import Route
 from ..engine import Engine
 from ..memory import fmt_bytes
 from . import webui
-from .apis import aliases, anthropic, gcp, infill, llama, llama_extra, openai_chat, openai_completions, props, responses
+from .apis.anthropic import messages
+from .apis.llama import aliases, completion, gcp, infill, props, templates
+from .apis.openai import chat, completions, responses
 from .core.sleep import WakeOnRequest
 from .http.endpoint import Endpoint
 from .http.errors import OPENAI_SHAPES, CatchAll, ErrorShapes, install_handlers
 from .http.guard import OPEN_PATHS, ApiKeyMiddleware, HostOriginGuard, key_scope
 from .state import ServerSettings, ServerState
 
-ADAPTERS = (openai_completions, openai_chat, llama, infill, anthropic, responses,  # one module per API (or part of one)
-            props, llama_extra, aliases, gcp)
+ADAPTERS = (completions, chat, completion, infill, messages, responses,  # one module per endpoint (or a few)
+            props, templates, aliases, gcp)
 
 log = logging.getLogger("specserve.server")
 

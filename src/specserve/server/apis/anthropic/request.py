@@ -16,12 +16,12 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from ..core.constraints.structured import schema_grammar
-from ..core.constraints.tools import NAME, ToolRequest, ToolSpec
-from ..core.constraints.tools import tool_request as core_tool_request
-from ..http.errors import bad_request
-from .fields import MAX_STOP, MAX_STOP_LEN, Generation
-from .validation import Fields, parse
+from ...core.constraints.structured import schema_grammar
+from ...core.constraints.tools import NAME, ToolRequest, ToolSpec
+from ...core.constraints.tools import tool_request as core_tool_request
+from ...http.errors import bad_request
+from ..shared.fields import MAX_STOP, MAX_STOP_LEN, Generation
+from ..shared.validation import Fields, parse
 
 # Claude Code's first system block carries a per-request stamp (`cch=ab12f;`) that would end every
 # prompt's cached prefix there; it means nothing to a local model, so it is fixed (as llama-server does).

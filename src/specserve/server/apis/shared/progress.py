@@ -5,7 +5,7 @@ specserve evaluates the prompt before a stream starts (so that a bad request sti
 both events are sent then: the prompt before evaluation (processed = cached) and after it."""
 from __future__ import annotations
 
-from ..core.jobs import Job
+from ...core.jobs import Job
 from .timings import timings
 
 

@@ -8,20 +8,20 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..core.answer import events
-from ..core.events import Text
-from ..core.jobs import Job, start
-from ..core.params import Limit
-from ..http.body import read_json
-from ..http.endpoint import Endpoint
-from ..http.errors import bad_request
-from ..http.guard import key_scope
-from . import several
-from .builder import Api, Prompt, ServerView, build_request
-from .fields import prompt_value, required
-from .infill_rules import openai_fim_prompt
-from .openai_common import OpenAIGeneration, head, respond, stream, stream_end, traced, verbose
-from .probs import count, legacy
+from ...core.answer import events
+from ...core.events import Text
+from ...core.jobs import Job, start
+from ...core.params import Limit
+from ...http.body import read_json
+from ...http.endpoint import Endpoint
+from ...http.errors import bad_request
+from ...http.guard import key_scope
+from ..shared import several
+from ..shared.builder import Api, Prompt, ServerView, build_request
+from ..shared.fields import prompt_value, required
+from ..llama.infill_rules import openai_fim_prompt
+from .common import OpenAIGeneration, head, respond, stream, stream_end, traced, verbose
+from ..shared.probs import count, legacy
 
 DEFAULT_MAX_TOKENS = Limit("max_tokens", 16)  # /v1/completions without max_tokens: OpenAI's default
 

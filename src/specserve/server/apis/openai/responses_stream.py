@@ -21,13 +21,13 @@ from __future__ import annotations
 
 from typing import AsyncIterator
 
-from ..core.answer import events as answer_events
-from ..core.events import CallArguments, CallStart, Finish, Reasoning, Text
-from ..core.jobs import Job
-from ..http.errors import ApiError
-from .progress import progress_events
+from ...core.answer import events as answer_events
+from ...core.events import CallArguments, CallStart, Finish, Reasoning, Text
+from ...core.jobs import Job
+from ...http.errors import ApiError
+from ..shared.progress import progress_events
 from .responses_output import ResponseHead, call_item, message_item, new_id, output_text, reasoning_item
-from .timings import timings
+from ..shared.timings import timings
 
 
 class ResponseStream:

@@ -17,9 +17,9 @@ import math
 from numbers import Real
 from typing import Any, Sequence
 
-from ...config import MAX_LOGPROBS
-from ...logprobs import TokenLogprob
-from ..http.errors import bad_request
+from ....config import MAX_LOGPROBS
+from ....logprobs import TokenLogprob
+from ...http.errors import bad_request
 
 LOWEST = -3.4028234663852886e38  # llama-server's logprob of a probability 0 (JSON has no -inf)
 

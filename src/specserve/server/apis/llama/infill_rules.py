@@ -18,8 +18,8 @@ import time
 
 import anyio
 
-from ...fim import FimUnsupported, Infill, healed, model_layout
-from ..http.errors import bad_request
+from ....fim import FimUnsupported, Infill, healed, model_layout
+from ...http.errors import bad_request
 
 
 class LineRules:

@@ -22,24 +22,24 @@ from pydantic import Field, PrivateAttr
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..core.answer import answer, events
-from ..core.events import Text
-from ..core.jobs import CLIENT_GONE, Job, start
-from ..core.request import GenRequest
-from ..http.body import read_json
-from ..http.endpoint import Endpoint
-from ..http.errors import bad_request
-from ..http.guard import key_scope
-from . import several
-from .builder import Api, Prompt, ServerView, build_request
-from .fields import Generation, prompt_value, required
+from ...core.answer import answer, events
+from ...core.events import Text
+from ...core.jobs import CLIENT_GONE, Job, start
+from ...core.request import GenRequest
+from ...http.body import read_json
+from ...http.endpoint import Endpoint
+from ...http.errors import bad_request
+from ...http.guard import key_scope
+from ..shared import several
+from ..shared.builder import Api, Prompt, ServerView, build_request
+from ..shared.fields import Generation, prompt_value, required
 from .infill_rules import select_fields
-from .llama_extra import tokenize_mixed
-from .llama_answer import final
-from .probs import count, llama_probs, per_token
-from .openai_common import stream, traced
-from .progress import progress_events
-from .timings import timings
+from .templates import tokenize_mixed
+from .answer import final
+from ..shared.probs import count, llama_probs, per_token
+from ..openai.common import stream, traced
+from ..shared.progress import progress_events
+from ..shared.timings import timings
 
 
 class LlamaRequest(Generation):

@@ -15,24 +15,24 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ...chat import MessageError, validate_messages
-from ..core.answer import events
-from ..core.constraints.tools import ToolRequest, call_form
-from ..core.events import CallStart, Event, Finish, Reasoning, Text
-from ..core.jobs import Job, start
-from ..core.reasoning import FORMATS
-from ..http.body import read_json
-from ..http.endpoint import Endpoint
-from ..http.errors import bad_request
-from ..http.guard import key_scope
-from . import several
-from .builder import Api, Prompt, ServerView, build_request
-from .llama_extra import prefill_joined, prefilled, template_kwargs_of
-from .openai_common import OpenAIGeneration, head, respond, stream, stream_end, traced, verbose
-from .openai_tools import Tool, openai_tools
-from .probs import count, llama_probs
-from .progress import progress_events
-from .timings import timings
+from ....chat import MessageError, validate_messages
+from ...core.answer import events
+from ...core.constraints.tools import ToolRequest, call_form
+from ...core.events import CallStart, Event, Finish, Reasoning, Text
+from ...core.jobs import Job, start
+from ...core.reasoning import FORMATS
+from ...http.body import read_json
+from ...http.endpoint import Endpoint
+from ...http.errors import bad_request
+from ...http.guard import key_scope
+from ..shared import several
+from ..shared.builder import Api, Prompt, ServerView, build_request
+from ..llama.templates import prefill_joined, prefilled, template_kwargs_of
+from .common import OpenAIGeneration, head, respond, stream, stream_end, traced, verbose
+from .tools import Tool, openai_tools
+from ..shared.probs import count, llama_probs
+from ..shared.progress import progress_events
+from ..shared.timings import timings
 
 _CONTENT_PARTS = ("text",)  # chat content part types understood; images, audio and files are not
 

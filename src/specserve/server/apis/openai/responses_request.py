@@ -15,11 +15,11 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from ..core.constraints.structured import json_object, schema_grammar
-from ..core.constraints.tools import NAME, ToolRequest, ToolSpec, tool_request
-from ..http.errors import bad_request
-from .fields import Generation
-from .validation import Fields, StrictModel, parse
+from ...core.constraints.structured import json_object, schema_grammar
+from ...core.constraints.tools import NAME, ToolRequest, ToolSpec, tool_request
+from ...http.errors import bad_request
+from ..shared.fields import Generation
+from ..shared.validation import Fields, StrictModel, parse
 
 log = logging.getLogger("specserve.server")
 STATELESS = ("this server keeps no responses (store is accepted, nothing is stored): send the whole conversation "

@@ -12,11 +12,11 @@ import dataclasses
 
 from starlette.requests import Request
 
-from ...config import SEED_LIMIT
-from ..core.answer import Answer, answer
-from ..core.jobs import Job, start
-from ..core.request import GenRequest
-from ..http.errors import bad_request
+from ....config import SEED_LIMIT
+from ...core.answer import Answer, answer
+from ...core.jobs import Job, start
+from ...core.request import GenRequest
+from ...http.errors import bad_request
 
 
 def count(n: int | None, n_slots: int, param: str = "n", stream: bool = False) -> int:

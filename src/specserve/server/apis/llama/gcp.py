@@ -14,9 +14,9 @@ import json
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..http.body import read_json
-from ..http.endpoint import Endpoint
-from ..http.errors import ApiError, bad_request, error_body
+from ...http.body import read_json
+from ...http.endpoint import Endpoint
+from ...http.errors import ApiError, bad_request, error_body
 
 MAX_INSTANCES = 128  # llama-server's
 # @requestFormat -> path

@@ -20,7 +20,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ..http.errors import ApiError, bad_request
+from ...http.errors import ApiError, bad_request
 
 _KINDS = {"int_type": "an integer", "float_type": "a number", "bool_type": "a boolean", "string_type": "a string",
           "list_type": "an array", "dict_type": "an object", "model_type": "an object"}

@@ -10,9 +10,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from ..core.constraints.tools import NAME, ToolRequest, ToolSpec, tool_request
-from ..http.errors import bad_request
-from .validation import StrictModel, parse
+from ...core.constraints.tools import NAME, ToolRequest, ToolSpec, tool_request
+from ...http.errors import bad_request
+from ..shared.validation import StrictModel, parse
 
 
 class Function(StrictModel):

@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 from typing import AsyncIterator
 
-from ..core.answer import events as answer_events, speculative_usage
-from ..core.events import CallArguments, CallStart, Finish, Reasoning, Text
-from ..core.jobs import Job
+from ...core.answer import events as answer_events, speculative_usage
+from ...core.events import CallArguments, CallStart, Finish, Reasoning, Text
+from ...core.jobs import Job
 
 
 STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens"}  # else end_turn (or stop_sequence)

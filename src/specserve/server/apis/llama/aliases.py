@@ -2,8 +2,9 @@
 (llama-server's own /completion, not OpenAI's), /models."""
 from __future__ import annotations
 
-from ..http.endpoint import Endpoint
-from . import llama, openai_chat, openai_completions
+from ...http.endpoint import Endpoint
+from ..openai import chat as openai_chat, completions as openai_completions
+from . import completion as llama
 
 
 def routes() -> list[Endpoint]:

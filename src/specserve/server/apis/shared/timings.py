@@ -1,7 +1,7 @@
 """llama-server's `timings` object: what a request's prompt and generation took, with speculation's counts."""
 from __future__ import annotations
 
-from ..core.jobs import Job
+from ...core.jobs import Job
 
 
 def timings(job: Job) -> dict:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 import uuid
 
-from ..core.answer import speculative_usage
-from ..core.jobs import Job
-from ..core.request import GenRequest
+from ...core.answer import speculative_usage
+from ...core.jobs import Job
+from ...core.request import GenRequest
 from .responses_request import ResponsesRequest
 
 

@@ -22,22 +22,22 @@ from pydantic import field_validator, model_validator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ...fim import FimUnsupported, Infill, fim_tokens, healed
-from ...grammar.healing import vocab_of
-from ..core.answer import events
-from ..core.events import Text
-from ..core.jobs import CLIENT_GONE, DISCONNECT_CHECK_S, Job, start
-from ..core.request import GenRequest
-from ..http.body import read_json
-from ..http.endpoint import Endpoint
-from ..http.errors import bad_request
-from ..http.guard import key_scope
-from .builder import Api, Prompt, ServerView, build_request
-from .constraint_fields import refuse_constraints
+from ....fim import FimUnsupported, Infill, fim_tokens, healed
+from ....grammar.healing import vocab_of
+from ...core.answer import events
+from ...core.events import Text
+from ...core.jobs import CLIENT_GONE, DISCONNECT_CHECK_S, Job, start
+from ...core.request import GenRequest
+from ...http.body import read_json
+from ...http.endpoint import Endpoint
+from ...http.errors import bad_request
+from ...http.guard import key_scope
+from ..shared.builder import Api, Prompt, ServerView, build_request
+from ..shared.constraint_fields import refuse_constraints
 from .infill_rules import LineRules, fim_prompt, select_fields
-from .llama import LlamaRequest
-from .llama_answer import final
-from .openai_common import stream
+from .completion import LlamaRequest
+from .answer import final
+from ..openai.common import stream
 
 _EXTRA_SHAPE = 'input_extra must be an array of {"filename": string, "text": string} objects (text required)'
 

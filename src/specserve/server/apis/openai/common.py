@@ -12,15 +12,15 @@ from typing import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from ..core.answer import speculative_usage
-from ..core.jobs import CLIENT_GONE, Job
-from ..core.request import GenRequest
-from ..http.sse import sse_response
-from .fields import Generation
-from .llama_answer import final
-from .props import SYSTEM_FINGERPRINT
-from .timings import timings
-from .validation import Fields
+from ...core.answer import speculative_usage
+from ...core.jobs import CLIENT_GONE, Job
+from ...core.request import GenRequest
+from ...http.sse import sse_response
+from ..shared.fields import Generation
+from ..llama.answer import final
+from ..llama.props import SYSTEM_FINGERPRINT
+from ..shared.timings import timings
+from ..shared.validation import Fields
 
 
 class StreamOptions(Fields):

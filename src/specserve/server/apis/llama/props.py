@@ -17,11 +17,11 @@ import llama_cpp
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ... import __version__
-from ...config import SamplingParams, SpecParams
-from ..core.params import sampling_params
-from ..http.endpoint import Endpoint
-from ..http.errors import ApiError, bad_request
+from .... import __version__
+from ....config import SamplingParams, SpecParams
+from ...core.params import sampling_params
+from ...http.endpoint import Endpoint
+from ...http.errors import ApiError, bad_request
 
 RANDOM_SEED = 0xFFFFFFFF  # llama-server's LLAMA_DEFAULT_SEED: a random seed per request
 BUILD_INFO = f"specserve {__version__} (llama-cpp-python {llama_cpp.__version__})"

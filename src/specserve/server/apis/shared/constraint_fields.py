@@ -15,11 +15,11 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from ...grammar import CompiledGrammar
-from ..core.constraints.compiling import compile_off_loop
-from ..core.constraints.structured import compiled, conflict, gbnf_grammar, json_object, schema_grammar
-from ..core.constraints.tools import ToolRequest, name_the_tool, tools_grammar
-from ..http.errors import ApiError, bad_request
+from ....grammar import CompiledGrammar
+from ...core.constraints.compiling import compile_off_loop
+from ...core.constraints.structured import compiled, conflict, gbnf_grammar, json_object, schema_grammar
+from ...core.constraints.tools import ToolRequest, name_the_tool, tools_grammar
+from ...http.errors import ApiError, bad_request
 from .validation import Fields, StrictModel
 
 CONSTRAINT_FIELDS = ("response_format", "grammar", "json_schema")

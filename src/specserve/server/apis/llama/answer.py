@@ -2,10 +2,10 @@
 and a whole answer carry."""
 from __future__ import annotations
 
-from ..core.answer import finish_detail, speculative_usage
-from ..core.jobs import Job
+from ...core.answer import finish_detail, speculative_usage
+from ...core.jobs import Job
 from .props import generation_settings
-from .timings import timings
+from ..shared.timings import timings
 
 
 def truncated(job: Job) -> bool:

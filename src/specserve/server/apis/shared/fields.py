@@ -10,13 +10,13 @@ from typing import Any, Callable
 import anyio
 from pydantic import field_validator, model_validator
 
-from ...chat import ChatTemplateError
-from ...config import verify_method
-from ...prompt import chat_tokens
-from ..core.constraints.tools import ToolRequest, template_input
-from ..core.params import SAMPLING_FIELDS, SPEC_FIELDS, Limit, sampling_params, spec_params
-from ..core.profiles import Profile
-from ..http.errors import bad_request
+from ....chat import ChatTemplateError
+from ....config import verify_method
+from ....prompt import chat_tokens
+from ...core.constraints.tools import ToolRequest, template_input
+from ...core.params import SAMPLING_FIELDS, SPEC_FIELDS, Limit, sampling_params, spec_params
+from ...core.profiles import Profile
+from ...http.errors import bad_request
 from .constraint_fields import ConstraintFields
 from .probs import logit_bias_of
 from .validation import Fields

@@ -14,13 +14,13 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ...chat import TEMPLATE_OWN, ChatTemplateError, MessageError, render, validate_messages
-from ...prompt import chat_tokens
-from ..core.constraints.tools import template_input
-from ..http.body import read_json
-from ..http.endpoint import Endpoint
-from ..http.errors import bad_request
-from .validation import Fields, parse
+from ....chat import TEMPLATE_OWN, ChatTemplateError, MessageError, render, validate_messages
+from ....prompt import chat_tokens
+from ...core.constraints.tools import template_input
+from ...http.body import read_json
+from ...http.endpoint import Endpoint
+from ...http.errors import bad_request
+from ..shared.validation import Fields, parse
 
 
 class TokenizeRequest(Fields):

@@ -15,19 +15,19 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..core.answer import Answer, answer
-from ..core.jobs import CLIENT_GONE, start
-from ..core.constraints.tools import ToolRequest
-from ..http.body import read_json
-from ..http.endpoint import Endpoint
-from ..http.guard import key_scope
-from ..http.sse import sse_response
-from .builder import Api, Prompt, ServerView, build_request
-from .fields import check_unsupported, count_chat_tokens
+from ...core.answer import Answer, answer
+from ...core.jobs import CLIENT_GONE, start
+from ...core.constraints.tools import ToolRequest
+from ...http.body import read_json
+from ...http.endpoint import Endpoint
+from ...http.guard import key_scope
+from ...http.sse import sse_response
+from ..shared.builder import Api, Prompt, ServerView, build_request
+from ..shared.fields import check_unsupported, count_chat_tokens
 from .responses_output import ResponseHead, call_item, message_item, new_id, reasoning_item
 from .responses_request import ResponsesRequest, chat_messages, check_stateless, tools_of
 from .responses_stream import ResponseStream
-from .validation import parse
+from ..shared.validation import parse
 
 
 def routes() -> list[Endpoint]:
