@@ -10,12 +10,12 @@ import pytest
 from specserve.backends import load_model
 from specserve.grammar import GrammarWorker
 from specserve.server.apis.anthropic.messages import MESSAGES
-from specserve.server.apis.shared.builder import ServerView, build_request
-from specserve.server.apis.llama.infill import INFILL
 from specserve.server.apis.llama.completion import LLAMA
+from specserve.server.apis.llama.infill import INFILL
 from specserve.server.apis.openai.chat import CHAT
 from specserve.server.apis.openai.completions import COMPLETIONS
 from specserve.server.apis.openai.responses import RESPONSES
+from specserve.server.apis.shared.builder import ServerView, build_request
 from specserve.server.core.profiles import Profile
 from specserve.server.http.errors import ApiError
 from tiny_models import write_tiny_model

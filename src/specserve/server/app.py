@@ -26,16 +26,16 @@ from ..engine import Engine
 from ..memory import fmt_bytes
 from . import webui
 from .apis.anthropic import messages
-from .apis.llama import aliases, completion, gcp, infill, props, templates
-from .apis.openai import chat, completions, responses
+from .apis.llama import completion, gcp, infill, props, templates
+from .apis.openai import chat, completions, models, responses
 from .core.sleep import WakeOnRequest
 from .http.endpoint import Endpoint
 from .http.errors import OPENAI_SHAPES, CatchAll, ErrorShapes, install_handlers
 from .http.guard import OPEN_PATHS, ApiKeyMiddleware, HostOriginGuard, key_scope
 from .state import ServerSettings, ServerState
 
-ADAPTERS = (completions, chat, completion, infill, messages, responses,  # one module per endpoint (or a few)
-            props, templates, aliases, gcp)
+ADAPTERS = (completions, chat, models, completion, infill, messages, responses,  # one module per endpoint (or a few)
+            props, templates, gcp)
 
 log = logging.getLogger("specserve.server")
 

@@ -18,20 +18,20 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ...core.answer import Answer, answer
-from ...core.jobs import CLIENT_GONE, start
 from ...core.constraints.tools import ToolRequest
+from ...core.jobs import CLIENT_GONE, start
 from ...core.request import GenRequest
 from ...http.body import read_json
 from ...http.endpoint import Endpoint
 from ...http.errors import ApiError
 from ...http.guard import key_scope
 from ...http.sse import sse_response
-from . import stream as anthropic_stream
-from .request import MessagesRequest, chat_messages, tool_request
-from .stream import stop_reason, usage
 from ..shared.builder import Api, Prompt, ServerView, build_request
 from ..shared.fields import count_chat_tokens
 from ..shared.validation import parse
+from . import stream as anthropic_stream
+from .request import MessagesRequest, chat_messages, tool_request
+from .stream import stop_reason, usage
 
 # Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors)
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",

@@ -16,10 +16,10 @@ from __future__ import annotations
 import json
 from typing import AsyncIterator
 
-from ...core.answer import events as answer_events, speculative_usage
+from ...core.answer import events as answer_events
+from ...core.answer import speculative_usage
 from ...core.events import CallArguments, CallStart, Finish, Reasoning, Text
 from ...core.jobs import Job
-
 
 STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens"}  # else end_turn (or stop_sequence)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from ...core.answer import finish_detail, speculative_usage
 from ...core.jobs import Job
-from .props import generation_settings
 from ..shared.timings import timings
+from .props import generation_settings
 
 
 def truncated(job: Job) -> bool:

@@ -31,15 +31,15 @@ from ...http.endpoint import Endpoint
 from ...http.errors import bad_request
 from ...http.guard import key_scope
 from ..shared import several
+from ..shared.answer import stream, traced
 from ..shared.builder import Api, Prompt, ServerView, build_request
 from ..shared.fields import Generation, prompt_value, required
-from .infill_rules import select_fields
-from .templates import tokenize_mixed
-from .answer import final
 from ..shared.probs import count, llama_probs, per_token
-from ..openai.common import stream, traced
 from ..shared.progress import progress_events
 from ..shared.timings import timings
+from .answer import final
+from .infill_rules import select_fields
+from .templates import tokenize_mixed
 
 
 class LlamaRequest(Generation):
@@ -85,7 +85,7 @@ class LlamaRequest(Generation):
 
 
 def routes() -> list[Endpoint]:
-    return [Endpoint("/completion", completion)]
+    return [Endpoint(path, completion) for path in ("/completion", "/completions")]  # /completions: not OpenAI's
 
 
 async def llama_prompt(fields: LlamaRequest, body: dict, server: ServerView, max_tokens: int) -> Prompt:

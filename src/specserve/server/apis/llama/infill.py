@@ -32,12 +32,13 @@ from ...http.body import read_json
 from ...http.endpoint import Endpoint
 from ...http.errors import bad_request
 from ...http.guard import key_scope
+from ..shared.answer import stream
 from ..shared.builder import Api, Prompt, ServerView, build_request
 from ..shared.constraint_fields import refuse_constraints
-from .infill_rules import LineRules, fim_prompt, select_fields
-from .completion import LlamaRequest
+from ..shared.fim_prompts import fim_prompt
 from .answer import final
-from ..openai.common import stream
+from .completion import LlamaRequest
+from .infill_rules import LineRules, select_fields
 
 _EXTRA_SHAPE = 'input_extra must be an array of {"filename": string, "text": string} objects (text required)'
 

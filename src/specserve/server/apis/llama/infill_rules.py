@@ -1,4 +1,4 @@
-"""What /infill adds to a generation: llama-server's line rules, its response_fields, FIM prompts.
+"""What /infill adds to a generation: llama-server's line rules and its response_fields.
 
 `LineRules` ends a completion where llama-server's /infill ends it: `n_indent` cuts the text at
 the first new line indented less than the cursor's line (keeping that line's indentation, as
@@ -6,20 +6,11 @@ llama-server does), and `t_max_predict_ms` stops at the first new line once that
 milliseconds of generation have passed. Both look at text as it is committed: a step that
 commits several tokens (speculation) is cut at the same place in the text as one token at a
 time would have been for n_indent; the time rule keeps the chunk's text up to its first
-newline.
-
-`fim_prompt` lays a request out with the model's FIM tokens (fim.py), for /infill and for
-/v1/completions with `suffix`. A request with `n_predict: 0` only warms the slot's caches
-(Slot.warm_steps).
+newline. (The FIM prompt itself: shared/fim_prompts.py.)
 """
 from __future__ import annotations
 
 import time
-
-import anyio
-
-from ....fim import FimUnsupported, Infill, healed, model_layout
-from ...http.errors import bad_request
 
 
 class LineRules:
@@ -88,25 +79,3 @@ def select_fields(answer: dict, paths: list[str]) -> dict:
         if found:
             out[path] = node
     return out
-
-
-def fim_prompt(model, infill: Infill, n_ctx: int, n_predict: int) -> list[int]:
-    """The FIM token ids; 400 `infill_not_supported` for a model without FIM tokens."""
-    try:
-        return model_layout(model, infill, n_ctx, n_predict)
-    except FimUnsupported as e:
-        raise bad_request(str(e), "model", "infill_not_supported") from None
-
-
-async def openai_fim_prompt(server, prompt, suffix, max_tokens: int, heal: bool = True) -> tuple[list[int], bytes]:
-    """/v1/completions with `suffix`: the prompt is the text before the cursor, `suffix` the text
-    after; laid out as /infill lays them out (no extra context), the cursor's line after FIM_MID and
-    healed (fim.healed) unless `heal` is False (a grammar constrains the answer instead).
-    Returns (token ids, the healed bytes the answer must begin with)."""
-    if not isinstance(prompt, str):
-        raise bad_request("a prompt of token ids cannot take a suffix: send the text", "prompt")
-    head, newline, line = prompt.rpartition("\n")
-    infill = Infill(prefix=head + newline, suffix=suffix, prompt=line) if heal else Infill(prefix=prompt, suffix=suffix)
-    target = server.target
-    tokens = await anyio.to_thread.run_sync(fim_prompt, target, infill, server.n_ctx, max_tokens)
-    return healed(target, tokens, infill)

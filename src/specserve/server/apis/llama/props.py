@@ -10,7 +10,6 @@ path: a path tells a client about the host's directories and user names.
 from __future__ import annotations
 
 import math
-
 from pathlib import Path
 
 import llama_cpp

@@ -14,12 +14,14 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ....chat import TEMPLATE_OWN, ChatTemplateError, MessageError, render, validate_messages
+from ....chat import ChatTemplateError, MessageError, render, validate_messages
 from ....prompt import chat_tokens
 from ...core.constraints.tools import template_input
+from ...core.prefill import prefill_joined, prefilled
 from ...http.body import read_json
 from ...http.endpoint import Endpoint
 from ...http.errors import bad_request
+from ..shared.fields import template_kwargs_of
 from ..shared.validation import Fields, parse
 
 
@@ -32,15 +34,6 @@ class TokenizeRequest(Fields):
 
 class DetokenizeRequest(Fields):
     tokens: list[int] = []
-
-
-def template_kwargs_of(value: dict | None, server: dict) -> dict:
-    """A request's `chat_template_kwargs` over the server's (--reasoning, --chat-template-kwargs); 400 for
-    a variable the renderer gives the template itself."""
-    own = TEMPLATE_OWN & set(value or {})
-    if own:
-        raise bad_request(f"chat_template_kwargs cannot set {', '.join(sorted(own))}", "chat_template_kwargs")
-    return {**server, **(value or {})}
 
 
 class TemplateRequest(Fields):
@@ -112,31 +105,6 @@ async def detokenize(request: Request) -> Response:
         raise bad_request(f"token id {bad[0]} is outside the vocabulary [0, {model.vocab.n_vocab})", "tokens")
     text = b"".join(model.token_bytes(t, True) for t in fields.tokens)
     return JSONResponse({"content": text.decode("utf-8", "replace")})
-
-
-def prefilled(msgs: list[dict], add_generation_prompt: bool | None, continue_final: bool | None) -> bool:
-    """Whether the chat continues its last (assistant) message instead of opening a new turn: asked with
-    `continue_final_message`, or, as llama-server does, a chat that ends with an assistant message."""
-    if continue_final and add_generation_prompt:
-        raise bad_request("add_generation_prompt and continue_final_message cannot both be true",
-                          "continue_final_message")
-    last = msgs[-1]["role"] == "assistant" and not msgs[-1].get("tool_calls") and bool(msgs[-1]["content"])
-    if last and continue_final is not False and len(msgs) > 1 and msgs[-2]["role"] == "assistant":
-        raise bad_request("a chat cannot end with two assistant messages: the last is continued, so the one "
-                          "before it would have no turn after it", f"messages[{len(msgs) - 1}]")
-    if continue_final and not last:
-        raise bad_request("continue_final_message needs a last message from the assistant", "continue_final_message")
-    return bool(continue_final) or (continue_final is None and last)
-
-
-def prefill_joined(messages: list, continue_final: bool) -> list:
-    """The chat with a continued last message's text parts joined by a blank line, as llama-server joins
-    them (a part of any other message is a line of its own: chat.validate_messages)."""
-    content = messages[-1].get("content") if continue_final and isinstance(messages[-1], dict) else None
-    if not isinstance(content, list):
-        return messages
-    texts = [p["text"] for p in content if isinstance(p, dict) and p.get("type") == "text"]
-    return [*messages[:-1], {**messages[-1], "content": "\n\n".join(texts)}]
 
 
 def render_chat(model, messages: list, tools: list | None, add_generation_prompt: bool | None = None,

@@ -20,19 +20,21 @@ from ...core.answer import events
 from ...core.constraints.tools import ToolRequest, call_form
 from ...core.events import CallStart, Event, Finish, Reasoning, Text
 from ...core.jobs import Job, start
+from ...core.prefill import prefill_joined, prefilled
 from ...core.reasoning import FORMATS
 from ...http.body import read_json
 from ...http.endpoint import Endpoint
 from ...http.errors import bad_request
 from ...http.guard import key_scope
 from ..shared import several
+from ..shared.answer import stream, traced
 from ..shared.builder import Api, Prompt, ServerView, build_request
-from ..llama.templates import prefill_joined, prefilled, template_kwargs_of
-from .common import OpenAIGeneration, head, respond, stream, stream_end, traced, verbose
-from .tools import Tool, openai_tools
+from ..shared.fields import template_kwargs_of
 from ..shared.probs import count, llama_probs
 from ..shared.progress import progress_events
 from ..shared.timings import timings
+from .common import OpenAIGeneration, head, respond, stream_end, verbose
+from .tools import Tool, openai_tools
 
 _CONTENT_PARTS = ("text",)  # chat content part types understood; images, audio and files are not
 
@@ -46,7 +48,7 @@ class ChatRequest(OpenAIGeneration):
     tool_choice: Any = None  # "none", "auto", "required" or {"type": "function", ...}: openai_tools.py
     parallel_tool_calls: bool | None = None
     add_generation_prompt: bool | None = None  # llama-server's and vLLM's
-    continue_final_message: bool | None = None  # the last (assistant) message is continued (llama_extra.prefilled)
+    continue_final_message: bool | None = None  # the last (assistant) message is continued (core/prefill.py)
     chat_template_kwargs: dict | None = None  # more variables for the chat template (llama-server's, vLLM's)
     reasoning_format: str | None = None  # llama-server's: "none", "deepseek", "auto" (core/reasoning.py)
     reasoning_budget: int | None = None  # llama-server's: -1 unlimited, 0 no reasoning, n tokens
@@ -81,7 +83,7 @@ class ChatRequest(OpenAIGeneration):
 
 
 def routes() -> list[Endpoint]:
-    return [Endpoint("/v1/chat/completions", chat_completions)]
+    return [Endpoint(path, chat_completions) for path in ("/v1/chat/completions", "/chat/completions")]
 
 
 def prepare(target) -> None:
@@ -113,7 +115,7 @@ def check_messages(messages: list) -> None:
 
 
 async def chat_prompt(fields: ChatRequest, body: dict, server: ServerView, max_tokens: int) -> Prompt:
-    """The chat, its last message continued where it is the assistant's (llama_extra.prefilled)."""
+    """The chat, its last message continued where it is the assistant's (core/prefill.py)."""
     if not fields.messages:
         raise bad_request("messages must be a non-empty array", "messages")
     check_messages(fields.messages)

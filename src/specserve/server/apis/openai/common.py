@@ -9,16 +9,14 @@ import time
 import uuid
 from typing import AsyncIterator
 
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from ...core.answer import speculative_usage
 from ...core.jobs import CLIENT_GONE, Job
 from ...core.request import GenRequest
-from ...http.sse import sse_response
-from ..shared.fields import Generation
 from ..llama.answer import final
 from ..llama.props import SYSTEM_FINGERPRINT
+from ..shared.fields import Generation
 from ..shared.timings import timings
 from ..shared.validation import Fields
 
@@ -48,11 +46,6 @@ def head(kind: str, req: GenRequest) -> dict:
             "model": req.model, "system_fingerprint": SYSTEM_FINGERPRINT}
 
 
-def traced(choice: dict, trace: list[dict] | None) -> dict:
-    """The choice with its `speculative_trace` (core's runs of its text), where the request asked."""
-    return choice if trace is None else {**choice, "speculative_trace": trace}
-
-
 def usage(*jobs: Job) -> dict:
     """The usage of the jobs that made an answer (several for `n` > 1): tokens summed, the prompt's once
     per job; `speculative`: the first job's (where one answer was made by several)."""
@@ -72,11 +65,6 @@ async def stream_end(head: dict, last: dict, job: Job, include_usage: bool) -> A
     else:
         yield {**last, "usage": usage(job), "timings": timings(job)}
     yield "[DONE]"
-
-
-def stream(request: Request, job: Job, events: AsyncIterator) -> StreamingResponse:
-    """The chunks `events` yields as server-sent events, errors in OpenAI's shape."""
-    return sse_response(events, job, request.app.state.server.metrics.error, f"{request.method} {request.url.path}")
 
 
 def respond(jobs: Job | list[Job], body: dict | None) -> Response:

@@ -1,12 +1,10 @@
-"""OpenAI's POST /v1/completions (with `suffix`: fill in the middle, laid out as /infill) and GET /v1/models."""
+"""OpenAI's POST /v1/completions (with `suffix`: fill in the middle, laid out as /infill)."""
 from __future__ import annotations
 
-import time
-from pathlib import Path
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from ...core.answer import events
 from ...core.events import Text
@@ -17,11 +15,12 @@ from ...http.endpoint import Endpoint
 from ...http.errors import bad_request
 from ...http.guard import key_scope
 from ..shared import several
+from ..shared.answer import stream, traced
 from ..shared.builder import Api, Prompt, ServerView, build_request
 from ..shared.fields import prompt_value, required
-from ..llama.infill_rules import openai_fim_prompt
-from .common import OpenAIGeneration, head, respond, stream, stream_end, traced, verbose
+from ..shared.fim_prompts import openai_fim_prompt
 from ..shared.probs import count, legacy
+from .common import OpenAIGeneration, head, respond, stream_end, verbose
 
 DEFAULT_MAX_TOKENS = Limit("max_tokens", 16)  # /v1/completions without max_tokens: OpenAI's default
 
@@ -43,7 +42,7 @@ class CompletionRequest(OpenAIGeneration):
 
 
 def routes() -> list[Endpoint]:
-    return [Endpoint("/v1/completions", completions), Endpoint("/v1/models", models, ("GET",), needs_model=False)]
+    return [Endpoint("/v1/completions", completions)]
 
 
 async def completion_prompt(fields: CompletionRequest, body: dict, server: ServerView, max_tokens: int) -> Prompt:
@@ -113,20 +112,3 @@ async def _chunks(job: Job, head: dict, fields: CompletionRequest):
                                                "finish_reason": None}, event.trace)]}
     async for chunk in stream_end(head, last, job, fields.include_usage):
         yield chunk
-
-
-async def models(request: Request) -> Response:
-    state = request.app.state.server
-    created = int(time.time())
-    draft = state.engine.draft
-    # File names, not paths: a path tells a client about the host's directories and user names.
-    served = state.settings.model_name
-    data = [{"id": name, "object": "model", "created": created, "owned_by": "specserve",
-             # llama-server's: every name the served model answers to (--alias a,b), and --tags
-             **({"aliases": [served, *state.settings.aliases], "tags": list(state.settings.tags)}
-                if name == served else {}),
-             "specserve": {"target": Path(state.engine.target.path).name,
-                           "draft": Path(draft.path).name if draft is not None else None,
-                           "n_ctx": state.engine.n_ctx, **p.describe()}}
-            for name, p in state.profiles.items()]
-    return JSONResponse({"object": "list", "data": data})

@@ -16,18 +16,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ...core.answer import Answer, answer
-from ...core.jobs import CLIENT_GONE, start
 from ...core.constraints.tools import ToolRequest
+from ...core.jobs import CLIENT_GONE, start
 from ...http.body import read_json
 from ...http.endpoint import Endpoint
 from ...http.guard import key_scope
 from ...http.sse import sse_response
 from ..shared.builder import Api, Prompt, ServerView, build_request
 from ..shared.fields import check_unsupported, count_chat_tokens
+from ..shared.validation import parse
 from .responses_output import ResponseHead, call_item, message_item, new_id, reasoning_item
 from .responses_request import ResponsesRequest, chat_messages, check_stateless, tools_of
 from .responses_stream import ResponseStream
-from ..shared.validation import parse
 
 
 def routes() -> list[Endpoint]:

@@ -26,8 +26,8 @@ from ...core.events import CallArguments, CallStart, Finish, Reasoning, Text
 from ...core.jobs import Job
 from ...http.errors import ApiError
 from ..shared.progress import progress_events
-from .responses_output import ResponseHead, call_item, message_item, new_id, output_text, reasoning_item
 from ..shared.timings import timings
+from .responses_output import ResponseHead, call_item, message_item, new_id, output_text, reasoning_item
 
 
 class ResponseStream:

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from ....grammar import GrammarWorker
+from ...core.constraints.tools import ToolRequest
 from ...core.params import SAMPLING_FIELDS, Limit
 from ...core.profiles import Profile
 from ...core.request import GenRequest
-from ...core.constraints.tools import ToolRequest
 from ...http.errors import bad_request
 from .constraint_fields import CONSTRAINT_FIELDS, output_grammar
 from .fields import Generation, check_unsupported, params_of, resolve_profile, slot_id

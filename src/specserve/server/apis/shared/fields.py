@@ -10,7 +10,7 @@ from typing import Any, Callable
 import anyio
 from pydantic import field_validator, model_validator
 
-from ....chat import ChatTemplateError
+from ....chat import TEMPLATE_OWN, ChatTemplateError
 from ....config import verify_method
 from ....prompt import chat_tokens
 from ...core.constraints.tools import ToolRequest, template_input
@@ -170,6 +170,15 @@ class Generation(ConstraintFields):
     def format_grammar(self) -> tuple[str, str] | None:
         """(param, grammar) of an output format in the API's own field (constraint_fields.output_grammar)."""
         return None
+
+
+def template_kwargs_of(value: dict | None, server: dict) -> dict:
+    """A request's `chat_template_kwargs` over the server's (--reasoning, --chat-template-kwargs); 400 for
+    a variable the renderer gives the template itself."""
+    own = TEMPLATE_OWN & set(value or {})
+    if own:
+        raise bad_request(f"chat_template_kwargs cannot set {', '.join(sorted(own))}", "chat_template_kwargs")
+    return {**server, **(value or {})}
 
 
 def resolve_profile(name: str | None, profiles: dict[str, Profile], default: str) -> Profile:
