@@ -24,9 +24,9 @@ from starlette.responses import JSONResponse, Response
 
 from ....fim import FimUnsupported, Infill, fim_tokens, healed
 from ....grammar.healing import vocab_of
-from ...core.answer import events
+from ...core.answer import answer, events
 from ...core.events import Text
-from ...core.jobs import CLIENT_GONE, DISCONNECT_CHECK_S, Job, start
+from ...core.jobs import CLIENT_GONE, start
 from ...core.request import GenRequest
 from ...http.body import read_json
 from ...http.endpoint import Endpoint
@@ -152,7 +152,7 @@ async def infill(request: Request) -> Response:
     rules = LineRules(own.n_indent or 0, own.t_max_predict_ms or 0, t_start + job.queue_s + job.stats.t_prompt)
     fields = own.response_fields
 
-    def answer(content: str) -> dict:
+    def shaped(content: str) -> dict:
         out = final(job, content, [])
         if rules.stopped:
             out["stop_type"] = "limit"
@@ -160,45 +160,13 @@ async def infill(request: Request) -> Response:
 
     if req.stream:
         async def chunks():
-            async for event in events(job):
-                if event.__class__ is not Text:
-                    continue
-                text = rules.push(event.text)
-                yield {"content": text, "tokens": event.tokens, "stop": False}
-                if rules.stopped:
-                    _stop(job)
-                    break
+            async for event in events(job, cut=rules):
+                if event.__class__ is Text:
+                    yield {"content": event.text, "tokens": event.tokens, "stop": False}
             await job.finished()
-            yield answer("")
+            yield shaped("")
         return stream(request, job, chunks())
-    content = await _collect(job, rules, request)
-    if content is None:
+    out = await answer(job, request, cut=rules)
+    if out is None:
         return Response(status_code=CLIENT_GONE)
-    return JSONResponse(answer(content))
-
-
-def _stop(job: Job) -> None:
-    """End the generation where a line rule cut it: finished by its limit, as llama-server counts it."""
-    if not job.stats.finish_reason:
-        job.stats.finish_reason = "length"
-    job.finish()
-
-
-async def _collect(job: Job, rules: LineRules, request: Request) -> str | None:
-    """The text under the line rules, or None if the client went away; the slot is back on return."""
-    parts = []
-    next_check = time.monotonic() + DISCONNECT_CHECK_S
-    try:
-        async for chunk in job.chunks():
-            parts.append(rules.push(chunk.text))
-            if rules.stopped:
-                _stop(job)
-                break
-            if time.monotonic() >= next_check:
-                if await request.is_disconnected():
-                    return None
-                next_check = time.monotonic() + DISCONNECT_CHECK_S
-    finally:
-        job.finish()
-        await job.finished()
-    return "".join(parts)
+    return JSONResponse(shaped(out.text))
