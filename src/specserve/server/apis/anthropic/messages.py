@@ -1,10 +1,10 @@
 """Anthropic's Messages API: POST /v1/messages and /v1/messages/count_tokens, for Claude-Code-style agents.
 
-The body (anthropic_request.py) becomes the one GenRequest: system and messages as a chat in the
+The body (request.py) becomes the one GenRequest: system and messages as a chat in the
 templates' form, tools through the core's tools grammar, `max_tokens`, `stop_sequences` and sampling
 over the request's profile, the `speculative` object as on every API. The answer's events are shaped
 as a `message` with content blocks (text, tool_use; thinking once the core parts reasoning out), or
-streamed as Anthropic's named events (anthropic_stream.py). `usage` counts the prompt tokens read from
+streamed as Anthropic's named events (stream.py). `usage` counts the prompt tokens read from
 the slot's cache as `cache_read_input_tokens` (Anthropic's input_tokens are the rest) and carries
 `speculative`. Every refusal on these paths has Anthropic's error body. `x-api-key` is read by the
 key guard (http/guard.py); `anthropic-version` and `anthropic-beta` are accepted and not needed.

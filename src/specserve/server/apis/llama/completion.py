@@ -4,7 +4,7 @@ Fields: prompt (a string, token ids, both mixed in one array, `{"prompt_string":
 such prompts: then the answer is an array), n_predict (-1 or absent: until the context fills),
 temperature, top_k, top_p, min_p, seed (-1: random, as in llama-server), stream, stop, ignore_eos,
 cache_prompt, id_slot, n_cmpl (or n), return_tokens, response_fields, timings_per_token, grammar (GBNF),
-json_schema, response_format (constraint_fields.py), samplers (where they mean what this server does:
+json_schema, response_format (shared/constraint_fields.py), samplers (where they mean what this server does:
 core/params.py), and speculation as llama-server spells it (`speculative.n_max`, `speculative.n_min`,
 `speculative.p_min`) or as our `speculative` object. The answer carries llama-server's fields
 (`content`, `tokens`, `generation_settings`, `prompt`, `tokens_predicted`, `tokens_evaluated`,
@@ -52,7 +52,7 @@ class LlamaRequest(Generation):
     n_cmpl: int | None = None
     n: int | None = None  # n_cmpl's other name (OpenAI's)
     response_fields: list[str] | None = None  # only these fields of the answer (infill_rules.select_fields)
-    n_probs: int | None = None  # each answer token's logprob and this many alternatives (probs.py)
+    n_probs: int | None = None  # each answer token's logprob and this many alternatives (shared/probs.py)
     logprobs: int | None = None  # n_probs's OpenAI name, read where n_probs is absent (as llama-server does)
     post_sampling_probs: bool | None = None  # probabilities of the distribution sampled from, not the model's
     # llama-server's flat spelling of speculation (llama-server's n_max is our draft_max)

@@ -45,7 +45,7 @@ class ChatRequest(OpenAIGeneration):
     max_tokens: int | None = None
     n_predict: int | None = None  # llama-server's name (-1: no limit; 0: only put the prompt in a slot's cache)
     tools: list[Tool] | None = None
-    tool_choice: Any = None  # "none", "auto", "required" or {"type": "function", ...}: openai_tools.py
+    tool_choice: Any = None  # "none", "auto", "required" or {"type": "function", ...}: tools.py
     parallel_tool_calls: bool | None = None
     add_generation_prompt: bool | None = None  # llama-server's and vLLM's
     continue_final_message: bool | None = None  # the last (assistant) message is continued (core/prefill.py)
@@ -53,7 +53,7 @@ class ChatRequest(OpenAIGeneration):
     reasoning_format: str | None = None  # llama-server's: "none", "deepseek", "auto" (core/reasoning.py)
     reasoning_budget: int | None = None  # llama-server's: -1 unlimited, 0 no reasoning, n tokens
     thinking_budget_tokens: int | None = None  # Continue's name for it
-    logprobs: bool | None = None  # each answer token's logprob (probs.py: llama-server's objects, OpenAI's fields)
+    logprobs: bool | None = None  # each answer token's logprob (shared/probs.py: llama-server's objects, OpenAI's)
     top_logprobs: int | None = None  # and this many alternatives at each
     post_sampling_probs: bool | None = None  # llama-server's: probabilities of the distribution sampled from
 

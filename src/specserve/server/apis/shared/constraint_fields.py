@@ -2,7 +2,7 @@
 
 Where clients send a constraint: OpenAI's `response_format` (text, json_object, json_schema),
 llama-server's `grammar` (GBNF) and `json_schema` (a schema object), and OpenAI's `tools`
-(openai_tools.py reads them; core/constraints/tools.py builds their grammar). A request may carry one
+(openai/tools.py reads them; core/constraints/tools.py builds their grammar). A request may carry one
 of them; two that would each constrain the output are refused with both names, rather than one
 silently winning. A request with a constraint or tools has them read and compiled on a grammar worker,
 off the event loop, within a time budget (core/constraints/compiling.py): a large schema takes
