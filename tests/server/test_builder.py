@@ -9,6 +9,7 @@ import pytest
 
 from specserve.backends import load_model
 from specserve.grammar import GrammarWorker
+from specserve.prompt import chat_tokens
 from specserve.server.apis.anthropic.messages import MESSAGES
 from specserve.server.apis.llama.completion import LLAMA
 from specserve.server.apis.llama.infill import INFILL
@@ -201,3 +202,12 @@ def test_completion_does_not_warm(build):
 
 def test_anthropic_needs_max_tokens(build):
     assert refused(build, MESSAGES, {"messages": HI}).param == "max_tokens"
+
+
+@pytest.mark.parametrize("content", ['{"name": "ZQX', [{"type": "text", "text": '{"name": "ZQX'}]])
+def test_anthropic_continues_a_final_assistant_message(build, target, content):
+    """As Anthropic's API does (prefill): the answer begins where the assistant's text stops, not in a new turn."""
+    req, _ = build(MESSAGES, {"max_tokens": 8, "messages": [*HI, {"role": "assistant", "content": content}]})
+    assert req.continue_final
+    prompt = target.detokenize(chat_tokens(target, req.messages, None, req.continue_final)).decode()
+    assert prompt.endswith('{"name": "ZQX')

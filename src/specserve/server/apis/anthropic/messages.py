@@ -1,11 +1,12 @@
 """Anthropic's Messages API: POST /v1/messages and /v1/messages/count_tokens, for Claude-Code-style agents.
 
-The body (request.py) becomes the one GenRequest: system and messages as a chat in the
-templates' form, tools through the core's tools grammar, `max_tokens`, `stop_sequences` and sampling
-over the request's profile, the `speculative` object as on every API. The answer's events are shaped
-as a `message` with content blocks (text, tool_use; thinking once the core parts reasoning out), or
-streamed as Anthropic's named events (stream.py). `usage` counts the prompt tokens read from
-the slot's cache as `cache_read_input_tokens` (Anthropic's input_tokens are the rest) and carries
+The body (request.py) becomes the one GenRequest: system and messages as a chat in the templates'
+form (a last assistant message is continued, as Anthropic's prefill), tools through the core's tools
+grammar, `max_tokens`, `stop_sequences` and sampling over the request's profile, the `speculative`
+object as on every API. The answer's events are shaped as a `message` with content blocks (text,
+tool_use; thinking once the core parts reasoning out), or streamed as Anthropic's named events
+(stream.py). `usage` counts the prompt tokens read from the slot's cache as `cache_read_input_tokens`
+(Anthropic's input_tokens are the rest) and carries
 `speculative`. Every refusal on these paths has Anthropic's error body. `x-api-key` is read by the
 key guard (http/guard.py); `anthropic-version` and `anthropic-beta` are accepted and not needed.
 """
@@ -20,6 +21,7 @@ from starlette.responses import JSONResponse, Response
 from ...core.answer import Answer, answer
 from ...core.constraints.tools import ToolRequest
 from ...core.jobs import CLIENT_GONE, start
+from ...core.prefill import prefilled
 from ...core.request import GenRequest
 from ...http.body import read_json
 from ...http.endpoint import Endpoint
@@ -51,7 +53,10 @@ def routes() -> list[Endpoint]:
 
 
 async def messages_prompt(fields: MessagesRequest, body: dict, server: ServerView, max_tokens: int) -> Prompt:
-    return Prompt(messages=chat_messages(fields))
+    """The chat; a last message from the assistant is continued, as Anthropic continues it (prefill: the
+    answer begins where that text stops, and holds only what follows it)."""
+    chat = chat_messages(fields)
+    return Prompt(messages=chat, continue_final=prefilled(chat, None, None))
 
 
 def messages_tools(fields: MessagesRequest, body: dict, prompt: Prompt, target) -> ToolRequest | None:
@@ -111,5 +116,5 @@ async def count_tokens(request: Request) -> Response:
     fields = parse(MessagesRequest, body)
     chat = chat_messages(fields)
     model = state.engine.target
-    n = await count_chat_tokens(model, chat, tool_request(fields, chat, model), "messages")
+    n = await count_chat_tokens(model, chat, tool_request(fields, chat, model), "messages", prefilled(chat, None, None))
     return JSONResponse({"input_tokens": n})

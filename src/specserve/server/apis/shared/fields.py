@@ -236,12 +236,14 @@ def required(value, key: str):
     return value
 
 
-async def count_chat_tokens(model, chat: list[dict], tools: ToolRequest | None, param: str) -> int:
+async def count_chat_tokens(model, chat: list[dict], tools: ToolRequest | None, param: str,
+                            continue_final: bool = False) -> int:
     """The prompt tokens a chat (and its tools) renders to with the model's template, off the event loop:
-    the token counts of /v1/messages and /v1/responses. A chat the template refuses is a 400 on `param`."""
+    the token counts of /v1/messages and /v1/responses (`continue_final`: its last message is continued).
+    A chat the template refuses is a 400 on `param`."""
     def count() -> int:
         try:
-            return len(chat_tokens(model, *template_input(model, chat, tools)))
+            return len(chat_tokens(model, *template_input(model, chat, tools), continue_final))
         except (ChatTemplateError, ValueError) as e:
             raise bad_request(str(e), param) from None
     return await anyio.to_thread.run_sync(count)
