@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from specserve.server.apis.anthropic.request import MessagesRequest, chat_messages, system_text
+from specserve.server.apis.anthropic.protocol import MessagesRequest
+from specserve.server.apis.anthropic.request import chat_messages, system_text
 from specserve.server.apis.openai.responses_request import ResponsesRequest, function_tools
 from specserve.server.apis.openai.responses_request import chat_messages as responses_chat
 from specserve.server.apis.shared.validation import parse

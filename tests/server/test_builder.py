@@ -10,7 +10,7 @@ import pytest
 from specserve.backends import load_model
 from specserve.grammar import GrammarWorker
 from specserve.prompt import chat_tokens
-from specserve.server.apis.anthropic.messages import MESSAGES
+from specserve.server.apis.anthropic.request import MESSAGES
 from specserve.server.apis.llama.completion import LLAMA
 from specserve.server.apis.llama.infill import INFILL
 from specserve.server.apis.openai.chat import CHAT

@@ -25,7 +25,7 @@ from starlette.routing import Route
 from ..engine import Engine
 from ..memory import fmt_bytes
 from . import webui
-from .apis.anthropic import messages
+from .apis.anthropic import serving as messages
 from .apis.llama import completion, gcp, infill, props, templates
 from .apis.openai import chat, completions, models, responses
 from .core.sleep import WakeOnRequest

@@ -1,12 +1,12 @@
 """Anthropic's Messages API: POST /v1/messages and /v1/messages/count_tokens, for Claude-Code-style agents.
 
-The body (request.py) becomes the one GenRequest: system and messages as a chat in the templates'
-form (a last assistant message is continued, as Anthropic's prefill), tools through the core's tools
-grammar, `max_tokens`, `stop_sequences` and sampling over the request's profile, the `speculative`
-object as on every API. The answer's events are shaped as a `message` with content blocks (text,
-tool_use; thinking once the core parts reasoning out), or streamed as Anthropic's named events
-(stream.py). `usage` counts the prompt tokens read from the slot's cache as `cache_read_input_tokens`
-(Anthropic's input_tokens are the rest) and carries
+The body (protocol.py's model; request.py's declaration, which shared/builder.py runs) becomes the one
+GenRequest: system and messages as a chat in the templates' form (a last assistant message is continued,
+as Anthropic's prefill), tools through the core's tools grammar, `max_tokens`, `stop_sequences` and
+sampling over the request's profile, the `speculative` object as on every API. The answer's events are
+shaped as a `message` with content blocks (text, tool_use; thinking once the core parts reasoning out),
+or streamed as Anthropic's named events (stream.py). `usage` counts the prompt tokens read from the
+slot's cache as `cache_read_input_tokens` (Anthropic's input_tokens are the rest) and carries
 `speculative`. Every refusal on these paths has Anthropic's error body. `x-api-key` is read by the
 key guard (http/guard.py); `anthropic-version` and `anthropic-beta` are accepted and not needed.
 """
@@ -19,7 +19,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ...core.answer import Answer, answer
-from ...core.constraints.tools import ToolRequest
 from ...core.jobs import CLIENT_GONE, start
 from ...core.prefill import prefilled
 from ...core.request import GenRequest
@@ -28,11 +27,12 @@ from ...http.endpoint import Endpoint
 from ...http.errors import ApiError
 from ...http.guard import key_scope
 from ...http.sse import sse_response
-from ..shared.builder import Api, Prompt, ServerView, build_request
+from ..shared.builder import ServerView, build_request
 from ..shared.fields import count_chat_tokens
 from ..shared.validation import parse
 from . import stream as anthropic_stream
-from .request import MessagesRequest, chat_messages, tool_request
+from .protocol import MessagesRequest
+from .request import MESSAGES, chat_messages, tool_request
 from .stream import stop_reason, usage
 
 # Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors)
@@ -50,21 +50,6 @@ def error_body(err: ApiError) -> dict:
 def routes() -> list[Endpoint]:
     return [Endpoint("/v1/messages", messages, render_error=error_body),
             Endpoint("/v1/messages/count_tokens", count_tokens, render_error=error_body)]
-
-
-async def messages_prompt(fields: MessagesRequest, body: dict, server: ServerView, max_tokens: int) -> Prompt:
-    """The chat; a last message from the assistant is continued, as Anthropic continues it (prefill: the
-    answer begins where that text stops, and holds only what follows it)."""
-    chat = chat_messages(fields)
-    return Prompt(messages=chat, continue_final=prefilled(chat, None, None))
-
-
-def messages_tools(fields: MessagesRequest, body: dict, prompt: Prompt, target) -> ToolRequest | None:
-    return tool_request(fields, prompt.messages, target)
-
-
-MESSAGES = Api("messages", MessagesRequest, messages_prompt, limits=("max_tokens",), limit_required=True,
-               tools=messages_tools)
 
 
 def message_id() -> str:
