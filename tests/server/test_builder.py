@@ -11,8 +11,7 @@ from specserve.backends import load_model
 from specserve.grammar import GrammarWorker
 from specserve.prompt import chat_tokens
 from specserve.server.apis.anthropic.request import MESSAGES
-from specserve.server.apis.llama.completion import LLAMA
-from specserve.server.apis.llama.infill import INFILL
+from specserve.server.apis.llama.request import INFILL, LLAMA
 from specserve.server.apis.openai.chat import CHAT
 from specserve.server.apis.openai.completions import COMPLETIONS
 from specserve.server.apis.openai.responses import RESPONSES

@@ -1,4 +1,5 @@
-"""llama-server's POST /infill, as llama.vim and llama.vscode call it, and FIM for /v1/completions.
+"""llama-server's POST /infill, as llama.vim and llama.vscode call it (the body: protocol.InfillRequest; its
+declaration: request.INFILL).
 
 The body: `input_prefix`, `input_suffix`, `input_extra` ([{"filename", "text"}]), `prompt` (the
 current line up to the cursor), `n_indent`, `t_max_predict_ms`, `t_max_prompt_ms` (accepted; not
@@ -17,89 +18,22 @@ from __future__ import annotations
 
 import time
 
-import anyio
-from pydantic import field_validator, model_validator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ....fim import FimUnsupported, Infill, fim_tokens, healed
+from ....fim import FimUnsupported, fim_tokens
 from ....grammar.healing import vocab_of
 from ...core.answer import answer, events
 from ...core.events import Text
 from ...core.jobs import CLIENT_GONE, start
-from ...core.request import GenRequest
 from ...http.body import read_json
 from ...http.endpoint import Endpoint
-from ...http.errors import bad_request
 from ...http.guard import key_scope
 from ..shared.answer import stream
-from ..shared.builder import Api, Prompt, ServerView, build_request
-from ..shared.constraint_fields import refuse_constraints
-from ..shared.fim_prompts import fim_prompt
+from ..shared.builder import ServerView, build_request
 from .answer import final
-from .completion import LlamaRequest
 from .infill_rules import LineRules, select_fields
-
-_EXTRA_SHAPE = 'input_extra must be an array of {"filename": string, "text": string} objects (text required)'
-
-
-class InfillRequest(LlamaRequest):
-    """/infill's own fields beside /completion's."""
-
-    input_prefix: str | None = None
-    input_suffix: str | None = None
-    input_extra: list[tuple[str, str]] = []  # (filename, text)
-    prompt: str | None = None  # the cursor's line up to the cursor
-    n_indent: int | None = None
-    t_max_predict_ms: int | None = None
-    t_max_prompt_ms: int | None = None  # accepted; not applied, as in llama-server
-    response_fields: list[str] | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _infill_sampler(cls, body):
-        """llama.cpp's `infill` sampler (and a chain without temperature at temperature 0) means greedy
-        decoding here."""
-        if not isinstance(body, dict) or not isinstance(body.get("samplers"), list):
-            return body
-        names = [s.lower() if isinstance(s, str) else s for s in body["samplers"]]
-        temperature = body.get("temperature")
-        greedy_temp = isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature <= 0
-        if "infill" in names or ("temperature" not in names and greedy_temp):
-            body = {k: v for k, v in body.items() if k != "samplers"}
-            body["temperature"] = 0.0
-        return body
-
-    @field_validator("input_extra", mode="before")
-    @classmethod
-    def _extra(cls, value) -> list[tuple[str, str]]:
-        if value is None:
-            return []
-        if not isinstance(value, list):
-            raise bad_request(_EXTRA_SHAPE, "input_extra")
-        out = []
-        for i, chunk in enumerate(value):
-            if not isinstance(chunk, dict):
-                raise bad_request(_EXTRA_SHAPE, f"input_extra[{i}]")
-            filename, text = chunk.get("filename", "tmp"), chunk.get("text")  # text required, as llama-server
-            if not isinstance(filename, str) or not isinstance(text, str):
-                raise bad_request(_EXTRA_SHAPE, f"input_extra[{i}]")
-            out.append((filename, text))
-        return out
-
-    @field_validator("n_indent", "t_max_predict_ms", "t_max_prompt_ms")
-    @classmethod
-    def _nonneg(cls, value, info):
-        if value is not None and value < 0:
-            raise bad_request(f"{info.field_name} must be >= 0, got {value}", info.field_name)
-        return value
-
-    @field_validator("response_fields", mode="before")
-    @classmethod
-    def _fields(cls, value):
-        if value is not None and not (isinstance(value, list) and all(isinstance(f, str) for f in value)):
-            raise bad_request("response_fields must be an array of strings", "response_fields")
-        return value
+from .request import INFILL
 
 
 def routes() -> list[Endpoint]:
@@ -114,32 +48,6 @@ def prepare(target) -> None:
     except FimUnsupported:
         return
     vocab_of(target)
-
-
-async def infill_prompt(fields: InfillRequest, body: dict, server: ServerView, max_tokens: int) -> Prompt:
-    """The model's FIM layout of the body (fim.py), its cursor's line healed."""
-    infill = Infill(prefix=fields.input_prefix or "", suffix=fields.input_suffix or "", prompt=fields.prompt or "",
-                    extra=fields.input_extra)
-    tokens = await anyio.to_thread.run_sync(fim_prompt, server.target, infill, server.n_ctx, fields.n_predict or 0)
-    tokens, heal = healed(server.target, tokens, infill)
-    return Prompt(prompt=tokens, heal=heal)
-
-
-def infill_constraints(fields: InfillRequest, body: dict, prompt: Prompt, target) -> None:
-    refuse_constraints(body, fields, "infill")
-
-
-def check_infill(fields: InfillRequest, req: GenRequest) -> None:
-    if req.spec.trace:  # the line rules cut the text after the fact: runs would not match it
-        raise bad_request("speculative.trace is not available on /infill", "speculative.trace", "unsupported_parameter")
-    n_cmpl = 1 if fields.n_cmpl is None else fields.n_cmpl
-    if n_cmpl < 1 or n_cmpl > 1 and not req.sampling.greedy:
-        raise bad_request(f"n_cmpl={n_cmpl}: this server answers one completion a request (n_cmpl > 1 only for a "
-                          "greedy request, whose completions would all be the same)", "n_cmpl", "unsupported_parameter")
-
-
-INFILL = Api("infill", InfillRequest, infill_prompt, limits=("n_predict", "max_tokens"), handles=("t_max_predict_ms",),
-             random_seed=-1, warms=True, tools=infill_constraints, check=check_infill)
 
 
 async def infill(request: Request) -> Response:

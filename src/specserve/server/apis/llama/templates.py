@@ -22,27 +22,8 @@ from ...http.body import read_json
 from ...http.endpoint import Endpoint
 from ...http.errors import bad_request
 from ..shared.fields import template_kwargs_of
-from ..shared.validation import Fields, parse
-
-
-class TokenizeRequest(Fields):
-    content: str | list | None = None
-    add_special: bool = False
-    parse_special: bool = True
-    with_pieces: bool = False
-
-
-class DetokenizeRequest(Fields):
-    tokens: list[int] = []
-
-
-class TemplateRequest(Fields):
-    messages: list | None = None
-    tools: list | None = None
-    tool_choice: object = None  # accepted: the prompt does not depend on it
-    add_generation_prompt: bool | None = None
-    continue_final_message: bool | None = None
-    chat_template_kwargs: dict | None = None
+from ..shared.validation import parse
+from .protocol import DetokenizeRequest, TemplateRequest, TokenizeRequest
 
 
 def routes() -> list[Endpoint]:
