@@ -12,9 +12,7 @@ from specserve.grammar import GrammarWorker
 from specserve.prompt import chat_tokens
 from specserve.server.apis.anthropic.request import MESSAGES
 from specserve.server.apis.llama.request import INFILL, LLAMA
-from specserve.server.apis.openai.chat import CHAT
-from specserve.server.apis.openai.completions import COMPLETIONS
-from specserve.server.apis.openai.responses import RESPONSES
+from specserve.server.apis.openai.request import CHAT, COMPLETIONS, RESPONSES
 from specserve.server.apis.shared.builder import ServerView, build_request
 from specserve.server.core.profiles import Profile
 from specserve.server.http.errors import ApiError

@@ -1,7 +1,8 @@
-"""What OpenAI's endpoints share: the request fields they add, and the answer's shape (ids, usage, the
-stream's end). Speculation shows up as extensions: a request's `speculative` object picks the mode and
-lengths, `usage.speculative` reports what speculation did for it; with `speculative.trace`, each
-choice's `speculative_trace` says who produced each token of its text (core/trace.py, docs/webui.md).
+"""What OpenAI's endpoints share in the answer's shape: ids, usage, the stream's end (the request fields
+they add: protocol.OpenAIGeneration). Speculation shows up as extensions: a request's `speculative`
+object picks the mode and lengths, `usage.speculative` reports what speculation did for it; with
+`speculative.trace`, each choice's `speculative_trace` says who produced each token of its text
+(core/trace.py, docs/webui.md).
 """
 from __future__ import annotations
 
@@ -16,28 +17,8 @@ from ...core.jobs import CLIENT_GONE, Job
 from ...core.request import GenRequest
 from ..llama.answer import final
 from ..llama.props import SYSTEM_FINGERPRINT
-from ..shared.fields import Generation
 from ..shared.timings import timings
-from ..shared.validation import Fields
-
-
-class StreamOptions(Fields):
-    include_usage: bool | None = None
-
-
-class OpenAIGeneration(Generation):
-    """The shared fields, OpenAI's `stream_options` and `n`, and llama-server's `verbose` and
-    `timings_per_token`."""
-
-    stream_options: StreamOptions | None = None
-    n: int | None = None
-    verbose: bool | None = None  # the answer carries `__verbose` (also with the server's --verbose)
-    timings_per_token: bool | None = None  # each streamed chunk carries `timings`
-    return_progress: bool | None = None  # a stream opens with `prompt_progress` events (progress.py)
-
-    @property
-    def include_usage(self) -> bool:
-        return self.stream_options is not None and bool(self.stream_options.include_usage)
+from .protocol import OpenAIGeneration
 
 
 def head(kind: str, req: GenRequest) -> dict:

@@ -1,64 +1,26 @@
 """OpenAI's POST /v1/completions (with `suffix`: fill in the middle, laid out as /infill)."""
 from __future__ import annotations
 
-from typing import Any
-
 from starlette.requests import Request
 from starlette.responses import Response
 
 from ...core.answer import events
 from ...core.events import Text
 from ...core.jobs import Job, start
-from ...core.params import Limit
 from ...http.body import read_json
 from ...http.endpoint import Endpoint
-from ...http.errors import bad_request
 from ...http.guard import key_scope
 from ..shared import several
 from ..shared.answer import stream, traced
-from ..shared.builder import Api, Prompt, ServerView, build_request
-from ..shared.fields import prompt_value, required
-from ..shared.fim_prompts import openai_fim_prompt
-from ..shared.probs import count, legacy
-from .common import OpenAIGeneration, head, respond, stream_end, verbose
-
-DEFAULT_MAX_TOKENS = Limit("max_tokens", 16)  # /v1/completions without max_tokens: OpenAI's default
-
-
-class CompletionRequest(OpenAIGeneration):
-    prompt: Any = None  # a string or token ids: fields.prompt_value
-    suffix: str | None = None
-    max_tokens: int | None = None
-    echo: bool | None = None  # the prompt's text before each choice's
-    logprobs: int | None = None  # each answer token's logprob and this many alternatives (OpenAI's legacy shape)
-
-    def logprobs_asked(self) -> tuple[int, str] | None:
-        if self.logprobs is None:
-            return None
-        if self.echo:  # the prompt's logprobs, which echo gives with them, are not computed
-            raise bad_request("logprobs with echo is not supported: the prompt's logprobs are not computed",
-                              "logprobs", "unsupported_parameter")
-        return count(self.logprobs, "logprobs"), "raw"
+from ..shared.builder import ServerView, build_request
+from ..shared.probs import legacy
+from .common import head, respond, stream_end, verbose
+from .protocol import CompletionRequest
+from .request import COMPLETIONS
 
 
 def routes() -> list[Endpoint]:
     return [Endpoint("/v1/completions", completions)]
-
-
-async def completion_prompt(fields: CompletionRequest, body: dict, server: ServerView, max_tokens: int) -> Prompt:
-    """The prompt; with `suffix`, the FIM prompt /infill would lay out, healed unless a grammar constrains
-    the answer instead."""
-    prompt = required(prompt_value(fields.prompt), "prompt")
-    if fields.echo and fields.suffix:
-        raise bad_request("echo and suffix cannot be used together", "echo")
-    if not fields.suffix:
-        return Prompt(prompt=prompt)
-    tokens, heal = await openai_fim_prompt(server, prompt, fields.suffix, max_tokens, heal=not fields.requested())
-    return Prompt(prompt=tokens, heal=heal)
-
-
-COMPLETIONS = Api("completions", CompletionRequest, completion_prompt, limits=("max_tokens",),
-                  default_limit=DEFAULT_MAX_TOKENS, handles=("suffix", "n", "echo", "logprobs"))
 
 
 def echoed(job: Job, fields: CompletionRequest) -> str:

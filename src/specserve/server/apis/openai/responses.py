@@ -1,14 +1,14 @@
 """OpenAI's Responses API: POST /v1/responses and /v1/responses/input_tokens (and llama-server's
 un-prefixed /responses), for Codex-style agents and `client.responses` of the openai SDK.
 
-The body (responses_request.py) becomes the one GenRequest: instructions and input items as a chat in
-the templates' form, function tools through the core's tools grammar, `text.format` as an output
-constraint, `max_output_tokens` and sampling over the request's profile, the `speculative` object as
-on every API. The answer's events are shaped as a `response` (responses_output.py) or streamed as
-Responses events (responses_stream.py). Stateless: nothing is stored, so `previous_response_id` is
-refused with a 400 that says to send the conversation (a store would hold each conversation in one
-process's memory, which replicas behind one endpoint do not share; agents send the whole input
-anyway, and llama-server refuses it too). Errors keep OpenAI's shape.
+The body (protocol.py's model; request.py's declaration) becomes the one GenRequest: instructions and
+input items as a chat in the templates' form, function tools through the core's tools grammar,
+`text.format` as an output constraint, `max_output_tokens` and sampling over the request's profile, the
+`speculative` object as on every API. The answer's events are shaped as a `response`
+(responses_output.py) or streamed as Responses events (responses_stream.py). Stateless: nothing is
+stored, so `previous_response_id` is refused with a 400 that says to send the conversation (a store
+would hold each conversation in one process's memory, which replicas behind one endpoint do not share;
+agents send the whole input anyway, and llama-server refuses it too). Errors keep OpenAI's shape.
 """
 from __future__ import annotations
 
@@ -16,17 +16,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ...core.answer import Answer, answer
-from ...core.constraints.tools import ToolRequest
 from ...core.jobs import CLIENT_GONE, start
 from ...http.body import read_json
 from ...http.endpoint import Endpoint
 from ...http.guard import key_scope
 from ...http.sse import sse_response
-from ..shared.builder import Api, Prompt, ServerView, build_request
+from ..shared.builder import ServerView, build_request
 from ..shared.fields import check_unsupported, count_chat_tokens
 from ..shared.validation import parse
+from .protocol import ResponsesRequest
+from .request import RESPONSES, chat_messages, check_stateless, tools_of
 from .responses_output import ResponseHead, call_item, message_item, new_id, reasoning_item
-from .responses_request import ResponsesRequest, chat_messages, check_stateless, tools_of
 from .responses_stream import ResponseStream
 
 
@@ -40,19 +40,6 @@ def _fields(body: dict) -> ResponsesRequest:
     check_unsupported(body)
     check_stateless(fields)
     return fields
-
-
-async def responses_prompt(fields: ResponsesRequest, body: dict, server: ServerView, max_tokens: int) -> Prompt:
-    check_stateless(fields)
-    return Prompt(messages=chat_messages(fields))
-
-
-def responses_tools(fields: ResponsesRequest, body: dict, prompt: Prompt, target) -> ToolRequest | None:
-    return tools_of(fields, prompt.messages, target)
-
-
-RESPONSES = Api("responses", ResponsesRequest, responses_prompt, limits=("max_output_tokens",),
-                tools=responses_tools)
 
 
 def output_items(out: Answer) -> list[dict]:

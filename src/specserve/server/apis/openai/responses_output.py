@@ -14,7 +14,7 @@ import uuid
 from ...core.answer import speculative_usage
 from ...core.jobs import Job
 from ...core.request import GenRequest
-from .responses_request import ResponsesRequest
+from .protocol import ResponsesRequest
 
 
 def new_id(prefix: str) -> str:

@@ -1,39 +1,17 @@
 """OpenAI's tools on /v1/chat/completions: `tools`, `tool_choice`, `parallel_tool_calls` -> a ToolRequest.
 
-The shapes are checked as OpenAI checks them (StrictModel: unknown fields refused, OpenAI's codes);
+The shapes (protocol.py) are checked as OpenAI checks them (StrictModel: unknown fields refused, OpenAI's codes);
 the call form, grammar and reading back are the core's (core/constraints/). The tools go to the chat
 template as they were sent: Hugging Face templates take OpenAI's form.
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field
-
-from ...core.constraints.tools import NAME, ToolRequest, ToolSpec, tool_request
+from ...core.constraints.tools import ToolRequest, ToolSpec, tool_request
 from ...http.errors import bad_request
-from ..shared.validation import StrictModel, parse
-
-
-class Function(StrictModel):
-    name: str = Field(pattern=NAME.pattern)
-    description: str | None = None
-    parameters: dict | None = None
-    strict: bool | None = None
-
-
-class Tool(StrictModel):
-    type: Literal["function"]
-    function: Function
-
-
-class NamedFunction(StrictModel):
-    name: str
-
-
-class NamedChoice(StrictModel):
-    type: Literal["function"]
-    function: NamedFunction
+from ..shared.validation import parse
+from .protocol import NamedChoice, Tool
 
 
 def _choice(value, names: tuple[str, ...]) -> str:

@@ -1,25 +1,33 @@
-"""OpenAI's Responses request: its pydantic models, and `input` as the chat the templates take.
-
-`ResponsesRequest` checks a /v1/responses body: `input` (a string, or items: messages, `function_call`,
-`function_call_output`, `reasoning`), `instructions`, `tools` (function tools; the hosted ones are
-left out, as llama-server does), `tool_choice`, `parallel_tool_calls`, `max_output_tokens`, `text.format`,
-`reasoning.effort`, and the shared fields (sampling, `speculative`: fields.Generation). The server
-keeps no responses: `store` is accepted and nothing is stored, `previous_response_id` and item
-references are refused (400) with what to send instead.
+"""OpenAI's generating APIs as declarations (shared/builder.py's Api): chat completions (CHAT: the messages,
+a last assistant message continued, the tools), completions (COMPLETIONS: a prompt, or with `suffix` the
+FIM layout) and Responses (RESPONSES: `input` and `instructions` as the chat the templates take, its
+function tools). The server keeps no responses: `store` is accepted and nothing is stored,
+`previous_response_id` and item references are refused (400) with what to send instead.
 """
 from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Literal
 
-from pydantic import Field
-
-from ...core.constraints.structured import json_object, schema_grammar
-from ...core.constraints.tools import NAME, ToolRequest, ToolSpec, tool_request
+from ....chat import MessageError, validate_messages
+from ...core.constraints.tools import ToolRequest, ToolSpec, tool_request
+from ...core.params import Limit
+from ...core.prefill import prefill_joined, prefilled
 from ...http.errors import bad_request
-from ..shared.fields import Generation
-from ..shared.validation import Fields, StrictModel, parse
+from ..shared.builder import Api, Prompt, ServerView
+from ..shared.fields import prompt_value, required, template_kwargs_of
+from ..shared.fim_prompts import openai_fim_prompt
+from ..shared.validation import parse
+from .protocol import (
+    ChatRequest,
+    CompletionRequest,
+    FunctionCallItem,
+    FunctionOutputItem,
+    FunctionTool,
+    MessageItem,
+    ResponsesRequest,
+)
+from .tools import openai_tools
 
 log = logging.getLogger("specserve.server")
 STATELESS = ("this server keeps no responses (store is accepted, nothing is stored): send the whole conversation "
@@ -27,88 +35,68 @@ STATELESS = ("this server keeps no responses (store is accepted, nothing is stor
 _ROLES = ("user", "assistant", "system", "developer")
 _TEXT_PARTS = {"input_text", "output_text", "text"}
 
-
-class FunctionTool(StrictModel):
-    type: Literal["function"]
-    name: str = Field(pattern=NAME.pattern)
-    description: str | None = None
-    parameters: dict | None = None
-    strict: bool | None = None
+_CONTENT_PARTS = ("text",)  # chat content part types understood; images, audio and files are not
 
 
-class TextFormat(Fields):
-    type: Literal["text", "json_object", "json_schema"]
-    name: str | None = None
-    schema_: dict | None = Field(None, alias="schema")  # `schema` would shadow BaseModel.schema
-    strict: bool | None = None
+def check_content_parts(messages: list) -> None:
+    """400 `unsupported_parameter` for a chat content part that is not text (an image would be dropped)."""
+    for i, m in enumerate(messages):
+        content = m.get("content") if isinstance(m, dict) else None
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind not in _CONTENT_PARTS:
+                raise bad_request(f"content parts of type {json.dumps(kind)[:40]} are not supported: this server "
+                                  "reads text only", f"messages[{i}].content[{j}]", "unsupported_parameter")
 
 
-class TextConfig(Fields):
-    format: TextFormat | None = None
+def check_messages(messages: list) -> None:
+    """400 naming the field for what OpenAI refuses too: a role that is not one of OpenAI's,
+    missing content, non-text content parts, malformed tool calls."""
+    check_content_parts(messages)
+    try:
+        validate_messages(messages)
+    except MessageError as e:
+        raise bad_request(str(e), e.param, e.code) from None
 
 
-class Reasoning(Fields):
-    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
-    summary: Literal["auto", "concise", "detailed"] | None = None
+async def chat_prompt(fields: ChatRequest, body: dict, server: ServerView, max_tokens: int) -> Prompt:
+    """The chat, its last message continued where it is the assistant's (core/prefill.py)."""
+    if not fields.messages:
+        raise bad_request("messages must be a non-empty array", "messages")
+    check_messages(fields.messages)
+    cont = prefilled(validate_messages(fields.messages), fields.add_generation_prompt, fields.continue_final_message)
+    return Prompt(messages=prefill_joined(fields.messages, cont), continue_final=cont,
+                  template_kwargs=template_kwargs_of(fields.chat_template_kwargs, {}) or None)
 
 
-class FunctionCallItem(Fields):
-    type: Literal["function_call"]
-    call_id: str
-    name: str
-    arguments: str
+def chat_tools(fields: ChatRequest, body: dict, prompt: Prompt, target) -> ToolRequest | None:
+    return openai_tools(body.get("tools"), fields.tools, fields.tool_choice, fields.parallel_tool_calls,
+                        fields.messages, target)
 
 
-class FunctionOutputItem(Fields):
-    type: Literal["function_call_output"]
-    call_id: str
-    output: str | list
+CHAT = Api("chat", ChatRequest, chat_prompt, limits=("max_completion_tokens", "max_tokens", "n_predict"),
+           handles=("n", "logprobs", "top_logprobs", "post_sampling_probs"), warms=True, tools=chat_tools)
 
 
-class MessageItem(Fields):
-    role: Literal["user", "assistant", "system", "developer"]
-    content: str | list
-    type: Literal["message"] | None = None
+DEFAULT_MAX_TOKENS = Limit("max_tokens", 16)  # /v1/completions without max_tokens: OpenAI's default
 
 
-class ResponsesRequest(Generation):
-    input: str | list | None = None
-    instructions: str | None = None
-    max_output_tokens: int | None = None
-    tools: list | None = None
-    tool_choice: Any = None
-    parallel_tool_calls: bool | None = None
-    text: TextConfig | None = None
-    reasoning: Reasoning | None = None
-    store: bool | None = None
-    previous_response_id: str | None = None
-    background: bool | None = None
-    metadata: dict | None = None  # echoed back, as OpenAI's API does
-    timings_per_token: bool | None = None  # llama-server's: text deltas carry `timings`
-    return_progress: bool | None = None  # llama-server's: response.in_progress events with `prompt_progress`
+async def completion_prompt(fields: CompletionRequest, body: dict, server: ServerView, max_tokens: int) -> Prompt:
+    """The prompt; with `suffix`, the FIM prompt /infill would lay out, healed unless a grammar constrains
+    the answer instead."""
+    prompt = required(prompt_value(fields.prompt), "prompt")
+    if fields.echo and fields.suffix:
+        raise bad_request("echo and suffix cannot be used together", "echo")
+    if not fields.suffix:
+        return Prompt(prompt=prompt)
+    tokens, heal = await openai_fim_prompt(server, prompt, fields.suffix, max_tokens, heal=not fields.requested())
+    return Prompt(prompt=tokens, heal=heal)
 
-    def format_grammar(self) -> tuple[str, str] | None:
-        """(param, grammar) of text.format, for constraint_fields.output_grammar (None: plain text)."""
-        fmt = self.text.format if self.text is not None else None
-        if fmt is None or fmt.type == "text":
-            return None
-        if fmt.type == "json_object":
-            return "text.format", json_object(validate=False)
-        if fmt.schema_ is None:
-            raise bad_request("Missing required parameter: 'text.format.schema'", "text.format.schema",
-                              "missing_required_parameter")
-        return "text.format", schema_grammar(fmt.schema_, "text.format.schema")
 
-    def reasoning_effort(self) -> str | None:
-        return self.reasoning.effort if self.reasoning is not None else None
-
-    def reasoning_budget(self) -> int | None:
-        """The reasoning budget in tokens (GenRequest.reasoning_budget): 0 for effort "none" (the block
-        closed at once), else None (the server's --reasoning-budget: an effort names no token count)."""
-        return 0 if self.reasoning_effort() == "none" else None
-
-    def reasoning_asked(self) -> tuple[str | None, int | None]:
-        return None, self.reasoning_budget()
+COMPLETIONS = Api("completions", CompletionRequest, completion_prompt, limits=("max_tokens",),
+                  default_limit=DEFAULT_MAX_TOKENS, handles=("suffix", "n", "echo", "logprobs"))
 
 
 def check_stateless(fields: ResponsesRequest) -> None:
@@ -236,3 +224,16 @@ def tools_of(fields: ResponsesRequest, messages: list[dict], model) -> ToolReque
                 for _, t in tools]
     parallel = fields.parallel_tool_calls is not False
     return tool_request(model, template, specs, _choice(fields.tool_choice, names), parallel)
+
+
+async def responses_prompt(fields: ResponsesRequest, body: dict, server: ServerView, max_tokens: int) -> Prompt:
+    check_stateless(fields)
+    return Prompt(messages=chat_messages(fields))
+
+
+def responses_tools(fields: ResponsesRequest, body: dict, prompt: Prompt, target) -> ToolRequest | None:
+    return tools_of(fields, prompt.messages, target)
+
+
+RESPONSES = Api("responses", ResponsesRequest, responses_prompt, limits=("max_output_tokens",),
+                tools=responses_tools)
