@@ -1,6 +1,7 @@
-"""build_request (server/apis/builder.py): each API's body -> GenRequest as a table, on a tiny model and no
-server; and the rules once copied per API (refused fields, id_slot, stop strings, the key's scope, a warm
-request), now one behaviour on every API."""
+"""build_request (server/apis/shared/builder.py): each API's body -> GenRequest as a table, on a tiny model
+and no server; the rules once copied per API (refused fields, id_slot, stop strings, the key's scope, a warm
+request, a continued assistant message), now one behaviour on every API; and the checks of a body alone
+that once needed a server (fields refused or passed, a chat message's shape)."""
 from __future__ import annotations
 
 import asyncio
@@ -208,3 +209,84 @@ def test_anthropic_continues_a_final_assistant_message(build, target, content):
     assert req.continue_final
     prompt = target.detokenize(chat_tokens(target, req.messages, None, req.continue_final)).decode()
     assert prompt.endswith('{"name": "ZQX')
+
+
+# Field checks of a body alone, moved here from test_request_fields_server.py: no server needed.
+
+C, CH, L = COMPLETIONS, CHAT, LLAMA
+REFUSED = [
+    (CH, {"functions": [{"name": "f"}]}, "functions"),
+    (CH, {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is in this picture?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]},
+     "messages[0].content[1]"),
+    (C, {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    (L, {"typical_p": 0.5}, "typical_p"),
+    (L, {"dry_multiplier": 0.8}, "dry_multiplier"),
+    (C, {"top_logprobs": 2}, "top_logprobs"),  # chat's field: completions takes logprobs, a number
+]
+NEUTRAL = [
+    (CH, {"response_format": {"type": "text"}, "tool_choice": "auto", "tools": []}),
+    (CH, {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}),
+    (L, {"typical_p": 1.0, "n_probs": 0, "grammar": "", "mirostat": 0}),
+]
+
+
+def _base(api) -> dict:
+    return {"messages": HI, "max_tokens": 2} if api is CH else {"prompt": "hi", "max_tokens": 2}
+
+
+@pytest.mark.parametrize("api,fields,param", REFUSED, ids=[f"{a.endpoint}-{p}" for a, _, p in REFUSED])
+def test_unimplemented_fields_are_refused(build, api, fields, param):
+    err = refused(build, api, {**_base(api), **fields})
+    assert (err.code, err.param) == ("unsupported_parameter", param)
+
+
+@pytest.mark.parametrize("api,fields", NEUTRAL, ids=[a.endpoint for a, _ in NEUTRAL])
+def test_neutral_values_of_unimplemented_fields_pass(build, api, fields):
+    build(api, {**_base(api), **fields})
+
+
+@pytest.mark.parametrize("messages,param,code", [
+    ([{"role": "hacker", "content": "hi"}], "messages[0].role", "invalid_value"),
+    ([{"role": "user"}], "messages[0].content", "missing_required_parameter"),
+    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}], "messages[1].content",
+     "missing_required_parameter"),
+    ([{"content": "hi"}], "messages[0].role", "missing_required_parameter"),
+    ([{"role": 7, "content": "hi"}], "messages[0].role", "invalid_value"),
+    ([{"role": "user", "content": 7}], "messages[0].content", None),
+    ([{"role": "tool", "content": "42"}], "messages[0].tool_call_id", "missing_required_parameter"),
+    ([{"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+                                                             "function": {"name": "f", "arguments": "{x"}}]}],
+     "messages[0].tool_calls[0].function.arguments", "invalid_value"),
+], ids=["unknown-role", "no-content", "assistant-null-content", "no-role", "role-not-a-string",
+        "content-not-a-string", "tool-without-its-call-id", "tool-call-arguments-not-json"])
+def test_bad_messages_are_400_naming_the_field(build, messages, param, code):
+    err = refused(build, CH, {"messages": messages, "max_tokens": 2})
+    assert (err.param, err.code) == (param, code)
+
+
+@pytest.mark.parametrize("fields,param", [
+    ({"n_keep": 8}, "n_keep"), ({"t_max_predict_ms": 500}, "t_max_predict_ms"),
+    ({"samplers": ["top_k", "mirostat", "temperature"]}, "samplers"),
+    ({"samplers": ["top_k", "top_p"]}, "samplers"),  # no temperature: llama-server samples at 1
+    ({"samplers": ["temperature", "top_p", "top_p"]}, "samplers"),
+    ({"samplers": ["top_k", "top_p", "min_p", "temperature"], "temperature": 0.8, "top_p": 0.9}, "samplers"),
+    ({"samplers": "kpmt", "temperature": 0.8, "top_p": 0.9}, "samplers"),
+    ({"samplers": 7}, "samplers"),
+], ids=["n_keep", "t_max_predict_ms", "unknown-sampler", "no-temperature", "twice",
+        "temperature-last", "letters-temperature-last", "not-a-list"])
+def test_llama_fields_we_cannot_honour_are_refused(build, fields, param):
+    err = refused(build, L, {"prompt": "the cat", "n_predict": 2, **fields})
+    code = None if fields.get("samplers") == 7 else "unsupported_parameter"
+    assert (err.param, err.code) == (param, code)
+
+
+@pytest.mark.parametrize("fields", [
+    {"id_slot": -1, "n_keep": 0, "t_max_predict_ms": 0}, {"n_keep": -1}, {"id_slot": 0},
+    {"samplers": ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]},
+    {"samplers": "edkypmxt", "temperature": 0.8, "top_k": 40},  # top-k commutes with temperature
+    {"samplers": ["temperature", "top_k", "top_p", "min_p"], "temperature": 0.8, "top_p": 0.9, "min_p": 0.05},
+], ids=["neutral", "n_keep-1", "id_slot", "llama-default-greedy", "letters-top-k", "our-order"])
+def test_llama_fields_that_mean_what_we_do_pass(build, fields):
+    build(L, {"prompt": "the cat", "n_predict": 2, **fields})
