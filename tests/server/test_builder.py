@@ -193,6 +193,25 @@ def test_a_warm_request_is_one_rule(build, name):
     assert (req.warm, req.sampling.max_tokens, req.id_slot, req.cache_prompt) == (True, 1, 1, True)
 
 
+def test_infill_n_cmpl_is_counted_once_by_the_builder(build):
+    """Issue 63's n_cmpl (an array of that many completions) over builder's INFILL: sampled ones up to the
+    slots, a greedy request's copies up to MAX_GREEDY_COPIES, one when streamed; logit_bias text is kept
+    for tokenizing off the event loop."""
+    from specserve.server.apis.llama.request import MAX_GREEDY_COPIES
+    _, body = APIS["infill"]
+    sampled = {**body, "temperature": 0.7, "samplers": ["temperature"]}
+    _, fields = build(INFILL, {**sampled, "n_cmpl": N_SLOTS})
+    assert fields.n_cmpl == N_SLOTS
+    assert refused(build, INFILL, {**sampled, "n_cmpl": N_SLOTS + 1}).param == "n_cmpl"
+    build(INFILL, {**body, "temperature": 0, "n_cmpl": MAX_GREEDY_COPIES})
+    assert refused(build, INFILL, {**body, "temperature": 0, "n_cmpl": MAX_GREEDY_COPIES + 1}).param == "n_cmpl"
+    assert refused(build, INFILL, {**body, "n_cmpl": 0}).param == "n_cmpl"
+    err = refused(build, INFILL, {**body, "temperature": 0, "n_cmpl": 2, "stream": True})
+    assert (err.param, err.code) == ("n_cmpl", "unsupported_parameter")
+    req, _ = build(INFILL, {**body, "logit_bias": {"12": -1, "abc": 2}})
+    assert req.sampling.logit_bias == ((12, -1.0),) and req.sampling.bias_text == (("abc", 2.0),)
+
+
 def test_completion_does_not_warm(build):
     """llama-server's /completion refuses n_predict 0; only chat and /infill (llama.vim's) warm a slot."""
     assert refused(build, LLAMA, {"prompt": "hi", "n_predict": 0}).param == "n_predict"
