@@ -62,7 +62,7 @@ def test_random_texts_and_stops_do_not_depend_on_grouping():
 
 
 def test_llama_api_reports_the_stop_word_that_cut_the_text():
-    from specserve.server.apis.llama import final
+    from specserve.server.apis.llama.completion import final
     from specserve.stats import GenerationStats
 
     stats = GenerationStats(finish_reason="stop", stop_word="Paris", n_generated=1, n_prompt=5, n_passes=1,

@@ -7,10 +7,12 @@ import json
 
 import pytest
 
-from specserve.server.apis.anthropic_request import MessagesRequest, chat_messages, system_text
-from specserve.server.apis.responses_request import ResponsesRequest, function_tools
-from specserve.server.apis.responses_request import chat_messages as responses_chat
-from specserve.server.apis.validation import parse
+from specserve.server.apis.anthropic.protocol import MessagesRequest
+from specserve.server.apis.anthropic.request import chat_messages, system_text
+from specserve.server.apis.openai.protocol import ResponsesRequest
+from specserve.server.apis.openai.request import function_tools
+from specserve.server.apis.openai.request import chat_messages as responses_chat
+from specserve.server.apis.shared.validation import parse
 from specserve.server.http.errors import ApiError
 
 

@@ -175,6 +175,14 @@ def test_greedy_text_is_the_same_through_messages_chat_and_the_target_alone(serv
      "invalid_request_error", "speculative"),
     ({"model": "x", "max_tokens": 8, "messages": ASK, "thinking": {"type": "enabled"}}, 400,
      "invalid_request_error", "thinking.budget_tokens"),
+    # refused here as on every API (server/apis/builder.py), not answered while ignored
+    ({"model": "x", "max_tokens": 8, "messages": ASK, "mirostat": 2}, 400, "invalid_request_error", "mirostat"),
+    ({"model": "x", "max_tokens": 8, "messages": ASK, "verify": "rejection"}, 400, "invalid_request_error",
+     "speculative"),
+    ({"model": "x", "max_tokens": 8, "messages": ASK, "draft_max": 4}, 400, "invalid_request_error", "speculative"),
+    ({"model": "x", "max_tokens": 8, "messages": ASK, "id_slot": -5}, 400, "invalid_request_error", "id_slot"),
+    ({"model": "x", "max_tokens": 8, "messages": ASK, "stop": [f"s{i}" for i in range(16)],
+      "stop_sequences": [f"t{i}" for i in range(16)]}, 400, "invalid_request_error", "stop_sequences"),
 ])
 def test_refusals_have_anthropics_error_shape(server, body, status, kind, words):
     r = httpx.post(server.url + "/v1/messages", json=body, headers={"x-api-key": API_KEY}, timeout=30)

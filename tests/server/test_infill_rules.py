@@ -10,7 +10,7 @@ from specserve import steps
 from specserve.config import SamplingParams, SpecParams
 from specserve.drafters.draft_model import DraftModelDrafter
 from specserve.engine import Engine
-from specserve.server.apis.infill_rules import LineRules, select_fields
+from specserve.server.apis.llama.infill_rules import LineRules, select_fields
 from specserve.stats import GenerationStats
 
 

@@ -1,10 +1,11 @@
 """Request fields against the real server: a bad value is a 400 naming the field, a field we do not implement is
 refused, never ignored, and llama-server's fields mean what they mean there.
 
-Temperatures out of range or tiny, fields we do not implement, chat messages (unknown roles, missing content,
-markup in a role, control tokens in content), prompt + max_tokens past the context (cut to what fits, as
-llama-server does; a prompt with no room: 400 with llama-server's numbers), llama-server's seed, cache_prompt,
-slot, context and sampler fields. One server (defended_servers.tenants_server): a 1024-token context, one slot.
+Temperatures out of range or tiny, chat messages (markup in a role, control tokens in content), prompt +
+max_tokens past the context (cut to what fits, as llama-server does; a prompt with no room: 400 with
+llama-server's numbers), llama-server's seed, cache_prompt, slot, context and sampler fields. The checks of
+a body alone (a field refused, a message's shape) are in tests/server/test_builder.py, without a server.
+One server (defended_servers.tenants_server): a 1024-token context, one slot.
 """
 from __future__ import annotations
 
@@ -61,65 +62,6 @@ def test_a_tiny_temperature_is_greedy(http):
 
     greedy = text(0)
     assert all(text(t) == greedy for t in (1e-40, 1e-300, 5e-6))
-
-
-# --- fields we do not implement are refused, consistently ---------------------------------------------------
-
-REFUSED = [
-    (CH, {"functions": [{"name": "f"}]}, "functions"),
-    (CH, {"messages": [{"role": "user", "content": [
-        {"type": "text", "text": "what is in this picture?"},
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]},
-     "messages[0].content[1]"),
-    (C, {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    (L, {"typical_p": 0.5}, "typical_p"),
-    (L, {"dry_multiplier": 0.8}, "dry_multiplier"),
-    (C, {"top_logprobs": 2}, "top_logprobs"),  # chat's field: completions takes logprobs, a number
-]
-
-
-NEUTRAL = [
-    (CH, {"response_format": {"type": "text"}, "tool_choice": "auto", "tools": []}),
-    (CH, {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}),
-    (L, {"typical_p": 1.0, "n_probs": 0, "grammar": "", "mirostat": 0}),
-]
-
-
-def _base(path: str) -> dict:
-    return {"messages": MSG, "max_tokens": 2} if path == CH else {"prompt": "hi", "max_tokens": 2}
-
-
-@pytest.mark.parametrize("path,fields,param", REFUSED, ids=[f"{p}-{f}" for p, _, f in REFUSED])
-def test_unimplemented_fields_are_refused(http, path, fields, param):
-    r = http.post(path, json={**_base(path), **fields})
-    assert r.status_code == 400, r.text
-    err = r.json()["error"]
-    assert err["code"] == "unsupported_parameter" and err["param"] == param
-
-
-@pytest.mark.parametrize("path,fields", NEUTRAL, ids=[p for p, _ in NEUTRAL])
-def test_neutral_values_of_unimplemented_fields_pass(http, path, fields):
-    assert http.post(path, json={**_base(path), **fields}).status_code == 200
-
-
-# --- chat messages: unknown roles and missing content are 400 as OpenAI answers; control tokens are text ----
-
-@pytest.mark.parametrize("messages,param,code", [
-    ([{"role": "hacker", "content": "hi"}], "messages[0].role", "invalid_value"),
-    ([{"role": "user"}], "messages[0].content", "missing_required_parameter"),
-    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}], "messages[1].content",
-     "missing_required_parameter"),
-    ([{"content": "hi"}], "messages[0].role", "missing_required_parameter"),
-    ([{"role": 7, "content": "hi"}], "messages[0].role", "invalid_value"),
-    ([{"role": "user", "content": 7}], "messages[0].content", None),
-    ([{"role": "tool", "content": "42"}], "messages[0].tool_call_id", "missing_required_parameter"),
-    ([{"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
-                                                             "function": {"name": "f", "arguments": "{x"}}]}],
-     "messages[0].tool_calls[0].function.arguments", "invalid_value"),
-], ids=["unknown-role", "no-content", "assistant-null-content", "no-role", "role-not-a-string",
-        "content-not-a-string", "tool-without-its-call-id", "tool-call-arguments-not-json"])
-def test_bad_messages_are_400_naming_the_field(http, messages, param, code):
-    expect_error(http.post(CH, json={"messages": messages, "max_tokens": 2}), 400, param, code)
 
 
 def test_developer_is_the_system_role(http):
@@ -209,38 +151,11 @@ def test_completions_default_to_16_tokens(http):
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16, r.text
 
 
-@pytest.mark.parametrize("fields,param", [
-    ({"n_keep": 8}, "n_keep"), ({"t_max_predict_ms": 500}, "t_max_predict_ms"),
-    ({"samplers": ["top_k", "mirostat", "temperature"]}, "samplers"),
-    ({"samplers": ["top_k", "top_p"]}, "samplers"),  # no temperature: llama-server samples at 1
-    ({"samplers": ["temperature", "top_p", "top_p"]}, "samplers"),
-    ({"samplers": ["top_k", "top_p", "min_p", "temperature"], "temperature": 0.8, "top_p": 0.9}, "samplers"),
-    ({"samplers": "kpmt", "temperature": 0.8, "top_p": 0.9}, "samplers"),
-    ({"samplers": 7}, "samplers"),
-], ids=["n_keep", "t_max_predict_ms", "unknown-sampler", "no-temperature", "twice",
-        "temperature-last", "letters-temperature-last", "not-a-list"])
-def test_llama_fields_we_cannot_honour_are_refused(http, fields, param):
-    r = http.post(L, json={"prompt": "the cat", "n_predict": 2, **fields})
-    code = None if fields.get("samplers") == 7 else "unsupported_parameter"
-    expect_error(r, 400, param, code)
-
-
 def test_id_slot_counts_round_the_slots_as_llama_server(http):
     n_slots = len(http.get("/slots").json())
     r = http.post(L, json={"prompt": "the cat", "n_predict": 2, "id_slot": 99})  # llama.vim: its request number
     assert r.status_code == 200 and r.json()["id_slot"] == 99 % n_slots, r.text
     expect_error(http.post(L, json={"prompt": "the cat", "n_predict": 2, "id_slot": -5}), 400, "id_slot", None)
-
-
-@pytest.mark.parametrize("fields", [
-    {"id_slot": -1, "n_keep": 0, "t_max_predict_ms": 0}, {"n_keep": -1}, {"id_slot": 0},
-    {"samplers": ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]},
-    {"samplers": "edkypmxt", "temperature": 0.8, "top_k": 40},  # top-k commutes with temperature
-    {"samplers": ["temperature", "top_k", "top_p", "min_p"], "temperature": 0.8, "top_p": 0.9, "min_p": 0.05},
-], ids=["neutral", "n_keep-1", "id_slot", "llama-default-greedy", "letters-top-k", "our-order"])
-def test_llama_fields_that_mean_what_we_do_pass(http, fields):
-    r = http.post(L, json={"prompt": "the cat", "n_predict": 2, **fields})
-    assert r.status_code == 200, r.text
 
 
 def test_a_sampler_left_out_of_samplers_is_not_applied(http):

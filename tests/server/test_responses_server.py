@@ -161,6 +161,7 @@ def test_llama_servers_telemetry_progress_and_timings_in_the_stream(server):
     ({"input": ASK, "reasoning": {"effort": "huge"}}, "reasoning.effort"),
     ({"input": ASK, "text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
     ({"input": ASK, "speculative": {"draft_max": "many"}}, "speculative.draft_max"),
+    ({"input": ASK, "id_slot": -5}, "id_slot"),  # read here as on every API, not ignored
 ])
 def test_refusals_name_the_field_in_openais_shape(server, body, param):
     r = httpx.post(server.url + "/v1/responses", json={"model": "x", **body}, timeout=30)

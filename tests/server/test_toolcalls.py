@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from specserve.server.apis.openai_chat import delta
+from specserve.server.apis.openai.chat import delta
 from specserve.server.core.constraints.toolcalls import CallReader, answer, finish
 from specserve.server.core.constraints.tools import CallForm
 

@@ -2,8 +2,8 @@
 
 Layout: `app` (the routes of every API, the server's own, lifespan), `state` (settings and what one
 server holds); `http/` the edge (listener, guards, errors and their shapes, body reading, SSE);
-`apis/` one adapter per API (OpenAI chat, completions and models, llama-server's /completion,
-/infill), each turning its bodies into the one internal request; `core/` what serves any request
+`apis/` a package per API (openai/, anthropic/, llama/; shared/ the one request builder), each
+turning its bodies into the one internal request; `core/` what serves any request
 (the request, sampling and speculation over profiles, jobs, scheduler, batcher, the answer's events,
 constraints and tools, metrics, trace). The load and interference tools that measure a server are in
 specserve/tools.

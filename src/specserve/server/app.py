@@ -25,15 +25,17 @@ from starlette.routing import Route
 from ..engine import Engine
 from ..memory import fmt_bytes
 from . import webui
-from .apis import aliases, anthropic, gcp, infill, llama, llama_extra, openai_chat, openai_completions, props, responses
+from .apis.anthropic import serving as messages
+from .apis.llama import completion, gcp, infill, props, templates
+from .apis.openai import chat, completions, models, responses
 from .core.sleep import WakeOnRequest
 from .http.endpoint import Endpoint
 from .http.errors import OPENAI_SHAPES, CatchAll, ErrorShapes, install_handlers
-from .http.guard import KEY_SCOPE, OPEN_PATHS, ApiKeyMiddleware, HostOriginGuard
+from .http.guard import OPEN_PATHS, ApiKeyMiddleware, HostOriginGuard, key_scope
 from .state import ServerSettings, ServerState
 
-ADAPTERS = (openai_completions, openai_chat, llama, infill, anthropic, responses,  # one module per API (or part of one)
-            props, llama_extra, aliases, gcp)
+ADAPTERS = (completions, chat, models, completion, infill, messages, responses,  # one module per endpoint (or a few)
+            props, templates, gcp)
 
 log = logging.getLogger("specserve.server")
 
@@ -47,7 +49,7 @@ async def metrics(request: Request) -> Response:
     """The whole server's metrics, or, for a key confined to a scope, that scope's requests alone."""
     state = request.app.state.server
     m = state.metrics
-    response = Response(m.render(request.scope.get(KEY_SCOPE)), headers={"Content-Type": m.content_type})
+    response = Response(m.render(key_scope(request.scope)), headers={"Content-Type": m.content_type})
     # llama-server's header, in its own case: clients that read headers into a plain dict look it up so
     response.raw_headers.append((b"Process-Start-Time-Unix", str(int(state.t_start)).encode()))
     return response

@@ -4,13 +4,14 @@
 Finish); `answer(job, request)` for a whole one. Where the answer is read (a reasoning block to part:
 GenRequest.reasoning_format; tools to read back: GenRequest.reads_calls), the text goes through one
 AnswerReader (reading.py), here, for every API; a tool call that repeats one ends the answer there.
+An answer read for neither may be cut short by the caller's rule on its text (`Cut`: /infill's lines).
 `speculative_usage` is what speculation did for the request, the `speculative` object every API's
 usage carries; `finish_detail` says why an answer ended where the finish reason alone would not.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import AsyncIterator, Protocol
 
 from starlette.requests import Request
 
@@ -51,6 +52,15 @@ class Answer:
         return self.cut if self.reason == "length" else None
 
 
+class Cut(Protocol):
+    """A rule that ends an answer early on its text (llama-server's /infill line rules): `push` gives the
+    part of a chunk's text to keep, and sets `stopped` where the answer ends there, by its limit."""
+
+    stopped: bool
+
+    def push(self, text: str) -> str: ...
+
+
 def reader_for(job: Job) -> AnswerReader | None:
     """The job's answer reader, or None where its text is handed out as it comes."""
     if job.parting is None and not job.req.reads_calls:
@@ -58,12 +68,17 @@ def reader_for(job: Job) -> AnswerReader | None:
     return AnswerReader(job.parting, job.req.tools if job.req.reads_calls else None)
 
 
-async def events(job: Job) -> AsyncIterator[Event]:
-    """The answer's events as its tokens are committed; the last is Finish."""
+async def events(job: Job, cut: Cut | None = None) -> AsyncIterator[Event]:
+    """The answer's events as its tokens are committed; the last is Finish. `cut`: where the text ends
+    early (an answer not read for reasoning or calls)."""
     tracer, reader = job.tracer, reader_for(job)
     if reader is None:
         while (chunk := await job.step()) is not None:  # per token: one event, nothing more
-            yield Text(chunk.text, chunk.tokens, tracer.feed(chunk) if tracer is not None else None, chunk.logprobs)
+            text = chunk.text if cut is None else cut.push(chunk.text)
+            yield Text(text, chunk.tokens, tracer.feed(chunk) if tracer is not None else None, chunk.logprobs)
+            if cut is not None and cut.stopped:
+                _cut_short(job)
+                break
         yield Finish(job.finish_reason, finish_detail(job.stats), job.stats)
         return
     while (chunk := await job.step()) is not None:
@@ -85,9 +100,17 @@ def _stop(job: Job) -> None:
     job.finish()
 
 
-async def answer(job: Job, request: Request) -> Answer | None:
-    """The whole answer once generation has ended and the slot is back; None if the client left."""
-    reader = reader_for(job)
+def _cut_short(job: Job) -> None:
+    """End generation where a Cut ended the answer: finished by its limit, as llama-server counts it."""
+    if not job.stats.finish_reason:
+        job.stats.finish_reason = "length"
+    job.finish()
+
+
+async def answer(job: Job, request: Request, cut: Cut | None = None) -> Answer | None:
+    """The whole answer once generation has ended and the slot is back; None if the client left.
+    `cut`: where the text ends early (an answer not read for reasoning or calls)."""
+    reader, kept = reader_for(job), []
 
     def ended(chunk) -> bool:
         reader.feed(chunk.text)
@@ -95,10 +118,19 @@ async def answer(job: Job, request: Request) -> Answer | None:
             job.stats.finish_reason = "stop"
         return reader.ended
 
-    out = await job.run_to_end(request, ended if reader is not None else None)
+    def cut_at(chunk) -> bool:
+        kept.append(cut.push(chunk.text))
+        if cut.stopped and not job.stats.finish_reason:
+            job.stats.finish_reason = "length"
+        return cut.stopped
+
+    until = ended if reader is not None else cut_at if cut is not None else None
+    out = await job.run_to_end(request, until)
     if out is None:
         return None
     text, tokens = out
+    if cut is not None and reader is None:
+        text = "".join(kept)
     trace = job.tracer.entries if job.tracer is not None else None
     if reader is None:
         return Answer(text, tokens, job.finish_reason, finish_detail(job.stats), {"role": "assistant", "content": text},

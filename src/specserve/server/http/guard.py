@@ -31,6 +31,11 @@ OPEN_PATHS = frozenset({"/health", "/v1/health"})  # answered without an API key
 KEY_SCOPE = "specserve.key_scope"  # ASGI scope entry: the cross-request scope the request's API key confines it to
 
 
+def key_scope(scope) -> str | None:
+    """The cross-request scope a request's API key confines it to (its ASGI scope's KEY_SCOPE), if any."""
+    return scope.get(KEY_SCOPE)
+
+
 def _hostname(authority: str) -> str | None:
     """The host part of a Host header or of an origin's authority: lowercased, no port, no brackets."""
     try:

@@ -42,11 +42,12 @@ def conflict(first: str, second: str) -> ApiError:
                        "conflicting_parameters")
 
 
-def compiled(engine, grammar: str, what: str, param: str) -> CompiledGrammar:
+def compiled(server, grammar: str, what: str, param: str) -> CompiledGrammar:
     """The grammar compiled for the target's vocabulary (on a grammar worker: it may take a second);
     400 `invalid_grammar` naming `param` if llguidance refuses it or it allows no output at all.
+    `server`: what gives the target's tokenizer (`grammar_tokenizer()`: the request builder's ServerView);
     `what`: what the field holds ("JSON schema"), for the message."""
     try:
-        return compile_grammar(grammar, engine.grammar_tokenizer(), what, param)
+        return compile_grammar(grammar, server.grammar_tokenizer(), what, param)
     except GrammarError as e:
         raise grammar_error(e, param) from None

@@ -1,0 +1,32 @@
+"""OpenAI's GET /v1/models (and llama-server's /models): the served model and its profiles, each by the name
+a request gives as `model`."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ...http.endpoint import Endpoint
+
+
+def routes() -> list[Endpoint]:
+    return [Endpoint(path, models, ("GET",), needs_model=False) for path in ("/v1/models", "/models")]
+
+
+async def models(request: Request) -> Response:
+    state = request.app.state.server
+    created = int(time.time())
+    draft = state.engine.draft
+    # File names, not paths: a path tells a client about the host's directories and user names.
+    served = state.settings.model_name
+    data = [{"id": name, "object": "model", "created": created, "owned_by": "specserve",
+             # llama-server's: every name the served model answers to (--alias a,b), and --tags
+             **({"aliases": [served, *state.settings.aliases], "tags": list(state.settings.tags)}
+                if name == served else {}),
+             "specserve": {"target": Path(state.engine.target.path).name,
+                           "draft": Path(draft.path).name if draft is not None else None,
+                           "n_ctx": state.engine.n_ctx, **p.describe()}}
+            for name, p in state.profiles.items()]
+    return JSONResponse({"object": "list", "data": data})
