@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..config import DEFAULT_VERIFY, DRAFT_CTX_DEFAULT, SPEC_MODES, VERIFY_METHODS, ModelConfig, SamplingParams, \
-    SpecParams, draft_max_caps_suffix
+from ..config import DEFAULT_VERIFY, DRAFT_CTX_DEFAULT, SPEC_MODES, UBATCH_DEFAULT, UBATCH_DRAFT_DEFAULT, \
+    VERIFY_METHODS, ModelConfig, SamplingParams, SpecParams, draft_max_caps_suffix
 from ..models import PAIRS
 
 
@@ -17,7 +17,8 @@ class CliError(Exception):
         self.code = code
 
 
-def add_model_args(p: argparse.ArgumentParser, draft: bool = True) -> None:
+def add_model_args(p: argparse.ArgumentParser, draft: bool = True, ubatch: bool = True) -> None:
+    """The models and how they are loaded; ubatch: with -ub (and -ubd with a draft)."""
     g = p.add_argument_group("models")
     g.add_argument("-m", "--model", metavar="TARGET", help="target GGUF path or packaged model name "
                    "(default: the --pair's target)")
@@ -36,6 +37,23 @@ def add_model_args(p: argparse.ArgumentParser, draft: bool = True) -> None:
         g.add_argument("-ngld", "--n-gpu-layers-draft", type=int, default=0, metavar="N",
                        help="draft layers on the GPU")
     g.add_argument("-t", "--threads", type=int, default=None, metavar="N", help="CPU threads (default: all cores)")
+    if ubatch:
+        add_ubatch_args(g, draft)
+
+
+def add_ubatch_args(g, draft: bool = True) -> None:
+    g.add_argument("-ub", "--ubatch-size", dest="ubatch_size", type=int, default=UBATCH_DEFAULT, metavar="N",
+                   help="the target's micro-batch, as llama-server's: llama.cpp computes at most N tokens at once "
+                   "and sizes its compute buffer for N (logits over the vocabulary for each); a longer pass (a "
+                   f"prompt) is split into passes of N. Default {UBATCH_DEFAULT}, measured on a CPU "
+                   "(docs/models.md); on a GPU larger micro-batches pay for prompt processing (llama-server's 512)")
+    if draft:
+        g.add_argument("-ubd", "--ubatch-size-draft", dest="ubatch_size_draft", type=int,
+                       default=UBATCH_DRAFT_DEFAULT, metavar="N",
+                       help="the draft model's micro-batch: its steps are a few tokens (default "
+                       f"{UBATCH_DRAFT_DEFAULT}: --draft-max 8 and the tokens it catches up); its prompt goes in "
+                       "passes of N. Its compute buffer shrinks with N (300 MiB at 512 for a 152k vocabulary, "
+                       "9 MiB at 16)")
 
 
 def add_draft_ctx_arg(g) -> None:
@@ -111,6 +129,8 @@ def model_config(args) -> ModelConfig:
                    n_ctx=args.ctx_size, n_gpu_layers=args.n_gpu_layers,
                    n_gpu_layers_draft=getattr(args, "n_gpu_layers_draft", 0), n_threads=args.threads,
                    draft_ctx=getattr(args, "draft_ctx", DRAFT_CTX_DEFAULT),
+                   n_ubatch=getattr(args, "ubatch_size", UBATCH_DEFAULT),
+                   n_ubatch_draft=getattr(args, "ubatch_size_draft", UBATCH_DRAFT_DEFAULT),
                    auto_profile=not getattr(args, "no_auto_profile", False))
 
 
