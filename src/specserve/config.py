@@ -47,10 +47,13 @@ DRAFT_CTX_DEFAULT = 4096
 DRAFT_CTX_MIN = 128  # less leaves too little beside the sinks, a slide and a draft
 # -ub / -ubd: the tokens llama.cpp computes at once (its n_ubatch), which sizes each context's compute buffer
 # (memory.py: activations and logits for that many tokens); longer passes are split into passes of this many.
-# The target's: chosen from prompt and verification speed on a CPU (docs/models.md, "The compute buffer").
+# The target's on a CPU: prompt speed per CPU-second is flat from 32 to 512 tokens there, and 128 holds a
+# verification of the longest draft (65) in one piece (docs/models.md, "The compute buffer and the micro-batch");
+# with layers on a GPU (-ngl), llama-server's 512, where larger micro-batches pay for prompt processing.
 # The draft's: its largest step under --draft-max 8 (8 drafted tokens, the bonus and the last drafted token
 # caught up) rounded up; its prompt and window refills go in passes of this many (docs/draft-window.md).
-UBATCH_DEFAULT = 512
+UBATCH_DEFAULT = 128
+UBATCH_GPU_DEFAULT = 512
 UBATCH_DRAFT_DEFAULT = 16
 # Alternatives a request may ask for at each token (OpenAI's top_logprobs and vLLM's default limit: 20).
 MAX_LOGPROBS = 20
@@ -217,6 +220,11 @@ def draft_max_caps_suffix(kw: dict, given) -> dict:
     return kw
 
 
+def default_ubatch(n_gpu_layers: int) -> int:
+    """The target's micro-batch where -ub is not given: a CPU's, or a GPU's where layers are offloaded."""
+    return UBATCH_GPU_DEFAULT if n_gpu_layers else UBATCH_DEFAULT
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """What to load: a target, an optional draft, and how."""
@@ -233,7 +241,7 @@ class ModelConfig:
     cache_reuse: int = 0
     # --draft-ctx: the draft model's cache cells a slot (drafters/window.py); 0: n_ctx
     draft_ctx: int = DRAFT_CTX_DEFAULT
-    n_ubatch: int = UBATCH_DEFAULT  # -ub: the target's micro-batch (its compute buffer)
+    n_ubatch: int = UBATCH_DEFAULT  # -ub: the target's micro-batch (its compute buffer); see default_ubatch
     n_ubatch_draft: int = UBATCH_DRAFT_DEFAULT  # -ubd: the draft's
     extra: dict = field(default_factory=dict)
 

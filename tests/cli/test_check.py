@@ -51,7 +51,7 @@ def test_compatible_tiny_pair_json(capsys, tiny_paths):
 
 def test_budget_tradeoff_in_text_report(capsys, tiny_paths):
     pair = ("-m", tiny_paths["target"], "-md", tiny_paths["draft_close"], "-c", 512, "--budget", "13MiB", "-t", 1,
-            "--draft-ctx", 0)
+            "--draft-ctx", 0, "-ub", 512)
     code, out, _ = check(capsys, *pair, "-ubd", 512)
     assert code == 0
     assert "pairing: compatible" in out
@@ -170,14 +170,15 @@ def test_memory_only_prices_a_14b_target_and_a_0_6b_draft_from_their_headers(cap
     at the whole context and 448 MiB at its default window; a 16 GiB budget (no CPU repack, as a GPU) holds
     34.5k tokens of context alone, 30.2k with the windowed draft (its weights and its 9.4 MiB compute buffer
     at -ubd 16; 28.9k with the 300.8 MiB one of -ubd 512), 21.8k with the draft at the whole context; 31.5k
-    at --draft-ctx 1024."""
+    at --draft-ctx 1024; all with the target at -ub 512 (a GPU's default, -ngl). At a CPU's -ub 128 the
+    target's own buffer is a quarter of that: 40960 (its training context) alone, 40704 with the draft."""
     from header_models import QWEN3_0_6B, QWEN3_14B, write_header_only
 
     monkeypatch.setenv("SPECSERVE_EXTRA_BUFFERS", "0")
     target = write_header_only(tmp_path / "qwen3-14b.gguf", QWEN3_14B)
     draft = write_header_only(tmp_path / "qwen3-0.6b.gguf", QWEN3_0_6B)
-    code, out, _ = check(capsys, "-m", target, "-md", draft, "-c", 32768, "--budget", "16GiB", "--memory-only",
-                         "--json")
+    pair = ("-m", target, "-md", draft, "-c", 32768, "--budget", "16GiB", "--memory-only")
+    code, out, _ = check(capsys, *pair, "--json", "-ngl", 99)
     assert code == 0
     report = json.loads(out)
     mem = report["memory"]
@@ -188,11 +189,16 @@ def test_memory_only_prices_a_14b_target_and_a_0_6b_draft_from_their_headers(cap
                                                   "max_ctx_in_budget_full_draft"))
     assert (without, windowed, full) == (34560, 30208, 21760)
     assert mem["draft"]["n_ubatch"] == 16 and round(mem["draft"]["compute"] / 2**20, 1) == 9.4
-    code, text, _ = check(capsys, "-m", target, "-md", draft, "-c", 32768, "--budget", "16GiB", "--memory-only")
+    assert mem["target"]["n_ubatch"] == 512
+    code, text, _ = check(capsys, *pair, "-ub", 512)
     assert "pairing: not checked" in text
     assert "(draft at the whole context: KV cache) 3.5 GiB" in " ".join(text.split())
     assert "largest context 34560 -> 30208 with the draft at its window of 4096, 21760 with the draft at" in text
     for flags, windowed in ((["-ubd", "512"], 28928), (["--draft-ctx", "1024"], 31488)):
-        code, out, _ = check(capsys, "-m", target, "-md", draft, "-c", 32768, "--budget", "16GiB", "--memory-only",
-                             "--json", *flags)
+        code, out, _ = check(capsys, *pair, "--json", "-ub", 512, *flags)
         assert json.loads(out)["memory"]["max_ctx_in_budget"] == windowed, flags
+    code, out, _ = check(capsys, *pair, "--json")  # a CPU's default
+    mem = json.loads(out)["memory"]
+    assert mem["target"]["n_ubatch"] == 128
+    assert [mem[k] for k in ("max_ctx_in_budget_without_draft", "max_ctx_in_budget",
+                             "max_ctx_in_budget_full_draft")] == [40960, 40704, 26624]
