@@ -59,10 +59,11 @@ def test_budget_tradeoff_in_text_report(capsys, tiny_paths):
     assert "draft compute buffer (-ubd 512)" in out and "target compute buffer (-ub " in out
     # 13 MiB holds the target alone at 1024 tokens (11.6 MiB), the pair only at 512 (12.9 MiB) where the
     # draft computes 512 tokens at once; at its default micro-batch its compute buffer is 1/32 of that
-    assert "the draft costs" in out and "largest context 1024 -> 512 with the draft" in out
+    assert "the draft costs" in out
+    assert "largest context 1024 (capped at the target's training context 1024) -> 512 with the draft" in out
     code, out, _ = check(capsys, *pair)
     assert code == 0 and "draft compute buffer (-ubd 16)" in out
-    assert "largest context 1024 -> 1024 with the draft" in out
+    assert "largest context 1024 (capped at the target's training context 1024) -> 1024 with the draft" in out
 
 
 def test_flagrant_pair_exits_2_and_still_reports(capsys, tiny_paths, tmp_path):

@@ -197,7 +197,7 @@ def _budget_line(mem: dict) -> str:
     if with_draft == 0:
         return f"{budget}: the target fits up to {without} tokens alone, but not with the draft"
     line = (f"{budget}: the draft costs {fmt_bytes(mem['draft_cost_bytes'])} at {mem['n_ctx']} tokens: "
-            f"largest context {without} -> {with_draft} with the draft{capped}")
+            f"largest context {without}{capped} -> {with_draft} with the draft")
     if mem["draft_ctx"] < mem["n_ctx"]:
         line += (f" at its window of {mem['draft_ctx']}, {mem['max_ctx_in_budget_full_draft']} with the draft "
                  "at the whole context")
