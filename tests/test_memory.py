@@ -54,6 +54,24 @@ def test_compute_stages():
     assert wide_vocab.compute_bytes(2048) == 4 * 512 * (262144 + 2 * 32)  # output stage
 
 
+def test_compute_scales_with_the_micro_batch():
+    """Qwen2.5-Coder-0.5B's shape: llama.cpp reported 300.3 MiB at 512 tokens, 37.5 at 64, 9.4 at 16."""
+    draft = ModelShape("x", n_layer=24, n_embd=896, n_head=14, n_head_kv=2, head_dim_k=64, head_dim_v=64,
+                       n_ff=4864, n_vocab=151936, n_ctx_train=32768, weights_bytes=0)
+    assert [round(draft.compute_bytes(4096, n) / MiB, 1) for n in (512, 64, 16)] == [300.2, 37.5, 9.4]
+    assert draft.compute_bytes(4096, 4096) == draft.compute_bytes(4096, 512)  # a pass takes 512 tokens at most
+    assert draft.compute_bytes(8, 16) == draft.compute_bytes(8, 8)  # nor more than the context
+    assert estimate(draft, 4096, n_ubatch=16).compute == draft.compute_bytes(4096, 16)
+    assert estimate(draft, 4096, n_ubatch=16).n_ubatch == 16
+
+
+def test_max_ctx_in_budget_prices_each_model_at_its_micro_batch(tiny_paths):
+    shape = ModelShape.from_gguf(tiny_paths["target"])
+    budget = estimate(shape, 1024).total + estimate(shape, 1024, n_ubatch=16).total
+    assert max_ctx_in_budget([shape, shape], budget, limit=8192, ubatches=[512, 16]) == 1024
+    assert max_ctx_in_budget([shape, shape], budget, limit=8192) < 1024
+
+
 @pytest.mark.parametrize("n_ctx", [2048, 8192])
 def test_estimate_matches_llama_cpp_on_tiny_model(tiny_models, tiny_paths, n_ctx):
     est = estimate(ModelShape.from_gguf(tiny_paths["target"]), n_ctx)
@@ -102,6 +120,7 @@ def test_loaded_summary_lists_each_part(tiny_paths):
     assert target.startswith("memory: target target.gguf: weights ") and draft.startswith("memory: draft ")
     for line in (target, draft):
         assert "KV 256 B/token x 2048 = 512.0 KiB" in line and "compute " in line and "total " in line
+    assert "(128 tokens at once)" in target and "(16 tokens at once)" in draft  # -ub, -ubd on a CPU
     assert total.startswith("memory: total ") and "context 2048" in total
 
 

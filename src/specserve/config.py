@@ -49,6 +49,16 @@ def verify_method(method: str, seed: int | None) -> str:
 # cells in all (drafters/window.py; 0: the whole context). Why 4096, measured: docs/draft-window.md ("The default").
 DRAFT_CTX_DEFAULT = 4096
 DRAFT_CTX_MIN = 128  # less leaves too little beside the sinks, a slide and a draft
+# -ub / -ubd: the tokens llama.cpp computes at once (its n_ubatch), which sizes each context's compute buffer
+# (memory.py: activations and logits for that many tokens); longer passes are split into passes of this many.
+# The target's on a CPU: prompt speed per CPU-second is flat from 32 to 512 tokens there, and 128 holds a
+# verification of the longest draft (65) in one piece (docs/models.md, "The compute buffer and the micro-batch");
+# with layers on a GPU (-ngl), llama-server's 512, where larger micro-batches pay for prompt processing.
+# The draft's: its largest step under --draft-max 8 (8 drafted tokens, the bonus and the last drafted token
+# caught up) rounded up; its prompt and window refills go in passes of this many (docs/draft-window.md).
+UBATCH_DEFAULT = 128
+UBATCH_GPU_DEFAULT = 512
+UBATCH_DRAFT_DEFAULT = 16
 # Alternatives a request may ask for at each token (OpenAI's top_logprobs and vLLM's default limit: 20).
 MAX_LOGPROBS = 20
 # Which distribution logprobs describe (logprobs.py): the model's own softmax, or the one the token was drawn from.
@@ -234,6 +244,11 @@ def draft_max_caps_suffix(kw: dict, given) -> dict:
     return kw
 
 
+def default_ubatch(n_gpu_layers: int) -> int:
+    """The target's micro-batch where -ub is not given: a CPU's, or a GPU's where layers are offloaded."""
+    return UBATCH_GPU_DEFAULT if n_gpu_layers else UBATCH_DEFAULT
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """What to load: a target, an optional draft, and how."""
@@ -250,6 +265,8 @@ class ModelConfig:
     cache_reuse: int = 0
     # --draft-ctx: the draft model's cache cells a slot (drafters/window.py); 0: n_ctx
     draft_ctx: int = DRAFT_CTX_DEFAULT
+    n_ubatch: int = UBATCH_DEFAULT  # -ub: the target's micro-batch (its compute buffer); see default_ubatch
+    n_ubatch_draft: int = UBATCH_DRAFT_DEFAULT  # -ubd: the draft's
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -263,3 +280,6 @@ class ModelConfig:
             raise ValueError(f"--cache-reuse must be >= 0, got {self.cache_reuse}")
         if self.draft_ctx != 0 and self.draft_ctx < DRAFT_CTX_MIN:
             raise ValueError(f"--draft-ctx must be 0 (the whole context) or >= {DRAFT_CTX_MIN}, got {self.draft_ctx}")
+        for flag, n in (("--ubatch-size", self.n_ubatch), ("--ubatch-size-draft", self.n_ubatch_draft)):
+            if n < 1:
+                raise ValueError(f"{flag} must be >= 1, got {n}")

@@ -13,7 +13,7 @@ import logging
 
 from .backends import Model, load_model
 from .backends.timing import token_seconds
-from .config import DRAFT_CTX_DEFAULT, ModelConfig, SpecParams
+from .config import DRAFT_CTX_DEFAULT, UBATCH_DEFAULT, UBATCH_DRAFT_DEFAULT, ModelConfig, SpecParams
 from .auto import Controller
 from .auto.profile import learning_controller
 from .drafters import Drafter
@@ -49,6 +49,8 @@ class Engine:
         self.cache_reuse = 0  # --cache-reuse N: slots keep moved runs of >= N cached tokens (backends/cache_reuse.py)
         # --draft-ctx N: the draft model's cache cells a slot (drafters/window.py)
         self.draft_window = DRAFT_CTX_DEFAULT
+        # -ub / -ubd: the tokens llama.cpp computes at once in each model's contexts (their compute buffers)
+        self.n_ubatch, self.n_ubatch_draft = UBATCH_DEFAULT, UBATCH_DRAFT_DEFAULT
         self.suffix_store = suffix_store  # earlier requests' text for the suffix drafter, shared by slots; None: off
         self.make_drafters = drafters or standard_drafters
         self.controller = controller if controller is not None else Controller()  # --spec auto, shared by slots
@@ -77,6 +79,7 @@ class Engine:
         store = SuffixStore(cfg.cross_request_bytes) if cfg.cross_request_bytes else None
         engine = cls(target, draft, cfg.n_ctx, controller=learning_controller(cfg, target), suffix_store=store)
         engine.cache_reuse, engine.draft_window = cfg.cache_reuse, cfg.draft_ctx
+        engine.n_ubatch, engine.n_ubatch_draft = cfg.n_ubatch, cfg.n_ubatch_draft
         return engine
 
     @property
@@ -90,8 +93,9 @@ class Engine:
     def new_slots(self, n: int, n_batch: int = 512) -> list["Slot"]:
         """n slots whose caches are sequences of one context per model, so that their passes can be
         batched (at most n_batch tokens a pass); separate contexts where the backend cannot."""
-        target = self.target.new_shared_context(self.n_ctx, n, n_batch)
-        drafts = draft_contexts(self.draft, self.n_ctx, self.draft_window, n, n_batch) if target is not None else None
+        target = self.target.new_shared_context(self.n_ctx, n, n_batch, self.n_ubatch)
+        drafts = (draft_contexts(self.draft, self.n_ctx, self.draft_window, n, n_batch, self.n_ubatch_draft)
+                  if target is not None else None)
         if target is None or drafts is None:  # the backend cannot share a context: each slot has its own
             if target is not None:
                 target.close()

@@ -18,15 +18,17 @@ anything is loaded. Three parts per model, each what llama.cpp allocates on the 
   (`swa_full`) allocates them. A draft model with a window (--draft-ctx N,
   drafters/window.py) has N cells, whatever the context (`cells`).
 - compute buffer: llama.cpp sizes it for the worst graph, one micro-batch of
-  n_ub = min(512, n_ctx) tokens with every position producing logits, and reuses
-  memory between stages, so the buffer is the largest stage (float32 activations,
-  flash attention off):
+  n_ub = min(n_ubatch, n_ctx) tokens with every position producing logits (n_ubatch:
+  -ub for the target, -ubd for the draft, config.UBATCH_DEFAULT and UBATCH_DRAFT_DEFAULT),
+  and reuses memory between stages, so the buffer is the largest stage (float32
+  activations, flash attention off):
       4 * n_ub * max(n_kv * (n_head + 1) + 7 * n_embd,   # attention: KQ scores per head, the mask
                      3 * n_ff + n_kv + 4 * n_embd,       # feed-forward: gate, up, product; mask alive
                      n_vocab + 2 * n_embd)               # output: logits for every position
   with n_kv the padded cell count. Fitted on SmolLM2-135M (F16 and Q4_1), Gemma 3
   270M and tiny llama models of varied shapes at 64-8192 tokens: within 1.5% of
-  what llama.cpp reports.
+  what llama.cpp reports; at micro-batches of 16 to 512 tokens on the reference pair
+  too (tests/test_memory.py, tests/cli/test_check.py).
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ import re
 from dataclasses import asdict, dataclass
 
 KV_CELL_PADDING = 256  # llama.cpp pads the KV cache to a multiple of this many cells
-MAX_UBATCH = 512  # the micro-batch our llama.cpp contexts use (LlamaCppContext's n_batch)
+MAX_UBATCH = 512  # the most tokens a pass of our llama.cpp contexts takes (their n_batch): the largest micro-batch
 REPACKED_TYPES = frozenset({"Q4_0", "Q4_K", "IQ4_NL"})  # what llama.cpp's CPU_REPACK interleaves on x86
 # Bytes per element of the KV cache types llama.cpp offers (block types: bytes per block / 32).
 KV_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
@@ -107,9 +109,9 @@ class ModelShape:
         per_element = KV_TYPE_BYTES[cache_type]
         return int(self.n_layer * self.n_head_kv * (self.head_dim_k + self.head_dim_v) * per_element)
 
-    def compute_bytes(self, n_ctx: int, n_batch: int = MAX_UBATCH) -> int:
-        """llama.cpp's compute buffer for one context (see the module docstring)."""
-        n_ub, n_kv = min(n_batch, n_ctx), kv_cells(n_ctx)
+    def compute_bytes(self, n_ctx: int, n_ubatch: int = MAX_UBATCH) -> int:
+        """llama.cpp's compute buffer for one context whose micro-batch is n_ubatch tokens (module docstring)."""
+        n_ub, n_kv = min(n_ubatch, MAX_UBATCH, n_ctx), kv_cells(n_ctx)
         attention = n_kv * (self.n_head + 1) + 7 * self.n_embd
         feed_forward = 3 * self.n_ff + n_kv + 4 * self.n_embd
         output = self.n_vocab + 2 * self.n_embd
@@ -126,6 +128,7 @@ class MemoryEstimate:
     kv: int
     compute: int
     repacked: int = 0  # of weights: the CPU backend's repacked copy of some matrices
+    n_ubatch: int = MAX_UBATCH  # the tokens a pass computes at once, which size `compute`
 
     @property
     def total(self) -> int:
@@ -135,8 +138,9 @@ class MemoryEstimate:
         return {**asdict(self), "total": self.total}
 
 
-def estimate(shape: ModelShape, n_ctx: int, cache_type: str = "f16", repack: bool | None = None) -> MemoryEstimate:
-    """Memory of `shape` loaded with one context of n_ctx tokens.
+def estimate(shape: ModelShape, n_ctx: int, cache_type: str = "f16", repack: bool | None = None,
+             n_ubatch: int = MAX_UBATCH) -> MemoryEstimate:
+    """Memory of `shape` loaded with one context of n_ctx tokens, computing n_ubatch tokens at once.
 
     repack: whether llama.cpp will keep a repacked copy of some weights (default: what
     our backend decides on this machine).
@@ -150,17 +154,20 @@ def estimate(shape: ModelShape, n_ctx: int, cache_type: str = "f16", repack: boo
     per_token = shape.kv_bytes_per_token(cache_type)
     repacked = shape.repack_bytes if repack else 0
     return MemoryEstimate(n_ctx, shape.weights_bytes + repacked, per_token, per_token * kv_cells(n_ctx),
-                          shape.compute_bytes(n_ctx), repacked)
+                          shape.compute_bytes(n_ctx, n_ubatch), repacked, min(n_ubatch, MAX_UBATCH, n_ctx))
 
 
 def max_ctx_in_budget(shapes: list[ModelShape], budget: int, limit: int, cache_type: str = "f16",
-                      windows: list[int] | None = None) -> int:
+                      windows: list[int] | None = None, ubatches: list[int] | None = None) -> int:
     """The largest context (a multiple of 256, at most `limit`) at which all `shapes` fit in `budget`; 0 if none.
-    windows: per shape, the cells its cache holds at most (a draft's --draft-ctx), 0: the context's."""
+    windows: per shape, the cells its cache holds at most (a draft's --draft-ctx), 0: the context's.
+    ubatches: per shape, its micro-batch (-ub, -ubd; default MAX_UBATCH)."""
     windows = windows or [0] * len(shapes)
+    ubatches = ubatches or [MAX_UBATCH] * len(shapes)
 
     def fits(n_ctx: int) -> bool:
-        return sum(estimate(s, cells(n_ctx, w), cache_type).total for s, w in zip(shapes, windows)) <= budget
+        return sum(estimate(s, cells(n_ctx, w), cache_type, n_ubatch=u).total
+                   for s, w, u in zip(shapes, windows, ubatches)) <= budget
 
     lo, hi = 0, limit // KV_CELL_PADDING  # in units of 256 cells; total grows with the context
     if hi and fits(hi * KV_CELL_PADDING):
@@ -176,15 +183,16 @@ def cells(n_ctx: int, window: int) -> int:
     return window if 0 < window < n_ctx else n_ctx
 
 
-def measure(model, n_ctx: int) -> MemoryEstimate:
-    """What llama.cpp reports allocating for a loaded model and a fresh context of n_ctx tokens."""
-    ctx = model.new_context(n_ctx)
+def measure(model, n_ctx: int, n_ubatch: int = MAX_UBATCH) -> MemoryEstimate:
+    """What llama.cpp reports allocating for a loaded model and a fresh context of n_ctx tokens that
+    computes n_ubatch tokens at once."""
+    ctx = model.new_context(n_ctx, n_ubatch=n_ubatch)
     try:
         use = ctx.memory()
     finally:
         ctx.close()
     return MemoryEstimate(n_ctx, use.weights, use.kv_cache // kv_cells(n_ctx), use.kv_cache, use.compute,
-                          getattr(model, "repacked_bytes", 0))
+                          getattr(model, "repacked_bytes", 0), min(n_ubatch, MAX_UBATCH, n_ctx))
 
 
 def relative_error(estimated: float, measured: float) -> float | None:
@@ -200,10 +208,11 @@ def physical_memory() -> int | None:
 
 
 def summary_line(role: str, name: str, est: MemoryEstimate) -> str:
-    """One model's memory on one line: weights, KV per token and at the context, compute, total."""
+    """One model's memory on one line: weights, KV per token and at the context, compute (for passes of
+    how many tokens at once), total."""
     return (f"{role} {name}: weights {fmt_bytes(est.weights)}, KV {fmt_bytes(est.kv_per_token)}/token "
-            f"x {kv_cells(est.n_ctx)} = {fmt_bytes(est.kv)}, compute {fmt_bytes(est.compute)}, "
-            f"total {fmt_bytes(est.total)}")
+            f"x {kv_cells(est.n_ctx)} = {fmt_bytes(est.kv)}, compute {fmt_bytes(est.compute)} "
+            f"({est.n_ubatch} tokens at once), total {fmt_bytes(est.total)}")
 
 
 def loaded_summary(engine) -> str:
@@ -217,19 +226,20 @@ def loaded_summary(engine) -> str:
         if model is None:
             continue
         n_ctx = cells(engine.n_ctx, getattr(engine, "draft_window", 0)) if role == "draft" else engine.n_ctx
+        n_ubatch = getattr(engine, "n_ubatch_draft" if role == "draft" else "n_ubatch", MAX_UBATCH)
         try:
             shape = ModelShape.from_gguf(model.path)
-            est = estimate(shape, n_ctx)
+            est = estimate(shape, n_ctx, n_ubatch=n_ubatch)
         except (OSError, ValueError):
             lines.append(f"memory: {role} {os.path.basename(model.path)}: weights {fmt_bytes(model.weights_bytes)}")
             total += model.weights_bytes
             continue
         est = MemoryEstimate(est.n_ctx, model.weights_bytes, est.kv_per_token, est.kv, est.compute,
-                             getattr(model, "repacked_bytes", 0))
+                             getattr(model, "repacked_bytes", 0), est.n_ubatch)
         line = "memory: " + summary_line(role, os.path.basename(model.path), est)
         if n_ctx < engine.n_ctx:  # --draft-ctx: what its window saves
             line += (f" (its window, --draft-ctx {n_ctx}: the first and the latest tokens; the whole context "
-                     f"would take {fmt_bytes(estimate(shape, engine.n_ctx).total)})")
+                     f"would take {fmt_bytes(estimate(shape, engine.n_ctx, n_ubatch=n_ubatch).total)})")
         lines.append(line)
         total += est.total
     lines.append(f"memory: total {fmt_bytes(total)} at context {engine.n_ctx} (one slot)")

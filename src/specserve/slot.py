@@ -52,6 +52,8 @@ class SlotEngine(Protocol):
     n_ctx: int
     cache_reuse: int  # --cache-reuse N (backends/cache_reuse.py)
     draft_window: int  # --draft-ctx N (drafters/window.py)
+    n_ubatch: int  # -ub N: the target's micro-batch
+    n_ubatch_draft: int  # -ubd N: the draft's
     suffix_store: SuffixStore | None
     greedy_acceptance: GreedyAcceptance
     make_drafters: DrafterFactory
@@ -95,9 +97,10 @@ class Slot:
     def __init__(self, engine: SlotEngine, ctx: Context | None = None, draft_ctx: Context | None = None):
         """Contexts of its own, or the given ones (sequences of shared contexts: Engine.new_slots)."""
         self.engine = engine
-        self.ctx = ctx if ctx is not None else engine.target.new_context(engine.n_ctx)
+        self.ctx = ctx if ctx is not None else engine.target.new_context(engine.n_ctx, n_ubatch=engine.n_ubatch)
         if draft_ctx is None:
-            draft_ctx = draft_contexts(engine.draft, engine.n_ctx, engine.draft_window)[0]
+            draft_ctx = draft_contexts(engine.draft, engine.n_ctx, engine.draft_window,
+                                       n_ubatch=engine.n_ubatch_draft)[0]
         self.draft_ctx = draft_ctx  # None without a draft model; a WindowedContext under --draft-ctx
 
     def drafters(self, spec: SpecParams, constraint: Constraint | None = None) -> dict[str, Drafter]:

@@ -22,7 +22,7 @@ SPECS = [{"mode": "draft", "draft_max": 4}, {"mode": "ngram", "draft_max": 3}, {
 def server(tiny_models_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("server_batch_log") / "serve.log"
     srv = ServerProcess(serve_args(tiny_models_dir, "-c", "512", "--parallel", "3", "--queue", "8",
-                                   "--ubatch-size", "128"), log)
+                                   "--batch-size", "128"), log)
     yield srv
     assert srv.stop() == 0
     assert "Traceback" not in srv.log() and "internal error" not in srv.log()

@@ -85,7 +85,9 @@ def test_idle_server_exits_0_on_sigterm(tiny_models_dir, tmp_path):
     (["--profile", "a=spec=none", "--profile", "a=spec=ngram"], "used twice"),
     (["--parallel", "0"], "--parallel"),
     (["--queue", "-1"], "--queue"),
-    (["--ubatch-size", "8"], "ubatch must be >= 66"),
+    (["--batch-size", "0"], "--batch-size must be >= 66"),
+    (["--ubatch-size", "0"], "--ubatch-size must be >= 1"),
+    (["-ubd", "0"], "--ubatch-size-draft must be >= 1"),
     # issue 15: a profile that every request would have failed on refuses to start
     (["--profile", "p=seed=-1"], "seed must be in [0, 2^64)"),
     (["--profile", "p=temperature=inf"], "temperature must be in [0, 100]"),

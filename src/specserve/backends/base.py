@@ -117,7 +117,10 @@ class Model(Protocol):
     can_rollback: bool = True  # whether truncate() is cheap; False for recurrent and hybrid memories
     weights_bytes: int = 0  # bytes its weights take as loaded (0: unknown)
 
-    def new_context(self, n_ctx: int) -> Context: ...
+    def new_context(self, n_ctx: int, n_batch: int = 512, n_ubatch: int | None = None) -> Context:
+        """One sequence's cache of n_ctx tokens; a pass takes up to n_batch tokens, computed n_ubatch at a
+        time (default n_batch): what sizes the engine's working memory for a pass (memory.py)."""
+        ...
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
 
@@ -127,10 +130,10 @@ class Model(Protocol):
 
     def detokenize(self, tokens: Sequence[int]) -> bytes: ...
 
-    def new_shared_context(self, n_ctx: int, n_seq: int, n_batch: int = 512):
+    def new_shared_context(self, n_ctx: int, n_seq: int, n_batch: int = 512, n_ubatch: int | None = None):
         """n_seq sequences of n_ctx tokens in one context (its `.seqs`, each a Context) whose passes can
-        be batched, at most n_batch tokens a pass; None where the backend cannot (each server slot then
-        has contexts of its own)."""
+        be batched, at most n_batch tokens a pass, n_ubatch at a time as new_context's; None where the
+        backend cannot (each server slot then has contexts of its own)."""
         return None
 
     def grammar_tokenizer(self):

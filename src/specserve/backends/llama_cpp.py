@@ -177,14 +177,15 @@ class LlamaCppModel(Model):
 
     # --- contexts -----------------------------------------------------------------------------
 
-    def new_context(self, n_ctx: int, n_batch: int = 512) -> "LlamaCppContext":
+    def new_context(self, n_ctx: int, n_batch: int = 512, n_ubatch: int | None = None) -> "LlamaCppContext":
+        """n_ubatch: llama.cpp's micro-batch (default n_batch), which sizes the compute buffer."""
         self._native_vocab()
-        return LlamaCppContext(self, n_ctx, n_batch)
+        return LlamaCppContext(self, n_ctx, n_batch, n_ubatch)
 
-    def new_shared_context(self, n_ctx: int, n_seq: int, n_batch: int = 512):
+    def new_shared_context(self, n_ctx: int, n_seq: int, n_batch: int = 512, n_ubatch: int | None = None):
         """n_seq sequences of n_ctx tokens in one context, decoded together (llama_cpp_batch)."""
         self._native_vocab()
-        return SharedContext(self, n_ctx, n_seq, n_batch)
+        return SharedContext(self, n_ctx, n_seq, n_batch, n_ubatch)
 
     def close(self) -> None:
         if self.handle:
@@ -203,12 +204,12 @@ class LlamaCppContext(NativeContext):
 
     shared = None  # a context of its own: its passes run alone (Context.shared)
 
-    def __init__(self, model: LlamaCppModel, n_ctx: int, n_batch: int = 512):
+    def __init__(self, model: LlamaCppModel, n_ctx: int, n_batch: int = 512, n_ubatch: int | None = None):
         self.model = model
         self.n_ctx = n_ctx
         self.n_batch = min(n_batch, n_ctx)
         self.n_vocab = model.vocab.n_vocab
-        self._open_native(model, n_ctx, self.n_batch, 1, f"{n_ctx} tokens")
+        self._open_native(model, n_ctx, self.n_batch, 1, f"{n_ctx} tokens", n_ubatch)
         self._tokens: list[int] = []
         self.t_eval = 0.0
 

@@ -27,9 +27,10 @@ from .llama_native import DecodeThreads, NativeContext, NativeModel
 
 
 class SharedContext(NativeContext):
-    """n_seq sequences of up to n_ctx tokens each, at most n_batch tokens per decode."""
+    """n_seq sequences of up to n_ctx tokens each, at most n_batch tokens per decode (llama.cpp computes
+    them in micro-batches of n_ubatch)."""
 
-    def __init__(self, model: NativeModel, n_ctx: int, n_seq: int, n_batch: int = 512):
+    def __init__(self, model: NativeModel, n_ctx: int, n_seq: int, n_batch: int = 512, n_ubatch: int | None = None):
         if n_seq < 1:
             raise ValueError(f"need at least one sequence, got {n_seq}")
         self.model = model
@@ -38,7 +39,7 @@ class SharedContext(NativeContext):
         self.n_batch = min(n_batch, n_ctx * n_seq)
         self.n_vocab = model.vocab.n_vocab
         self.can_rollback = model.can_rollback
-        self._open_native(model, n_ctx * n_seq, self.n_batch, n_seq, f"{n_seq} x {n_ctx} tokens")
+        self._open_native(model, n_ctx * n_seq, self.n_batch, n_seq, f"{n_seq} x {n_ctx} tokens", n_ubatch)
         self.seqs = [SeqContext(self, i) for i in range(n_seq)]
         self._open = n_seq
 

@@ -148,10 +148,16 @@ class NativeContext:
     """A llama.cpp context with its decode batch: created, measured and freed the same way by the
     single-sequence context (llama_cpp.LlamaCppContext) and the shared one (llama_cpp_batch.SharedContext)."""
 
-    def _open_native(self, model: NativeModel, n_ctx: int, n_batch: int, n_seq: int, what: str) -> None:
+    def _open_native(self, model: NativeModel, n_ctx: int, n_batch: int, n_seq: int, what: str,
+                     n_ubatch: int | None = None) -> None:
+        """n_batch: the most tokens one decode takes; n_ubatch (default n_batch): the most llama.cpp
+        computes at once. A decode of more is split by llama.cpp into micro-batches of n_ubatch, and the
+        compute buffer is sized for one of them, logits over the vocabulary for each of its tokens
+        (memory.ModelShape.compute_bytes): a draft whose passes are a few tokens needs a small one."""
         params = C.llama_context_default_params()
         params.n_ctx = n_ctx
-        params.n_batch = params.n_ubatch = n_batch  # one micro-batch per decode
+        params.n_batch = n_batch
+        self.n_ubatch = params.n_ubatch = max(1, min(n_ubatch or n_batch, n_batch))
         params.n_seq_max = n_seq
         params.kv_unified = n_seq > 1  # the slots share one cache (llama.cpp would split it evenly)
         params.n_threads = params.n_threads_batch = model.n_threads

@@ -43,7 +43,7 @@ def add_parser(sub) -> None:
                        description="Run the target alone and every speculative configuration on the same prompts, "
                                    "interleaved after a warm-up; rank them by speed after the prompt (the speedup to "
                                    "the last token, prompt included, beside) and recommend one.")
-    add_model_args(p, draft=False)
+    add_model_args(p, draft=False, ubatch=False)
     d = p.add_argument_group("draft models")
     d.add_argument("-md", "--model-draft", nargs="+", action="extend", default=[], metavar="DRAFT",
                    help="draft model(s), GGUF path or packaged name; several to compare them "

@@ -1,7 +1,8 @@
 """`specserve check`: can this draft serve this target, and what will the pair cost in memory?
 
 Prints the pairing report (problems refuse the pair: exit status 2) and the memory
-of both models at the given context (the draft's cache at its window, --draft-ctx):
+of both models at the given context (the draft's cache at its window, --draft-ctx; each
+compute buffer at its micro-batch, -ub and -ubd):
 estimated from GGUF metadata alone, measured by creating the contexts, and the largest
 context that fits a memory budget with the draft at its window, with the draft at the
 whole context, and without a draft. --memory-only reads the GGUF headers alone (a file
@@ -54,6 +55,7 @@ def run(args) -> int:
             raise CliError(f"cannot read the {role} model's metadata: {e}") from None
     report, measured, loaded = PairingReport(), {}, {}
     n_ctx = {"target": cfg.n_ctx, "draft": memory.cells(cfg.n_ctx, cfg.draft_ctx)}
+    n_ubatch = {"target": cfg.n_ubatch, "draft": cfg.n_ubatch_draft}
     try:
         for role, path in paths.items():
             if path is not None and not args.memory_only:
@@ -61,14 +63,14 @@ def run(args) -> int:
         if "draft" in loaded:
             report = check_pairing(loaded["target"], loaded["draft"])
         if not args.no_measure:
-            measured = {role: memory.measure(m, n_ctx[role]) for role, m in loaded.items()}
+            measured = {role: memory.measure(m, n_ctx[role], n_ubatch[role]) for role, m in loaded.items()}
     except (ValueError, MemoryError) as e:
         raise CliError(str(e)) from None
     finally:
         for m in loaded.values():
             m.close()
     result = {**report.as_dict(), "memory": _memory_report(shapes, measured, n_ctx, cfg.draft_ctx, budget,
-                                                           budget_source)}
+                                                           budget_source, n_ubatch)}
     if args.memory_only:
         result["pairing_checked"] = False
     result["devices"] = _devices()
@@ -100,17 +102,19 @@ def _budget(text: str | None) -> tuple[int, str]:
     return ram, "this machine's RAM"
 
 
-def _memory_report(shapes, measured, n_ctx: dict, window: int, budget: int, budget_source: str) -> dict:
-    """n_ctx: the tokens each role's cache holds (the draft's: its window)."""
+def _memory_report(shapes, measured, n_ctx: dict, window: int, budget: int, budget_source: str,
+                   n_ubatch: dict) -> dict:
+    """n_ctx: the tokens each role's cache holds (the draft's: its window); n_ubatch: each role's micro-batch."""
     from ..memory import estimate, max_ctx_in_budget, relative_error
 
-    est = {role: estimate(s, n_ctx[role], _KV_TYPE) for role, s in shapes.items()}
+    est = {role: estimate(s, n_ctx[role], _KV_TYPE, n_ubatch=n_ubatch[role]) for role, s in shapes.items()}
     limit = shapes["target"].n_ctx_train or 1 << 20
-    both = list(shapes.values())
-    with_draft = max_ctx_in_budget(both, budget, limit, _KV_TYPE, [0, window])
-    full_draft = max_ctx_in_budget(both, budget, limit, _KV_TYPE)
-    without = max_ctx_in_budget([shapes["target"]], budget, limit, _KV_TYPE)
-    draft_full = estimate(shapes["draft"], n_ctx["target"], _KV_TYPE) if "draft" in est else None
+    both, ubatches = list(shapes.values()), [n_ubatch[role] for role in shapes]
+    with_draft = max_ctx_in_budget(both, budget, limit, _KV_TYPE, [0, window], ubatches)
+    full_draft = max_ctx_in_budget(both, budget, limit, _KV_TYPE, None, ubatches)
+    without = max_ctx_in_budget([shapes["target"]], budget, limit, _KV_TYPE, None, ubatches[:1])
+    draft_full = (estimate(shapes["draft"], n_ctx["target"], _KV_TYPE, n_ubatch=n_ubatch["draft"])
+                  if "draft" in est else None)
     out = {
         "n_ctx": n_ctx["target"], "cache_type": _KV_TYPE, "budget_bytes": budget, "budget_source": budget_source,
         "target": {"path": shapes["target"].path, **est["target"].as_dict()},
@@ -164,8 +168,9 @@ def _render(paths, report, mem: dict, shapes, measured, memory_only: bool = Fals
         rows = [("weights", "weights")]
         if est["repacked"] or (got and got.repacked):
             rows.append(("weights: repacked copy", "repacked"))
+        flag = "-ubd" if role == "draft" else "-ub"
         for label, field in (*rows, (f"KV cache ({per_token})", "kv"),
-                             ("compute buffer", "compute"), ("total", "total")):
+                             (f"compute buffer ({flag} {est['n_ubatch']})", "compute"), ("total", "total")):
             a = est[field]
             b = getattr(got, field) if got else None
             err = f"{100 * (a - b) / b:+6.1f}%" if b else ""
@@ -201,7 +206,7 @@ def _budget_line(mem: dict) -> str:
     if with_draft == 0:
         return f"{budget}: the target fits up to {without} tokens alone, but not with the draft"
     line = (f"{budget}: the draft costs {fmt_bytes(mem['draft_cost_bytes'])} at {mem['n_ctx']} tokens: "
-            f"largest context {without} -> {with_draft} with the draft{capped}")
+            f"largest context {without}{capped} -> {with_draft} with the draft")
     if mem["draft_ctx"] < mem["n_ctx"]:
         line += (f" at its window of {mem['draft_ctx']}, {mem['max_ctx_in_budget_full_draft']} with the draft "
                  "at the whole context")

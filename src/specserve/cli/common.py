@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..config import DEFAULT_VERIFY, DRAFT_CTX_DEFAULT, SPEC_MODES, VERIFY_METHODS, ModelConfig, SamplingParams, \
-    SpecParams, draft_max_caps_suffix
+from ..config import DEFAULT_VERIFY, DRAFT_CTX_DEFAULT, SPEC_MODES, UBATCH_DEFAULT, UBATCH_DRAFT_DEFAULT, \
+    UBATCH_GPU_DEFAULT, VERIFY_METHODS, ModelConfig, SamplingParams, SpecParams, default_ubatch, draft_max_caps_suffix
 from ..models import PAIRS
 
 
@@ -17,7 +17,8 @@ class CliError(Exception):
         self.code = code
 
 
-def add_model_args(p: argparse.ArgumentParser, draft: bool = True) -> None:
+def add_model_args(p: argparse.ArgumentParser, draft: bool = True, ubatch: bool = True) -> None:
+    """The models and how they are loaded; ubatch: with -ub (and -ubd with a draft)."""
     g = p.add_argument_group("models")
     g.add_argument("-m", "--model", metavar="TARGET", help="target GGUF path or packaged model name "
                    "(default: the --pair's target)")
@@ -38,6 +39,24 @@ def add_model_args(p: argparse.ArgumentParser, draft: bool = True) -> None:
         g.add_argument("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", dest="n_gpu_layers_draft",
                        type=gpu_layers, default=0, metavar="N", help="draft layers on the GPU (default 0; all)")
     g.add_argument("-t", "--threads", type=int, default=None, metavar="N", help="CPU threads (default: all cores)")
+    if ubatch:
+        add_ubatch_args(g, draft)
+
+
+def add_ubatch_args(g, draft: bool = True) -> None:
+    g.add_argument("-ub", "--ubatch-size", dest="ubatch_size", type=int, default=None, metavar="N",
+                   help="the target's micro-batch, as llama-server's: llama.cpp computes at most N tokens at once "
+                   "and sizes its compute buffer for N (logits over the vocabulary for each); a longer pass (a "
+                   f"prompt) is split into passes of N. Default {UBATCH_DEFAULT} on a CPU, where prompt speed is "
+                   f"the same from 32 to 512 (docs/models.md); {UBATCH_GPU_DEFAULT} with -ngl, as on a GPU larger "
+                   "micro-batches pay for prompt processing")
+    if draft:
+        g.add_argument("-ubd", "--ubatch-size-draft", dest="ubatch_size_draft", type=int,
+                       default=UBATCH_DRAFT_DEFAULT, metavar="N",
+                       help="the draft model's micro-batch: its steps are a few tokens (default "
+                       f"{UBATCH_DRAFT_DEFAULT}: --draft-max 8 and the tokens it catches up); its prompt goes in "
+                       "passes of N. Its compute buffer shrinks with N (300 MiB at 512 for a 152k vocabulary, "
+                       "9 MiB at 16)")
 
 
 def gpu_layers(text: str) -> int:
@@ -140,7 +159,15 @@ def model_config(args) -> ModelConfig:
                    n_ctx=args.ctx_size, n_gpu_layers=args.n_gpu_layers,
                    n_gpu_layers_draft=getattr(args, "n_gpu_layers_draft", 0), n_threads=args.threads,
                    draft_ctx=getattr(args, "draft_ctx", DRAFT_CTX_DEFAULT),
+                   n_ubatch=_ubatch(args),
+                   n_ubatch_draft=getattr(args, "ubatch_size_draft", UBATCH_DRAFT_DEFAULT),
                    auto_profile=not getattr(args, "no_auto_profile", False))
+
+
+def _ubatch(args) -> int:
+    """-ub as given, else the default for where the target's layers are (a CPU, or a GPU with -ngl)."""
+    n = getattr(args, "ubatch_size", None)
+    return n if n is not None else default_ubatch(args.n_gpu_layers)
 
 
 def spec_params(args) -> SpecParams:

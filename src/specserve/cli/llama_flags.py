@@ -5,7 +5,7 @@ Three kinds (docs/llama-server-compat.md lists them all):
   --seed, -n), the chat template (--chat-template NAME|JINJA, --chat-template-file), several --alias
   names and --tags, --slots/--no-slots, --cors-origins (comma-separated), --no-ui, --spec-type, -v;
 - flags for what this server always does, or for how llama.cpp arranges its own work, accepted and
-  logged (--jinja, --metrics, --cont-batching, --kv-unified, -b, -tb, -fa, --offline, ...);
+  logged (--jinja, --metrics, --cont-batching, --kv-unified, -tb, -fa, --offline, ...);
 - flags for what it does not do, refused with the reason: --context-shift (generation ends at the
   context, finish_reason "length", rather than dropping the oldest tokens), -ctk/-ctv, self-extend,
   the synthetic drafts of --spec-synth-len;
@@ -44,7 +44,6 @@ _ACCEPTED_BOOL = {
     "--mlock": "llama.cpp's default memory locking is used",
 }
 _ACCEPTED_VALUE = {
-    "-b": "prompts go in passes of at most -ub tokens", "--batch-size": "prompts go in passes of at most -ub tokens",
     "-tb": "the same -t threads process prompts", "--threads-batch": "the same -t threads process prompts",
     "-fa": "llama.cpp's default attention is used", "--flash-attn": "llama.cpp's default attention is used",
     "--cache-ram": "no host-memory prompt cache: each slot keeps its own",

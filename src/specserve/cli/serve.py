@@ -60,13 +60,14 @@ def add_parser(sub) -> None:
     g.add_argument("-np", "--parallel", type=int, default=2, metavar="N",
                    help="slots: requests generating at once, each step's tokens of all of them in one "
                         "forward pass (default 2)")
-    g.add_argument("-ub", "--ubatch-size", type=int, default=512, metavar="N",
+    g.add_argument("-b", "--batch-size", type=int, default=512, metavar="N",
                    help="most tokens in one forward pass: every slot's verification, then chunks of prompts "
-                        "being processed, so that a long prompt does not stall the other streams (default 512)")
+                        "being processed, so that a long prompt does not stall the other streams (default 512; "
+                        "llama.cpp computes them -ub at a time)")
     g.add_argument("--prefill-slowdown", type=float, default=2.0, metavar="F",  # server.core.batcher.SLOWDOWN
                    help="while streams are generating, a prompt being processed beside them takes only as many "
                         "tokens a pass as keep each pass within F x what the streams' tokens alone cost, so they "
-                        "slow by about F at most (default %(default)s; 0: whole --ubatch-size chunks, the fastest "
+                        "slow by about F at most (default %(default)s; 0: whole --batch-size chunks, the fastest "
                         "prompt processing)")
     g.add_argument("--cache-reuse", type=int, default=0, metavar="N",
                    help="as llama-server's: after the common prefix, keep runs of >= N cached tokens that moved to "
@@ -209,7 +210,12 @@ def settings_from(args, target_path: str):
     """ServerSettings from the flags; raises CliError(2) on bad values, before any model loads."""
     from ..server import ServerSettings
     from ..server.core.profiles import Profile, build_profiles
+    from ..server.state import MIN_BATCH
 
+    n_batch = args.batch_size
+    if 0 < n_batch < MIN_BATCH:  # llama-server takes any; a pass here must hold the longest verification
+        log.warning("-b %d raised to %d: a pass holds the last token and a draft of up to 64", n_batch, MIN_BATCH)
+        n_batch = MIN_BATCH
     if args.parallel < 1:
         raise CliError(f"--parallel must be >= 1, got {args.parallel}", 2)
     if args.queue < 0:
@@ -226,7 +232,7 @@ def settings_from(args, target_path: str):
         profiles = build_profiles(Profile(name, spec=spec, sampling=default_sampling(args), verify=args.verify),
                                   args.profile)
         return ServerSettings(model_name=name, profiles=profiles, parallel=args.parallel, queue=args.queue,
-                              ubatch=args.ubatch_size, prefill_slowdown=args.prefill_slowdown,
+                              n_batch=n_batch, prefill_slowdown=args.prefill_slowdown,
                               api_keys=keys, key_scopes=key_scopes, max_body=int(args.max_body_mib * (1 << 20)),
                               allowed_hosts=allowed_hosts(args.host, args.allowed_host),
                               cors_origins=frozenset(o.strip().rstrip("/") for o in args.cors_origin if o.strip()),

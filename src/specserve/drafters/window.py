@@ -114,16 +114,18 @@ class WindowedContext:
         self.inner.close()
 
 
-def draft_contexts(model, n_ctx: int, window: int, n_seq: int | None = None, n_batch: int = 512) -> list:
+def draft_contexts(model, n_ctx: int, window: int, n_seq: int | None = None, n_batch: int = 512,
+                   n_ubatch: int | None = None) -> list:
     """The draft model's caches for a target context of n_ctx tokens (none without a model): one of its
     own (n_seq None) or n_seq sequences of one shared context, each of `window` cells where
     0 < window < n_ctx (the context then holds n_seq x window cells), of n_ctx cells otherwise. None
-    where the backend cannot share a context among n_seq sequences."""
+    where the backend cannot share a context among n_seq sequences. n_ubatch (-ubd): the tokens llama.cpp
+    computes at once there (default n_batch); a pass of more (a prompt, a refill) is split into that many."""
     if model is None:
         return [None] * (n_seq or 1)
     cells = window if 0 < window < n_ctx else n_ctx
-    shared = None if n_seq is None else model.new_shared_context(cells, n_seq, n_batch)
+    shared = None if n_seq is None else model.new_shared_context(cells, n_seq, n_batch, n_ubatch)
     if n_seq is not None and shared is None:
         return None
-    ctxs = [model.new_context(cells)] if shared is None else shared.seqs
+    ctxs = [model.new_context(cells, n_ubatch=n_ubatch)] if shared is None else shared.seqs
     return [WindowedContext(c, n_ctx) for c in ctxs] if cells < n_ctx else list(ctxs)

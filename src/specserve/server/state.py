@@ -22,7 +22,7 @@ DRAIN_TIMEOUT_S = 20.0
 MAX_CONNECTIONS = 256
 MAX_CONNECTIONS_PER_CLIENT = 32
 REQUEST_LINE_TIMEOUT_S = 10.0
-MIN_UBATCH = 66  # the last token, a draft of at most 64, and one more
+MIN_BATCH = 66  # the last token, a draft of at most 64, and one more
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class ServerSettings:
     profiles: dict[str, Profile] = field(default_factory=dict)  # name -> profile, the served model's first
     parallel: int = 2  # slots: requests generating at once
     queue: int = 16  # requests waiting for a slot before 503
-    ubatch: int = 512  # most tokens in one forward pass (--ubatch-size): verifications, then prompt chunks
+    n_batch: int = 512  # most tokens in one forward pass (--batch-size): verifications, then prompt chunks
     prefill_slowdown: float = SLOWDOWN  # a pass with a prompt chunk beside streams costs at most this x theirs
     api_keys: tuple[str, ...] = ()  # none: no authentication
     key_scopes: dict[str, str] = field(default_factory=dict)  # API key -> the cross-request scope it confines to
@@ -81,8 +81,9 @@ class ServerSettings:
             raise ValueError(f"reasoning_budget must be -1 (unlimited) or >= 0, got {self.reasoning_budget}")
         if not (self.sleep_idle_seconds == -1 or 0 < self.sleep_idle_seconds < 1e9):
             raise ValueError(f"sleep_idle_seconds must be > 0 (or -1: never sleep), got {self.sleep_idle_seconds}")
-        if self.ubatch < MIN_UBATCH:
-            raise ValueError(f"ubatch must be >= {MIN_UBATCH} (a verification of the longest draft), got {self.ubatch}")
+        if self.n_batch < MIN_BATCH:
+            raise ValueError(f"--batch-size must be >= {MIN_BATCH} (a verification of the longest draft), "
+                             f"got {self.n_batch}")
         if not 0 <= self.prefill_slowdown < 1e6 or 0 < self.prefill_slowdown <= 1:
             raise ValueError(f"prefill_slowdown must be > 1 (or 0: off), got {self.prefill_slowdown}")
         if self.max_connections < self.parallel + self.queue + 1:
@@ -101,7 +102,7 @@ class ServerState:
         self.metrics = ServerMetrics(busy_slots=lambda: self.scheduler.pool.busy,
                                      queue_depth=lambda: self.scheduler.pool.waiting,
                                      suffix_store=engine.suffix_store, scopes=set(settings.key_scopes.values()))
-        self.scheduler = Scheduler(engine, settings.parallel, settings.queue, settings.ubatch,
+        self.scheduler = Scheduler(engine, settings.parallel, settings.queue, settings.n_batch,
                                    on_pass=self.metrics.target_pass, prefill_slowdown=settings.prefill_slowdown)
         self.slot_records = SlotRecords(settings.parallel)  # GET /slots
         self.grammars = GrammarWorker()  # compiles grammars off the event loop (core/constraints/compiling.py)

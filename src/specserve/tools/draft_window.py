@@ -28,7 +28,7 @@ from collections import Counter
 from .. import models, steps
 from ..backends import load_model
 from ..bench.workloads import load_workload
-from ..config import SamplingParams, SpecParams
+from ..config import UBATCH_DRAFT_DEFAULT, SamplingParams, SpecParams
 from ..drafters.draft_model import DraftModelDrafter
 from ..drafters.window import N_SINK, WindowedContext, draft_contexts
 from ..engine import Engine
@@ -38,7 +38,7 @@ from ..sampling import Sampler
 
 def _window(draft, n_ctx: int, cells: int, variant: str):
     """A fresh draft cache: `cells` of them (0: n_ctx) under the variant."""
-    ctx = draft_contexts(draft, n_ctx, cells)[0]
+    ctx = draft_contexts(draft, n_ctx, cells, n_ubatch=UBATCH_DRAFT_DEFAULT)[0]  # as the engine makes it
     if isinstance(ctx, WindowedContext):
         if variant == "refill":
             ctx.inner.drop = lambda start, n: False  # as a memory that cannot shift: the window is filled again

@@ -10,7 +10,7 @@ needs (steps.Eval) and its chunks. A step of the scheduler, like llama-server's:
 3. each slot is sent its rows of logits, verifies and commits on its own (the per-slot code
    is the single-sequence code) and runs on to its next pass.
 
-A pass holds at most n_batch tokens (--ubatch-size): verifications first, whole, then
+A pass holds at most n_batch tokens (--batch-size): verifications first, whole, then
 prompt chunks, so a long prompt is spread over steps instead of stalling every stream. While
 streams are running, a pass's prompt chunk is also cut so that the pass is expected to take
 at most `slowdown` times what the streams' tokens alone take (--prefill-slowdown, from the
@@ -147,7 +147,7 @@ class Stepper:
                 if used and self.slowdown > 0:  # streams run in this pass: cut the chunks to what they bear
                     budget = min(budget, cost.most_tokens(self.slowdown * cost.cost(used), used + MIN_CHUNK, budget))
             if n > budget and not r.op.split:
-                self._end(r, ValueError(f"a pass of {n} tokens does not fit --ubatch-size {budget}"))
+                self._end(r, ValueError(f"a pass of {n} tokens does not fit --batch-size {budget}"))
             elif used + n <= budget:
                 taken.append((r, n))
                 used += n
