@@ -55,19 +55,25 @@ def routes() -> list[Endpoint]:
               for path, methods in _UNSUPPORTED.items())]
 
 
-def parameter_size(target) -> tuple[str, int | None]:
-    """(Ollama's parameter_size, the count where the header's tensors give it)."""
+def parameter_count(target) -> int | None:
+    """The weights counted from the GGUF header's tensors (None where it cannot be read)."""
     try:
-        n = sum(t.n_elements for t in tensor_infos(target.path))
+        return sum(t.n_elements for t in tensor_infos(target.path))
     except (OSError, ValueError):
-        n = None
+        return None
+
+
+def parameter_size(target) -> str:
+    """Ollama's parameter_size: the header's size label ("1.5B"), else counted from its tensors (a read
+    of the header, which /api/tags, polled by clients, does only for a file without the label)."""
     label = target.metadata.get("general.size_label")
+    n = None if label else parameter_count(target)
     if label or n is None:
-        return label or "", n
+        return label or ""
     for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= scale:
-            return f"{n / scale:.2f}{unit}", n
-    return str(n), n
+            return f"{n / scale:.2f}{unit}"
+    return str(n)
 
 
 def details(target) -> dict:
@@ -76,7 +82,7 @@ def details(target) -> dict:
     file_type = m.get("general.file_type")
     quant = _FILE_TYPES.get(int(file_type), str(file_type)) if str(file_type or "").isdigit() else ""
     return {"parent_model": "", "format": "gguf", "family": arch, "families": [arch] if arch else None,
-            "parameter_size": parameter_size(target)[0], "quantization_level": quant}
+            "parameter_size": parameter_size(target), "quantization_level": quant}
 
 
 def _file(target) -> tuple[int, str, str]:
@@ -105,10 +111,10 @@ async def ps(request: Request) -> Response:
     """The served model, loaded for the server's life: it never expires (keep_alive is not read)."""
     state = request.app.state.server
     target = state.engine.target
-    size, _, digest = _file(target)
-    loaded = size + state.scheduler.slot_bytes() * len(state.scheduler.pool.slots)
+    size, _, digest = _file(target)  # the weights' file: the slots' caches are /props' and /metrics' to tell
     info = details(target)
-    return JSONResponse({"models": [{"name": name, "model": name, "size": loaded, "digest": digest, "details": info,
+    return JSONResponse({"models": [{"name": name, "model": name, "size": size, "digest": digest, "details": info,
+                                     # size_vram: not measured here (0), whatever -ngl offloads
                                      "expires_at": "9999-12-31T23:59:59Z", "size_vram": 0,
                                      "context_length": state.engine.n_ctx} for name in _names(state)[:1]]})
 
@@ -136,7 +142,7 @@ def capabilities(target) -> list[str]:
 def model_info(target) -> dict:
     """The header's metadata (its chat template apart, under `template`), with the parameter count."""
     info: dict = {k: v for k, v in target.metadata.items() if k != _TEMPLATE_KEY and len(str(v)) <= 1024}
-    n = parameter_size(target)[1]
+    n = parameter_count(target)
     if n is not None:
         info["general.parameter_count"] = n
     return info
