@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from server_fixtures import API_KEY, ServerProcess, serve_args, tiny_tools_pair  # noqa: E402
+from server_fixtures import API_KEY, ServerProcess, serve_args, tiny_reasoning_pair, tiny_tools_pair  # noqa: E402
 
 pytestmark = pytest.mark.server
 
@@ -109,3 +109,26 @@ def test_errors_are_ollamas(client, call, status, words):
     with pytest.raises(ollama.ResponseError) as e:
         call(client)
     assert e.value.status_code == status and words in e.value.error
+
+
+@pytest.fixture(scope="module")
+def thinker(tmp_path_factory):
+    """A reasoning model (Qwen3-Thinking's template opens the block itself), no key."""
+    d = tmp_path_factory.mktemp("ollama_thinking")
+    tiny_reasoning_pair(d)
+    srv = ServerProcess(serve_args(d, "-c", "2048"), d / "serve.log")
+    yield ollama.Client(host=srv.url, timeout=60)
+    assert srv.stop() == 0
+    assert "Traceback" not in srv.log() and "internal error" not in srv.log()
+
+
+def test_think_parts_the_reasoning_or_closes_it(thinker):
+    assert "thinking" in thinker.show("tiny").capabilities
+    thought = thinker.chat(model="tiny", messages=HI, think=True, options=GREEDY).message
+    assert thought.thinking and thought.content == ""  # the random model never closes the block itself
+    parts = list(thinker.chat(model="tiny", messages=HI, think=True, options=GREEDY, stream=True))
+    assert "".join(p.message.thinking or "" for p in parts) == thought.thinking
+    plain = thinker.chat(model="tiny", messages=HI, think=False, options=GREEDY).message
+    assert not plain.thinking and plain.content  # the block closed at once: the answer follows it
+    g = thinker.generate(model="tiny", prompt="Say hi", think=True, options=GREEDY)
+    assert g.thinking and g.response == ""
