@@ -50,6 +50,8 @@ def test_list_show_ps_and_version(server, client):
     shown = client.show("tiny:latest")  # Ollama's default tag names the same model
     assert "tools" in shown.capabilities and "completion" in shown.capabilities
     assert "<tool_call>" in shown.template and shown.modelinfo["general.architecture"] == "llama"
+    assert shown.modelinfo["llama.context_length"] == 1024 and shown.modelinfo["tokenizer.ggml.tokens"] is None
+    assert "num_ctx 2048" in shown.parameters  # the server's context, which clients send back as num_ctx
     running = client.ps().models
     assert running[0].model == "tiny" and running[0].context_length == 2048
     version = httpx.get(server.url + "/api/version", headers=server.headers).json()

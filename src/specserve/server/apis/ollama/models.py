@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 
 from .... import __version__
 from ....fim import fim_tokens
-from ....gguf_meta import tensor_infos
+from ....gguf_meta import GGUFError, read_header, tensor_infos
 from ...core.reasoning import template_tags
 from ...http.body import read_json
 from ...http.endpoint import Endpoint
@@ -59,7 +59,7 @@ def parameter_count(target) -> int | None:
     """The weights counted from the GGUF header's tensors (None where it cannot be read)."""
     try:
         return sum(t.n_elements for t in tensor_infos(target.path))
-    except (OSError, ValueError):
+    except (OSError, GGUFError):
         return None
 
 
@@ -140,11 +140,16 @@ def capabilities(target) -> list[str]:
 
 
 def model_info(target) -> dict:
-    """The header's metadata (its chat template apart, under `template`), with the parameter count."""
-    info: dict = {k: v for k, v in target.metadata.items() if k != _TEMPLATE_KEY and len(str(v)) <= 1024}
-    n = parameter_count(target)
-    if n is not None:
-        info["general.parameter_count"] = n
+    """The header's metadata with its types (clients read `<arch>.context_length` as a number), its arrays
+    null as Ollama shows them unless asked (the vocabulary), its chat template apart (under `template`),
+    and the parameter count."""
+    try:
+        header = read_header(target.path, max_array_items=1)
+    except (OSError, GGUFError):
+        return {}
+    info = {k: None if not isinstance(v, (str, int, float, bool)) else v
+            for k, v in header.metadata.items() if k != _TEMPLATE_KEY}
+    info["general.parameter_count"] = sum(t.n_elements for t in header.tensors)
     return info
 
 
@@ -159,7 +164,9 @@ async def show(request: Request) -> Response:
         raise not_found(name)
     target = state.engine.target
     profile = state.profiles.get(name.removesuffix(":latest")) or state.profiles[state.settings.model_name]
-    parameters = "\n".join(f"{k} {v}" for k, v in profile.sampling.items())
+    # num_ctx: the context this server runs at, which clients that read it (Continue) send back as
+    # options.num_ctx, in place of the model's trained context_length that model_info holds
+    parameters = "\n".join(f"{k} {v}" for k, v in {"num_ctx": state.engine.n_ctx, **profile.sampling}.items())
     _, modified, _ = _file(target)
     return JSONResponse({"modelfile": f"# served by specserve\nFROM {Path(target.path).name}\n",
                          "parameters": parameters, "template": target.metadata.get(_TEMPLATE_KEY) or "",
