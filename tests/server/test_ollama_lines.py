@@ -52,3 +52,12 @@ def test_a_generate_stream_ends_by_its_limit(monkeypatch):
     out = lines(monkeypatch, chat=False, reason="length")
     assert out[0] == {**out[0], "response": "", "thinking": "let me see"} and out[1]["response"] == "Checking."
     assert out[-1]["done_reason"] == "length" and out[-1]["response"] == ""
+
+
+def test_a_whole_answers_calls_have_object_arguments():
+    """A call's arguments as an object; `{}` where they are not one (Ollama's clients read a mapping)."""
+    from specserve.server.core.constraints.toolcalls import Call
+    assert serving._calls([Call("a", "f", '{"x": 1}'), Call("b", "g", "[1]"), Call("c", "h", "")]) == [
+        {"function": {"index": 0, "name": "f", "arguments": {"x": 1}}},
+        {"function": {"index": 1, "name": "g", "arguments": {}}},
+        {"function": {"index": 2, "name": "h", "arguments": {}}}]
