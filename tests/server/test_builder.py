@@ -13,6 +13,8 @@ from specserve.grammar import GrammarWorker
 from specserve.prompt import chat_tokens
 from specserve.server.apis.anthropic.request import MESSAGES
 from specserve.server.apis.llama.request import INFILL, LLAMA
+from specserve.server.apis.ollama.request import CHAT as OLLAMA_CHAT
+from specserve.server.apis.ollama.request import GENERATE as OLLAMA_GENERATE
 from specserve.server.apis.openai.request import CHAT, COMPLETIONS, RESPONSES
 from specserve.server.apis.shared.builder import ServerView, build_request
 from specserve.server.core.profiles import Profile
@@ -30,6 +32,8 @@ APIS = {
     "infill": (INFILL, {"input_prefix": "def f(", "input_suffix": "):\n"}),
     "messages": (MESSAGES, {"max_tokens": 8, "messages": HI}),
     "responses": (RESPONSES, {"input": "hi"}),
+    "ollama_chat": (OLLAMA_CHAT, {"model": "tiny", "messages": HI}),
+    "ollama_generate": (OLLAMA_GENERATE, {"model": "tiny", "prompt": "hi"}),
 }
 
 
@@ -98,6 +102,27 @@ TABLE = [
      {"endpoint": "responses", "messages": [{"role": "system", "content": "be brief"}, *HI],
       "limit": "max_output_tokens=6", "reasoning_budget": 0}),
     ("responses", {"input": "hi"}, {"limit": None, "sampling.max_tokens": N_CTX, "id_slot": -1}),
+    # Ollama: stream unless false, sampling from `options`, num_predict -1 and -2 no limit, seed -1 random
+    ("ollama_chat", {"model": "tiny", "messages": HI},
+     {"endpoint": "ollama_chat", "messages": HI, "stream": True, "limit": None, "sampling.max_tokens": N_CTX}),
+    ("ollama_chat", {"model": "tiny:latest", "messages": HI, "stream": False, "think": False, "keep_alive": "5m",
+                     "options": {"temperature": 0, "top_k": 5, "num_predict": 7, "stop": ["x"], "seed": 3,
+                                 "repeat_penalty": 1.1, "num_ctx": 256, "num_gpu": 99, "num_thread": 2}},
+     {"stream": False, "limit": "num_predict=7", "sampling.max_tokens": 7, "sampling.stop": ("x",),
+      "sampling.greedy": True, "sampling.seed": 3, "sampling.repeat_penalty": 1.1, "reasoning_budget": 0}),
+    ("ollama_chat", {"model": "tiny", "messages": HI, "options": {"num_predict": -2, "seed": -1}, "think": "high"},
+     {"limit": None, "sampling.seed": None, "reasoning_format": "auto", "reasoning_budget": None}),
+    ("ollama_chat", {"model": "tiny", "messages": [
+        *HI, {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}}}]},
+        {"role": "tool", "content": "2", "tool_name": "f"}, {"role": "assistant", "content": "It is"}]},
+     {"messages": [*HI, {"role": "assistant", "content": "", "tool_calls": [
+         {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]},
+        {"role": "tool", "content": "2", "tool_call_id": "call_1", "name": "f"},
+        {"role": "assistant", "content": "It is"}], "continue_final": True}),
+    ("ollama_generate", {"model": "tiny", "prompt": "hi", "system": "be brief", "options": {"num_predict": 4}},
+     {"endpoint": "ollama_generate", "prompt": None, "limit": "num_predict=4",
+      "messages": [{"role": "system", "content": "be brief"}, *HI]}),
+    ("ollama_generate", {"model": "tiny", "prompt": "hi", "raw": True}, {"prompt": "hi", "messages": None}),
 ]
 
 
@@ -125,6 +150,49 @@ def test_fim_prompts_are_laid_out_with_the_models_tokens(build, target):
 def test_several_llama_prompts_are_kept_for_the_endpoint(build):
     _, fields = build(LLAMA, {"prompt": ["a", [1, 2], {"prompt_string": "c"}]})
     assert fields.prompts == ["a", [1, 2], "c"]
+
+
+@pytest.mark.parametrize("fmt", ["json", {"type": "object", "properties": {"a": {"type": "integer"}}}])
+def test_ollamas_format_becomes_the_requests_grammar(build, fmt):
+    req, _ = build(OLLAMA_GENERATE, {"model": "tiny", "prompt": "hi", "format": fmt})
+    assert req.sampling.grammar is not None
+    req, _ = build(OLLAMA_GENERATE, {"model": "tiny", "prompt": "hi", "format": ""})
+    assert req.sampling.grammar is None
+
+
+def test_ollamas_tools_are_the_requests_tools(build):
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "now", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    req, _ = build(OLLAMA_CHAT, {"model": "tiny", "messages": HI, "tools": tools})
+    assert req.tools is not None and req.sampling.grammar is not None
+
+
+# Ollama's refusals: (API, body, status, the field named)
+OLLAMA_REFUSED = [
+    (OLLAMA_CHAT, {"model": "llama3", "messages": HI}, 404, "model"),
+    (OLLAMA_CHAT, {"messages": HI}, 400, "model"),
+    (OLLAMA_CHAT, {"model": "tiny", "messages": [{"role": "user", "content": "hi", "images": ["aGk="]}]}, 400,
+     "messages[0].images"),
+    (OLLAMA_CHAT, {"model": "tiny", "messages": HI, "options": {"num_ctx": N_CTX + 1}}, 400, "options.num_ctx"),
+    (OLLAMA_CHAT, {"model": "tiny", "messages": HI, "options": {"temperature": "hot"}}, 400, "options.temperature"),
+    (OLLAMA_CHAT, {"model": "tiny", "messages": HI, "options": {"mirostat": 2}}, 400, "options.mirostat"),
+    (OLLAMA_CHAT, {"model": "tiny", "messages": HI, "temperature": 0}, 400, "temperature"),
+    (OLLAMA_CHAT, {"model": "tiny", "messages": HI, "format": "yaml"}, 400, "format"),
+    (OLLAMA_CHAT, {"model": "tiny", "messages": HI, "think": "very"}, 400, "think"),
+    (OLLAMA_CHAT, {"model": "tiny", "messages": [{"role": "robot", "content": "hi"}]}, 400, "messages[0].role"),
+    (OLLAMA_GENERATE, {"model": "tiny", "prompt": "hi", "images": ["aGk="]}, 400, "images"),
+    (OLLAMA_GENERATE, {"model": "tiny", "prompt": "hi", "context": [1, 2]}, 400, "context"),
+    (OLLAMA_GENERATE, {"model": "tiny", "prompt": "hi", "template": "{{ .Prompt }}"}, 400, "template"),
+    (OLLAMA_GENERATE, {"model": "tiny", "prompt": "hi", "raw": True, "system": "x"}, 400, "system"),
+    (OLLAMA_GENERATE, {"model": "tiny", "prompt": "hi", "tools": [{"type": "function"}]}, 400, "tools"),
+]
+
+
+@pytest.mark.parametrize("api,body,status,param", OLLAMA_REFUSED, ids=[r[3] for r in OLLAMA_REFUSED])
+def test_ollama_refusals_name_the_field(build, api, body, status, param):
+    with pytest.raises(ApiError) as e:
+        build(api, body)
+    assert (e.value.status, e.value.param) == (status, param)
 
 
 def test_a_constraint_becomes_the_requests_grammar(build):

@@ -27,6 +27,8 @@ from ..memory import fmt_bytes
 from . import webui
 from .apis.anthropic import serving as messages
 from .apis.llama import completion, gcp, infill, props, templates
+from .apis.ollama import models as ollama_models
+from .apis.ollama import serving as ollama
 from .apis.openai import chat, completions, models, responses
 from .core.sleep import WakeOnRequest
 from .http.endpoint import Endpoint
@@ -35,7 +37,7 @@ from .http.guard import OPEN_PATHS, ApiKeyMiddleware, HostOriginGuard, key_scope
 from .state import ServerSettings, ServerState
 
 ADAPTERS = (completions, chat, models, completion, infill, messages, responses,  # one module per endpoint (or a few)
-            props, templates, gcp)
+            props, templates, gcp, ollama, ollama_models)
 
 log = logging.getLogger("specserve.server")
 

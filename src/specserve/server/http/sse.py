@@ -34,8 +34,10 @@ def sse(obj) -> str:
 
 
 def sse_response(events: AsyncIterator, job: Finishing, on_error: Callable[[int], None], where: str,
-                 render: Render = openai_body, write: Callable[[object], str] = sse) -> StreamingResponse:
-    """Stream `events` as server-sent events (`write` makes each one's text); `job` is finished
+                 render: Render = openai_body, write: Callable[[object], str] = sse,
+                 media_type: str = "text/event-stream") -> StreamingResponse:
+    """Stream `events` as server-sent events (`write` makes each one's text; an API whose stream is not
+    server-sent events, Ollama's JSON lines, gives its own and its `media_type`); `job` is finished
     however the stream ends. `on_error(status)` counts a failure; `where` names the request in logs."""
 
     async def body():
@@ -54,5 +56,5 @@ def sse_response(events: AsyncIterator, job: Finishing, on_error: Callable[[int]
         finally:
             job.finish()
 
-    return StreamingResponse(body(), media_type="text/event-stream", background=BackgroundTask(job.finish),
+    return StreamingResponse(body(), media_type=media_type, background=BackgroundTask(job.finish),
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -38,6 +38,7 @@ class ServerView:
     profiles: dict[str, Profile]
     model_name: str  # the served model's name: its profile is the default
     key_scope: str | None = None  # the cross-request scope the request's API key confines it to
+    aliases: tuple[str, ...] = ()  # the served model's other names (--alias a,b)
 
     @classmethod
     def of(cls, state, key_scope: str | None) -> ServerView:
@@ -45,7 +46,7 @@ class ServerView:
         engine = state.engine
         return cls(engine.target, engine.grammar_tokenizer, state.grammars, engine.n_ctx,
                    len(state.scheduler.pool.slots), engine.draft is not None, state.profiles,
-                   state.settings.model_name, key_scope)
+                   state.settings.model_name, key_scope, state.settings.aliases)
 
 
 @dataclass(frozen=True)
