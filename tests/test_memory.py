@@ -120,7 +120,7 @@ def test_loaded_summary_lists_each_part(tiny_paths):
     assert target.startswith("memory: target target.gguf: weights ") and draft.startswith("memory: draft ")
     for line in (target, draft):
         assert "KV 256 B/token x 2048 = 512.0 KiB" in line and "compute " in line and "total " in line
-    assert "(128 tokens at once)" in target and "(16 tokens at once)" in draft  # -ub, -ubd on a CPU
+    assert "(128 tokens at once)" in target and "(64 tokens at once)" in draft  # -ub, -ubd on a CPU
     assert total.startswith("memory: total ") and "context 2048" in total
 
 

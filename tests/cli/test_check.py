@@ -58,10 +58,14 @@ def test_budget_tradeoff_in_text_report(capsys, tiny_paths):
     assert "estimated" in out and "measured" in out and "target KV cache (256 B/token)" in out
     assert "draft compute buffer (-ubd 512)" in out and "target compute buffer (-ub " in out
     # 13 MiB holds the target alone at 1024 tokens (11.6 MiB), the pair only at 512 (12.9 MiB) where the
-    # draft computes 512 tokens at once; at its default micro-batch its compute buffer is 1/32 of that
+    # draft computes 512 tokens at once; at its default micro-batch (64) its compute buffer is 1/8 of that,
+    # and the pair fits at 768; at -ubd 16, 1/32, at 1024
     assert "the draft costs" in out
     assert "largest context 1024 (capped at the target's training context 1024) -> 512 with the draft" in out
     code, out, _ = check(capsys, *pair)
+    assert code == 0 and "draft compute buffer (-ubd 64)" in out
+    assert "largest context 1024 (capped at the target's training context 1024) -> 768 with the draft" in out
+    code, out, _ = check(capsys, *pair, "-ubd", 16)
     assert code == 0 and "draft compute buffer (-ubd 16)" in out
     assert "largest context 1024 (capped at the target's training context 1024) -> 1024 with the draft" in out
 
@@ -121,8 +125,8 @@ def test_estimate_within_10_percent_on_packaged_models(capsys, target, draft, n_
 
 @pytest.mark.real_models
 def test_the_reference_draft_allocates_the_buffer_of_its_micro_batch(capsys):
-    """llama.cpp's own figure for the reference pair's contexts: the 0.5B draft at its default -ubd 16
-    takes 9.4 MiB of compute buffer (300 MiB at 512), the target its -ub's; each within 2% of the estimate."""
+    """llama.cpp's own figure for the reference pair's contexts: the 0.5B draft at its default -ubd 64
+    takes 37.5 MiB of compute buffer (300 MiB at 512), the target its -ub's; each within 2% of the estimate."""
     from specserve.config import UBATCH_DEFAULT, UBATCH_DRAFT_DEFAULT
 
     pair = ("-m", real_model("qwen2.5-coder-1.5b-f16"), "-md", real_model("qwen2.5-coder-0.5b"), "-c", 2048, "-t", 1,
@@ -136,7 +140,7 @@ def test_the_reference_draft_allocates_the_buffer_of_its_micro_batch(capsys):
             assert got["n_ubatch"] == est["n_ubatch"] == n
             assert abs(est["compute"] - got["compute"]) < 0.02 * got["compute"], (role, n)
         if ubd == UBATCH_DRAFT_DEFAULT:
-            assert mem["measured"]["draft"]["compute"] < 10 * 2**20
+            assert 37 * 2**20 < mem["measured"]["draft"]["compute"] < 38 * 2**20
 
 
 @pytest.mark.real_models
@@ -169,10 +173,11 @@ def test_repacked_weights_estimated_on_the_cpu_repack_path(tmp_path):
 def test_memory_only_prices_a_14b_target_and_a_0_6b_draft_from_their_headers(capsys, tmp_path, monkeypatch):
     """Qwen3-14B and Qwen3-0.6B shapes, headers only (nothing loadable): at 32k the 0.6B's cache is 3.5 GiB
     at the whole context and 448 MiB at its default window; a 16 GiB budget (no CPU repack, as a GPU) holds
-    34.5k tokens of context alone, 30.2k with the windowed draft (its weights and its 9.4 MiB compute buffer
-    at -ubd 16; 28.9k with the 300.8 MiB one of -ubd 512), 21.8k with the draft at the whole context; 31.5k
-    at --draft-ctx 1024; all with the target at -ub 512 (a GPU's default, -ngl). At a CPU's -ub 128 the
-    target's own buffer is a quarter of that: 40960 (its training context) alone, 40704 with the draft."""
+    34.5k tokens of context alone, 30.0k with the windowed draft (its weights and its 37.6 MiB compute buffer
+    at the default -ubd 64; 30.2k with the 9.4 MiB one of -ubd 16, 28.9k with the 300.8 MiB one of -ubd 512),
+    21.5k with the draft at the whole context; 31.5k at --draft-ctx 1024; all with the target at -ub 512 (a
+    GPU's default, -ngl). At a CPU's -ub 128 the target's own buffer is a quarter of that: 40960 (its training
+    context) alone, 40448 with the draft."""
     from header_models import QWEN3_0_6B, QWEN3_14B, write_header_only
 
     monkeypatch.setenv("SPECSERVE_EXTRA_BUFFERS", "0")
@@ -188,18 +193,18 @@ def test_memory_only_prices_a_14b_target_and_a_0_6b_draft_from_their_headers(cap
     assert mem["draft_full_context"]["kv"] == 112 * 1024 * 32768 == 8 * mem["draft"]["kv"]  # the default window: 1/8
     without, windowed, full = (mem[k] for k in ("max_ctx_in_budget_without_draft", "max_ctx_in_budget",
                                                   "max_ctx_in_budget_full_draft"))
-    assert (without, windowed, full) == (34560, 30208, 21760)
-    assert mem["draft"]["n_ubatch"] == 16 and round(mem["draft"]["compute"] / 2**20, 1) == 9.4
+    assert (without, windowed, full) == (34560, 29952, 21504)
+    assert mem["draft"]["n_ubatch"] == 64 and round(mem["draft"]["compute"] / 2**20, 1) == 37.6
     assert mem["target"]["n_ubatch"] == 512
     code, text, _ = check(capsys, *pair, "-ub", 512)
     assert "pairing: not checked" in text
     assert "(draft at the whole context: KV cache) 3.5 GiB" in " ".join(text.split())
-    assert "largest context 34560 -> 30208 with the draft at its window of 4096, 21760 with the draft at" in text
-    for flags, windowed in ((["-ubd", "512"], 28928), (["--draft-ctx", "1024"], 31488)):
+    assert "largest context 34560 -> 29952 with the draft at its window of 4096, 21504 with the draft at" in text
+    for flags, windowed in ((["-ubd", "16"], 30208), (["-ubd", "512"], 28928), (["--draft-ctx", "1024"], 31488)):
         code, out, _ = check(capsys, *pair, "--json", "-ub", 512, *flags)
         assert json.loads(out)["memory"]["max_ctx_in_budget"] == windowed, flags
     code, out, _ = check(capsys, *pair, "--json")  # a CPU's default
     mem = json.loads(out)["memory"]
     assert mem["target"]["n_ubatch"] == 128
     assert [mem[k] for k in ("max_ctx_in_budget_without_draft", "max_ctx_in_budget",
-                             "max_ctx_in_budget_full_draft")] == [40960, 40704, 26624]
+                             "max_ctx_in_budget_full_draft")] == [40960, 40448, 26368]
