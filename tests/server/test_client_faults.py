@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import sys
 import threading
 import time
@@ -107,25 +108,13 @@ def test_logit_bias_past_its_size_limits_is_refused_before_any_work(http):
     assert err["code"] == "logit_bias_too_large"
 
 
-def test_health_answers_while_a_long_logit_bias_text_is_tokenized(server, http):
-    """Ordering, not speed: the text is tokenized off the event loop."""
-    done = threading.Event()
-    answers: list[httpx.Response] = []
+def test_health_answers_while_a_long_logit_bias_text_is_tokenized(server):
+    """Ordering, not speed: the text is tokenized off the event loop, so /health is answered again and again
+    meanwhile and its longest wait is a small part of the request's own time (as for /detokenize below)."""
     keys = {f"w{i:04x}": 0.5 for i in range(12_000)}  # 60,000 characters, within the limits
-
-    def run():
-        with httpx.Client(base_url=server.url, timeout=120) as c:
-            answers.append(c.post(CH, json={"messages": HI, "max_tokens": 2, "logit_bias": keys}))
-        done.set()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    health_during = 0
-    while not done.wait(0.02):
-        health_during += http.get("/health").status_code == 200 and not done.is_set()
-    thread.join()
-    assert answers[0].status_code == 200, answers[0].text
-    assert health_during >= 1
+    r, seconds, took = _health_during(server, CH, {"messages": HI, "max_tokens": 2, "logit_bias": keys})
+    assert r.status_code == 200, r.text
+    assert len(took) >= 3 and max(took) < 0.5 * seconds, (len(took), max(took), seconds)
 
 
 @pytest.mark.parametrize("path", ["/v1/responses", "/v1/responses/input_tokens"])
@@ -172,61 +161,69 @@ def _busy(srv) -> int:
 
 
 def test_predict_stops_its_instances_when_the_client_leaves(vertex):
-    """Issue 63 N9: 128 instances dropped after 1 s went on running ~30 s, slots and queue full."""
+    """Issue 63 N9: 128 instances dropped after 1 s went on running ~30 s, slots and queue full. Behaviour, not
+    speed: the slots come free (the bound is generous: left running, the instances hold them for minutes), and
+    none of the request's queued instances starts after that."""
     with pytest.raises(httpx.ReadTimeout), httpx.Client(base_url=vertex.url, timeout=1.0) as c:
         c.post("/predict", json=LONG_INSTANCES)
-    assert wait_for(lambda: _busy(vertex) == 0, timeout=5), _busy(vertex)
+    assert wait_for(lambda: _busy(vertex) == 0, timeout=30), _busy(vertex)
+    assert not wait_for(lambda: _busy(vertex) > 0, timeout=1)
+
+
+def _predict_held(srv, body: dict) -> socket.socket:
+    """A /predict request sent on a socket of its own and never read: the client stays until it is closed."""
+    data = json.dumps(body).encode()
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    s.sendall(b"POST /predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(data) + data)
+    return s
 
 
 def test_one_predict_request_leaves_other_clients_a_slot(vertex):
-    """Issue 63 N9: one request filled every slot and the queue: another client got 503, then waited 23.6 s."""
-    def predict_then_leave():
-        with httpx.Client(base_url=vertex.url, timeout=3.0) as c:
-            try:
-                c.post("/predict", json=LONG_INSTANCES)
-            except httpx.ReadTimeout:
-                pass
-
-    gone = threading.Thread(target=predict_then_leave)
-    gone.start()
-    try:
-        assert wait_for(lambda: _busy(vertex) >= 1, timeout=3)
-        other = httpx.post(vertex.url + "/completion", json={"prompt": "hi", "n_predict": 4}, timeout=60)
+    """Issue 63 N9: one request filled every slot and the queue: another client got 503, then waited 23.6 s.
+    Ordering, not speed: the other client is answered while the request still runs, not after it."""
+    with _predict_held(vertex, LONG_INSTANCES):
+        assert wait_for(lambda: _busy(vertex) >= 1, timeout=30)
+        other = httpx.post(vertex.url + "/completion", json={"prompt": "hi", "n_predict": 4}, timeout=120)
         assert other.status_code == 200, other.text
-        assert other.elapsed.total_seconds() < 2  # ran at once, on the slot the request left free
-    finally:
-        gone.join()
-    assert wait_for(lambda: _busy(vertex) == 0, timeout=5)
+        assert _busy(vertex) >= 1  # the request's instances still run (8000 tokens each): served beside them
+    assert wait_for(lambda: _busy(vertex) == 0, timeout=30)  # the client left: its instances stop
 
 
-def _health_during(server, path: str, body: dict) -> tuple[httpx.Response, list[float]]:
-    """(the answer to `body`, the seconds each /health request answered while it was being made took)."""
+def _health_during(server, path: str, body: dict) -> tuple[httpx.Response, float, list[float]]:
+    """(the answer to `body`, the seconds it took, the seconds each /health request answered while it was being
+    made took). The body is encoded before the clock starts: the polls share this process."""
+    data = json.dumps(body).encode()
     done = threading.Event()
-    answers: list[httpx.Response] = []
+    answers: list[tuple[httpx.Response, float]] = []
 
     def run():
         with httpx.Client(base_url=server.url, timeout=120) as c:
-            answers.append(c.post(path, json=body))
+            t0 = time.perf_counter()
+            r = c.post(path, content=data, headers={"Content-Type": "application/json"})
+            answers.append((r, time.perf_counter() - t0))
         done.set()
 
     thread = threading.Thread(target=run)
-    thread.start()
     took = []
     with httpx.Client(base_url=server.url, timeout=120) as c:
+        thread.start()
         while not done.wait(0.01):
             t0 = time.perf_counter()
             if c.get("/health").status_code == 200 and not done.is_set():
                 took.append(time.perf_counter() - t0)
     thread.join()
-    return answers[0], took
+    return *answers[0], took
 
 
-def test_health_answers_at_once_while_a_large_detokenize_answer_is_built(server):
+def test_health_answers_while_a_large_detokenize_answer_is_built(server):
     """Issue 63 N12: /detokenize of 1M ids held the event loop 0.25 s (here 800k ids: /health waited 0.69 s
-    before, 0.12 s after). /tokenize's answer is built the same way, off the loop."""
-    r, took = _health_during(server, "/detokenize", {"tokens": [5, 17] * 400_000})
+    before, 0.12 s after). /tokenize's answer is built the same way, off the loop. Ordering, not speed: /health
+    is answered again and again while the answer is built, and its longest wait is a small part of the
+    request's own time (on the loop it was most of it), which a slow machine stretches alike."""
+    r, seconds, took = _health_during(server, "/detokenize", {"tokens": [5, 17] * 400_000})
     assert r.status_code == 200, r.text[:200]
-    assert len(took) >= 3 and max(took) < 0.4, (len(took), max(took))
+    assert len(took) >= 3 and max(took) < 0.5 * seconds, (len(took), max(took), seconds)
     r = httpx.post(server.url + "/tokenize", json={"content": "the cat sat", "with_pieces": True})
     assert [t["piece"] for t in r.json()["tokens"]] and "".join(t["piece"] for t in r.json()["tokens"]) == "the cat sat"
 
@@ -251,11 +248,18 @@ def test_a_stream_dropped_and_sent_again_at_once_finds_its_own_cache(server, htt
 
 
 def test_a_chat_longer_than_the_context_by_its_messages_alone_is_refused_before_rendering(http):
-    """Issue 63 N11: 40,000 one-word input items took 21 s of rendering and tokenizing before the 400."""
+    """Issue 63 N11: 40,000 one-word input items took 21 s of rendering and tokenizing before the 400 (35 s
+    here). Behaviour, not speed: the refusal counts the messages (one token each at least), not the rendered
+    prompt, and it takes about what a refusal of the same body at its first field takes (the body's reading
+    and parsing, which a slow machine stretches alike), not seconds of rendering more."""
     items = [{"role": "user", "content": f"w{i}"} for i in range(40_000)]
-    r = http.post("/v1/responses", json={"model": "x", "input": items, "max_output_tokens": 2})
+    body = {"model": "x", "input": items, "max_output_tokens": 2}
+    baseline = http.post("/v1/responses", json={**body, "max_output_tokens": -1})  # refused when parsed
+    assert _status(baseline, 400)["param"] == "max_output_tokens"
+    r = http.post("/v1/responses", json=body)
     err = _status(r, 400)
-    assert err["code"] == "context_length_exceeded"
-    assert r.elapsed.total_seconds() < 3, r.elapsed
+    assert err["code"] == "context_length_exceeded" and err["n_prompt_tokens"] == 40_000, err  # counted
+    assert r.elapsed.total_seconds() < 3 * baseline.elapsed.total_seconds() + 2, (r.elapsed, baseline.elapsed)
     r = http.post(CH, json={"messages": items[:3000], "max_tokens": 2})  # past 2048 too
-    assert _status(r, 400)["code"] == "context_length_exceeded" and r.elapsed.total_seconds() < 3
+    err = _status(r, 400)
+    assert err["code"] == "context_length_exceeded" and err["n_prompt_tokens"] == 3000, err
