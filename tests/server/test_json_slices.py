@@ -1,4 +1,4 @@
-"""/tokenize's large answers are encoded a slice at a time (server/apis/llama_extra.py): json.dumps holds the
+"""/tokenize's large answers are encoded a slice at a time (server/apis/templates.py): json.dumps holds the
 interpreter lock until it returns, so one call over 600k pieces stopped the event loop from a worker thread
 (issue 63's storm: /health waited 0.7-1.7 s; 0.08-0.3 s since, SmolLM2 on a shared 2-core machine)."""
 from __future__ import annotations
@@ -7,16 +7,16 @@ import json
 
 import pytest
 
-from specserve.server.apis import llama_extra
+from specserve.server.apis.llama import templates
 
-SLICE = llama_extra.JSON_SLICE
+SLICE = templates.JSON_SLICE
 
 
 @pytest.mark.parametrize("n", [0, 1, SLICE, SLICE + 1, 3 * SLICE + 7])
 def test_an_answer_encoded_in_slices_is_the_bytes_of_one_call(n):
     pieces = [{"id": i, "piece": ["é", '"', "\n", "<s>"][i % 4]} for i in range(n)]
-    assert llama_extra._json_list("tokens", pieces) == llama_extra._json({"tokens": pieces})
-    assert json.loads(llama_extra._json_list("tokens", list(range(n)))) == {"tokens": list(range(n))}
+    assert templates._json_list("tokens", pieces) == templates._json({"tokens": pieces})
+    assert json.loads(templates._json_list("tokens", list(range(n)))) == {"tokens": list(range(n))}
 
 
 def test_no_encoding_call_covers_more_than_a_slice(monkeypatch):
@@ -27,6 +27,6 @@ def test_no_encoding_call_covers_more_than_a_slice(monkeypatch):
         sizes.append(len(obj) if isinstance(obj, list) else 0)
         return dumps(obj, **kw)
 
-    monkeypatch.setattr(llama_extra.json, "dumps", counted)
-    llama_extra._json_list("tokens", [{"id": i, "piece": "a"} for i in range(100_000)])
+    monkeypatch.setattr(templates.json, "dumps", counted)
+    templates._json_list("tokens", [{"id": i, "piece": "a"} for i in range(100_000)])
     assert sizes and max(sizes) <= SLICE

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from server_fixtures import ServerProcess, serve_args, tiny_models_dir  # noqa: F401
-from specserve.tools.hostile import sse_valid
+from specserve.tools.storm import sse_valid
 
 OPENAI_OK = 'data: {"choices": []}\n\ndata: {"choices": [], "usage": {}}\n\ndata: [DONE]\n\n'
 
