@@ -73,14 +73,13 @@ MAX_GREEDY_COPIES = 16  # n_cmpl of a greedy request: copies of one generation, 
 
 
 def check_infill(fields: InfillRequest, req: GenRequest, server: ServerView) -> None:
-    """No trace; n_cmpl from 1 to the server's slots (sampled completions each run on one), or to
-    MAX_GREEDY_COPIES for a greedy request (one generation copied); one where the answer is streamed."""
-    if req.spec.trace:  # the line rules cut the text after the fact: runs would not match it
-        raise bad_request("speculative.trace is not available on /infill", "speculative.trace", "unsupported_parameter")
+    """n_cmpl from 1 to the server's slots (sampled completions each run on one), or to MAX_GREEDY_COPIES
+    for a greedy request (one generation copied); one where the answer is streamed."""
     n_slots = server.n_slots
     several.count(fields.n_cmpl, max(n_slots, MAX_GREEDY_COPIES) if req.sampling.greedy else n_slots, "n_cmpl",
                   req.stream)
 
 
 INFILL = Api("infill", InfillRequest, infill_prompt, limits=("n_predict", "max_tokens"), handles=("t_max_predict_ms",),
-             random_seed=-1, warms=True, tools=infill_constraints, check=check_infill)
+             random_seed=-1, warms=True, tools=infill_constraints, check=check_infill,
+             no_trace="its line rules cut the text after generation, so a trace would not match it")

@@ -85,6 +85,8 @@ class Api:
     handles: tuple[str, ...] = ()  # fields of the refused list (fields.check_unsupported) this API implements
     random_seed: int | None = None  # the seed that asks for a random one (llama-server's -1)
     warms: bool = False  # `n_predict: 0` puts the prompt in a slot's caches and generates nothing
+    # why `speculative.trace` is refused here (None: traced); refused before the prompt is built
+    no_trace: str | None = None
     tools: ToolsHook = no_tools
     # the API's own rules on the request built: check(fields, req, server)
     check: Callable[[Any, GenRequest, ServerView], None] | None = None
@@ -126,6 +128,9 @@ async def build_request(api: Api, body: dict, server: ServerView) -> tuple[GenRe
     sampling, limit, spec, verify = params_of(server, fields, profile, limit_of(api, fields),
                                               default=api.default_limit, random_seed=api.random_seed)
     id_slot = slot_id(fields.id_slot, server.n_slots)
+    if spec.trace and api.no_trace:
+        raise bad_request(f"speculative.trace is not available on /{api.endpoint}: {api.no_trace}", "speculative.trace",
+                          "unsupported_parameter")
     prompt = await api.prompt(fields, body, server, sampling.max_tokens)
     if prompt.heal is not None:
         sampling = dataclasses.replace(sampling, heal=prompt.heal)
