@@ -382,8 +382,8 @@ def test_a_prefilled_draft_model_is_not_charged_for_the_prompt():
     cold, warm = ctl.policy(spec, ["draft"]), ctl.policy(spec, ["draft"])
     assert not cold.prefill("draft", 500, 2)  # one token to speed up: not worth 500 of prompt
     assert warm.prefill("draft", 500, 1000)
-    assert cold._catchup("draft", V) >= 0.5
-    assert warm._catchup("draft", V) == 0.0
+    assert cold.lags.catchup("draft", V) >= 0.5
+    assert warm.lags.catchup("draft", V) == 0.0
 def test_the_draft_cost_prior_is_the_draft_models_share_of_the_target():
     ctl = Controller()
     ctl.verify.add(1, 0.020)

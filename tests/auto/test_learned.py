@@ -99,7 +99,7 @@ def test_a_loaded_profile_spares_a_long_prompt_the_blind_probe(model_files, tmp_
     # the lookup too: a 1-token probe of it would displace the draft model's longer steps
     assert warm_ctl.profiled == {"draft", "ngram"}
     fresh_policy, loaded_policy = Controller().policy(spec, prose.names), warm_ctl.policy(spec, prose.names)
-    assert fresh_policy.since["ngram"] == float("-inf") and loaded_policy.since["ngram"] > float("-inf")
+    assert fresh_policy.probes.since["ngram"] == float("-inf") and loaded_policy.probes.since["ngram"] > float("-inf")
 
 
 @pytest.mark.parametrize("change", ["threads", "target", "version", "garbage"])

@@ -67,36 +67,6 @@ class AutoPolicy:
         self._step_plan: tuple = (None, None)
         self.pred_tokens = self.pred_time = 0.0
 
-    # --- what it has learnt, as its parts hold it ---------------------------------------------
-
-    @property
-    def acc(self):
-        return self.est.acc
-
-    @property
-    def acc_order(self):
-        return self.est.by_match
-
-    @property
-    def lag(self):
-        return self.lags.lag
-
-    @property
-    def since(self):
-        return self.probes.since
-
-    @property
-    def generated(self) -> int:
-        return self.progress.generated
-
-    @property
-    def covered(self) -> float:
-        return self.progress.covered
-
-    @property
-    def offers(self) -> dict[str, tuple[int, int]]:
-        return self.progress.offers
-
     @property
     def predicted_tokens_per_s(self) -> float:
         return self.pred_tokens / self.pred_time if self.pred_time > 0 else 0.0
@@ -113,8 +83,8 @@ class AutoPolicy:
         self.cache.check(V)
         order, cap, at = 0, self.caps[name], self.progress.generated
         kmax = min(kmax or cap, cap)
-        if name in self.offers:  # what it would draft now is known
-            order, available = self.offers[name]
+        if name in self.progress.offers:  # what it would draft now is known
+            order, available = self.progress.offers[name]
             found, kmax = True, min(kmax, available)
             if not order or kmax < kmin:
                 return planner.plain(V)._replace(rate=0.0)  # no match: nothing to draft
@@ -141,10 +111,10 @@ class AutoPolicy:
 
     def _hybrid_head(self) -> tuple[str, int, int] | None:
         """(lookup, match bucket, m): what the hybrid's lookup would draft now, if it pays to plan."""
-        if any(name in self.caps and name not in self.offers for name in HYBRID_LOOKUPS):
+        if any(name in self.caps and name not in self.progress.offers for name in HYBRID_LOOKUPS):
             return None  # which lookup the hybrid follows is unknown (a caller that tells only the n-gram's offer)
         for name in HYBRID_LOOKUPS:
-            order, available = self.offers.get(name, (0, 0))
+            order, available = self.progress.offers.get(name, (0, 0))
             if name in self.caps and order:
                 # the draft model continues only where the match runs out before the caps
                 b = bucket(name, order, self.progress.generated)
@@ -202,7 +172,7 @@ class AutoPolicy:
     def see(self, name: str, offer: tuple[int, int]) -> None:
         """What a lookup drafter would draft this step: its match length (0: none), tokens available."""
         if name in self.caps:
-            self.offers[name] = (int(offer[0]), int(offer[1]))  # plans are cached by match and length
+            self.progress.offers[name] = (int(offer[0]), int(offer[1]))  # plans are cached by match and length
 
     def plan(self) -> tuple[str | None, planner.Plan | None]:
         """The planner's choice now, before any probe: (drafter or None, its plan); None for the
@@ -220,11 +190,11 @@ class AutoPolicy:
         self.progress.step += 1
         probes.probing = None
         self._step_plan = (None, None)
-        self._step_offers = dict(self.offers)
+        self._step_offers = dict(self.progress.offers)
         self._step_at = self.progress.generated  # at the request's first step its lookups match the prompt's end
         self._step_head = self._hybrid_head() if self.hybrid else None
         # the grammar's forced run is drafted first whatever the plan: free to draft, kept by construction
-        forced = self.offers.get(FORCED, (0, 0))[1]
+        forced = self.progress.offers.get(FORCED, (0, 0))[1]
         V = self.ctl.verify.table(self.cap + 1)  # [cap + 2] seconds per pass over n tokens
         if V is None:  # the first step of a fresh engine measures a plain pass (or the forced run's)
             return Choice(FORCED, forced) if forced else OFF
@@ -283,34 +253,8 @@ class AutoPolicy:
         probing = self.probes.probing
         probe = f" probe of {probing[0]}" if probing else ""
         offers = " ".join(f"{d}:{o[0]}/{o[1]}" for d, o in self._step_offers.items())
-        rates = " ".join(f"{d}:{r.rate:.2f}" for d, r in self.acc.items() if r.rate is not None)
+        rates = " ".join(f"{d}:{r.rate:.2f}" for d, r in self.est.acc.items() if r.rate is not None)
         trace.debug("step %d T%s: planned %s%s; ran %s k=%d drafted %d accepted %d; draft %.3f s verify %.3f s; "
                     "lags %s; acceptance so far %s; offers %s", self.progress.step, self.setup.regime, planned, probe,
                     o.choice.drafter if o.choice.k else "plain", o.choice.k, o.n_drafted, o.n_accepted,
-                    o.t_draft, o.t_verify, dict(self.lag), rates or "-", offers or "-")
-
-    # --- what the tests of its parts call -------------------------------------------------------
-
-    def _rates(self, name, bucket_, rates):
-        return self.est.rates(name, bucket_, rates)
-
-    def _lookup_rates(self, name, bucket_):
-        return self.est.lookup(name, bucket_)
-
-    def _catchup(self, name, V, uncovered=1.0):
-        return self.lags.catchup(name, V, uncovered)
-
-    def _uncovered(self):
-        return self.prefills.uncovered()
-
-    def _prefill_horizon(self):
-        return self.prefills.prefill_horizon()
-
-    def _probe(self, name, V, best_rate):
-        return self.probes.due(name, V, best_rate)
-
-    def _explore(self, name, V):
-        return self.probes.explore(name, V)
-
-    def _observe_shadow(self, shadow, used):
-        self.learner.shadow(shadow, used, self._step_head, self._step_offers, self._step_at)
+                    o.t_draft, o.t_verify, dict(self.lags.lag), rates or "-", offers or "-")
