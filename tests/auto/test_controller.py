@@ -508,7 +508,7 @@ def test_a_draft_model_near_break_even_takes_the_prompt_where_requests_differ(mo
                      names=names)
 
     def at_the_pooled_rate(part, name, V, tokens):  # the rule before: the pooled rate's plan alone
-        rate = part.plans.plan_for(name, V, kmin=part.setup.kmin[name]).rate
+        rate = part.plan_for(name, V, kmin=part.setup.kmin[name]).rate
         return tokens * (V[1] - 1.0 / rate) if rate > 0 else 0.0
 
     # every position alike here: the engine's Shape, which would find that only up to its noise, is held flat

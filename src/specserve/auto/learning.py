@@ -11,22 +11,19 @@ from __future__ import annotations
 
 from ..policy import Outcome
 from .acceptance import OPENING
-from .estimates import Estimates, bucket
-from .lags import Lags
+from .context import Context
+from .estimates import bucket
 from .names import FREE, HYBRID, MODEL
 from .plans import PlanCache
 from .probing import Probes
-from .progress import Progress, Setup
-from .shared import Shared
 
 
 class Learner:
     """Turns each Outcome into updates of the request's parts and the engine's state."""
 
-    def __init__(self, ctl: Shared, setup: Setup, progress: Progress, est: Estimates, lags: Lags,
-                 probes: Probes, cache: PlanCache):
-        self.ctl, self.setup, self.progress = ctl, setup, progress
-        self.est, self.lags, self.probes, self.cache = est, lags, probes, cache
+    def __init__(self, ctx: Context, probes: Probes, cache: PlanCache):
+        self.ctl, self.setup, self.progress, self.est, self.lags = ctx.ctl, ctx.setup, ctx.progress, ctx.est, ctx.lags
+        self.probes, self.cache = probes, cache
 
     def observe(self, o: Outcome, offers: dict, at: int, head: tuple | None) -> None:
         """The step's outcome; `offers`, `at` (tokens made before it) and `head` (a hybrid's lookup,

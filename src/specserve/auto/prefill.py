@@ -18,12 +18,10 @@ from typing import Callable
 
 from . import planner
 from .acceptance import PRIOR_W, REPEAT
-from .estimates import Estimates, bucket
-from .lags import Lags
+from .context import Context
+from .estimates import bucket
 from .names import FREE
-from .probing import Plans
-from .progress import Progress, Setup
-from .shared import Shared
+from .probing import PlanFor
 from ..drafters.suffix import SuffixDrafter
 
 _TRIAL_STEPS = 3  # steps a request drafts before its own acceptance overrules a prior that was too hopeful
@@ -35,9 +33,10 @@ class Prefill:
     """One request's judgement of a prompt catch-up: whether a draft model takes the prompt up front, and
     over how many tokens a catch-up is repaid. `gain` (default `spread_gain`) prices taking it now."""
 
-    def __init__(self, ctl: Shared, setup: Setup, progress: Progress, est: Estimates, lags: Lags, plans: Plans,
-                 gain: "Gain | None" = None):
-        self.ctl, self.setup, self.progress, self.est, self.lags, self.plans = ctl, setup, progress, est, lags, plans
+    def __init__(self, ctx: Context, plan_for: PlanFor, gain: "Gain | None" = None):
+        """plan_for: the request's best plan of one drafter, for a `gain` that prices by it."""
+        self.ctl, self.setup, self.progress, self.est, self.lags = ctx.ctl, ctx.setup, ctx.progress, ctx.est, ctx.lags
+        self.plan_for = plan_for
         self.gain = gain or spread_gain
 
     def horizon(self) -> float:

@@ -20,14 +20,11 @@ EXPLORE_N judged tokens; a loaded profile's evidence counts.
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Callable, Protocol
 
 from . import planner
-from .estimates import Estimates
-from .lags import Lags
+from .context import Context
 from .names import FREE
-from .progress import Progress, Setup
-from .shared import Shared
 
 _EPS = 0.01  # share of decode time that probes may lose
 PROBE_MIN, PROBE_MAX = 4, 32  # steps between probes of an unused drafter
@@ -37,21 +34,24 @@ EXPLORE_OWN = 8.0  # judged tokens of the request's own beyond which it has seen
 EXPLORE_N = 48.0  # (decayed) judged tokens of the engine's at a temperature beyond which that allowance is gone
 
 
-class Plans(Protocol):
-    """The request's planning, which a probe is priced with (request.AutoPolicy)."""
+class PlanFor(Protocol):
+    """The request's best plan of one drafter (request.AutoPolicy.plan_for), which a probe is priced with."""
 
-    def plan_for(self, name: str, V, kmin: int = 1, kmax: int | None = None, found: bool = False,
+    def __call__(self, name: str, V, kmin: int = 1, kmax: int | None = None, found: bool = False,
                  ceiling: bool = False) -> planner.Plan: ...
 
-    def best(self, V) -> tuple[str | None, planner.Plan, float]: ...
+
+Best = Callable[[list], "tuple[str | None, planner.Plan, float]"]  # the request's choice now (AutoPolicy.best)
 
 
 class Probes:
     """When one request tries an unused drafter again, and what its probes showed."""
 
-    def __init__(self, ctl: Shared, setup: Setup, progress: Progress, est: Estimates, lags: Lags, plans: Plans,
-                 explore: float = EXPLORE_PASSES):
-        self.ctl, self.setup, self.progress, self.est, self.lags, self.plans = ctl, setup, progress, est, lags, plans
+    def __init__(self, ctx: Context, plan_for: PlanFor, best: Best, explore: float = EXPLORE_PASSES):
+        """plan_for, best: the request's planning, which prices a probe and tells whether one paid."""
+        ctl, setup = ctx.ctl, ctx.setup
+        self.ctl, self.setup, self.progress, self.est, self.lags = ctl, setup, ctx.progress, ctx.est, ctx.lags
+        self.plan_for, self.best = plan_for, best
         names = setup.names
         # a drafter never run in this process: probed at once if nothing is known of it; if a loaded
         # profile measured it, its probes wait for the budget this process accrues like any other's
@@ -92,7 +92,7 @@ class Probes:
             if budget < self.cost.get(name, 0.0):
                 return None  # below the cost last computed (a lagging cache only adds to it)
             # seconds a probe that drafts loses against the best choice making its expected tokens
-            p = self.plans.plan_for(name, V, kmin=k, kmax=k, found=True)
+            p = self.plan_for(name, V, kmin=k, kmax=k, found=True)
             cost = self.lags.catchup(name, V) + p.seconds - p.tokens / best_rate
             if not self.could_pay(name, V):
                 cost *= 8  # only to refresh what it costs, rarely
@@ -101,12 +101,12 @@ class Probes:
                 return None
             if cost > earned:  # spent from the allowance
                 self.explore_left[name] -= (cost - earned) / V[1]
-        return self.plans.plan_for(name, V, kmin=k, kmax=k)
+        return self.plan_for(name, V, kmin=k, kmax=k)
 
     def could_pay(self, name: str, V, rate: float | None = None) -> bool:
         """Whether the drafter would beat `rate` (default: plain decoding's) if every token it drafted
         were accepted."""
-        plan = self.plans.plan_for(name, V, kmin=self.setup.kmin[name], found=True, ceiling=True)
+        plan = self.plan_for(name, V, kmin=self.setup.kmin[name], found=True, ceiling=True)
         return plan.rate > (rate or 1.0 / V[1])
 
     def explore(self, name: str, V) -> float:
@@ -142,5 +142,5 @@ class Probes:
             done = self.follow_up[1] if self.follow_up and self.follow_up[0] == probed else 0
             # all accepted: followed up at once, outside the budget, a few times at most
             good = acc == n and done < FOLLOW_UPS and self.could_pay(probed, V)
-            self.ctl.learn_probe(probed, good or self.plans.best(V)[0] == probed)
+            self.ctl.learn_probe(probed, good or self.best(V)[0] == probed)
             self.follow_up = (probed, done + 1) if good else None

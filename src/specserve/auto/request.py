@@ -4,7 +4,9 @@ Each step it turns what it knows into planner options (planner.py) and takes the
 the most expected tokens per second. It is composed of parts that own their state: its
 acceptance estimates (estimates.py), its drafters' lags (lags.py), its probes (probing.py), its
 prefill judgement (prefill.py) and its plan cache (plans.py); what each step's outcome teaches
-them is learning.py's. How auto decides, with measurements: docs/auto.md.
+them is learning.py's. The parts are made with one Context (context.py); what probing and
+prefill need of the planning here they are handed as functions (plan_for, best), not the policy.
+How auto decides, with measurements: docs/auto.md.
 
 The engine tells it, each step, what each lookup drafter would match (`see`), so a lookup is
 planned only when it has a match, up to what it has. With a draft model and a lookup, the
@@ -26,14 +28,14 @@ from ..drafters.suffix import SuffixDrafter
 from ..policy import OFF, Choice, Outcome
 from . import planner
 from .acceptance import OPENING, ConfidenceMap
-from .estimates import Estimates, bucket
-from .lags import Lags
+from .context import Context
+from .estimates import bucket
 from .learning import Learner
 from .names import FORCED, FREE, HYBRID, HYBRID_LOOKUPS, MODEL
 from .plans import PlanCache
 from .prefill import Gain, Prefill
 from .probing import EXPLORE_PASSES, Probes
-from .progress import Progress, Setup
+from .progress import Setup
 from .shared import Shared
 
 trace = logging.getLogger("specserve.auto")  # one DEBUG line a step: SPECSERVE_LOG=debug
@@ -52,13 +54,12 @@ class AutoPolicy:
         self.setup = setup = Setup.of(spec, names, temperature)
         self.names, self.hybrid, self.caps, self.cap = setup.names, setup.hybrid, setup.caps, setup.cap
         self.regime = setup.regime
-        self.progress = Progress()
-        self.est = Estimates(ctl, setup)
-        self.lags = Lags(ctl, setup.names, setup.cap)
+        self.ctx = ctx = Context.of(ctl, setup)
+        self.progress, self.est, self.lags = ctx.progress, ctx.est, ctx.lags
         self.cache = PlanCache(setup.names)
-        self.probes = Probes(ctl, setup, self.progress, self.est, self.lags, self, EXPLORE_PASSES)
-        self.prefills = Prefill(ctl, setup, self.progress, self.est, self.lags, self, prefill_gain)
-        self.learner = Learner(ctl, setup, self.progress, self.est, self.lags, self.probes, self.cache)
+        self.probes = Probes(ctx, self.plan_for, self.best, EXPLORE_PASSES)
+        self.prefills = Prefill(ctx, self.plan_for, prefill_gain)
+        self.learner = Learner(ctx, self.probes, self.cache)
         # this step as chosen: the lookups' offers, tokens made before it (0: the request's first
         # step), a hybrid's (lookup, match bucket, m), and (drafter, plan) for the trace
         self._step_offers: dict[str, tuple[int, int]] = {}
