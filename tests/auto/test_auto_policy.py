@@ -20,8 +20,8 @@ def measured(verify, draft_per_token: float, passes=(1, 2, 4, 8, 16, 33, 65)) ->
     ctl = Controller()
     for _ in range(3):
         for n in passes:
-            ctl.verify.add(n, verify(n))
-    fit = ctl.draft["draft"] = DraftCost()
+            ctl.costs.verify.add(n, verify(n))
+    fit = ctl.costs.draft["draft"] = DraftCost()
     for n, lag in [(1, 1), (4, 2), (8, 1), (2, 9), (6, 2), (3, 30)] * 5:
         fit.add(n, lag, draft_per_token * (1 + n + 0.4 * (lag - 1)))
     return ctl
@@ -30,7 +30,7 @@ def measured(verify, draft_per_token: float, passes=(1, 2, 4, 8, 16, 33, 65)) ->
 def no_probes(policy) -> None:
     """Probing off: these tests are about the plan (a drafter never used would be probed at once)."""
     for name in policy.names:
-        policy.ctl.interval[name] = 1 << 40
+        policy.ctl.pacing.interval[name] = 1 << 40
 
 
 def teach(policy, drafter: str, steps: int, n: int, acc: int, offers=None) -> None:
@@ -118,7 +118,7 @@ def test_lookups_are_learnt_from_the_steps_they_did_not_draft():
     assert failed < failed_blind, (failed, failed_blind)
     assert policy.est.by_match[("ngram", 2)].t > 10  # judged at the draft model's steps too
     ctl = policy.ctl
-    assert "ngram" in ctl.shadowed and policy.probes.due("ngram", ctl.verify.table(9), 1.0) is None
+    assert "ngram" in ctl.pacing.shadowed and policy.probes.due("ngram", ctl.costs.verify.table(9), 1.0) is None
     # a hybrid step's lookup was judged by verification itself: its shadow entry is not counted twice
     before = policy.est.by_match[("ngram", 2)].t
     policy.learner.shadow({"ngram": (1, 0)}, "hybrid", ("ngram", 2, 3), {"ngram": (2, 3)}, policy.progress.generated)
@@ -163,7 +163,7 @@ def test_a_saved_profile_plans_the_first_step_as_the_saved_controller(tmp_path, 
     trained.save()
     fresh = Controller(learned.ProfileStore.for_models(str(target), str(draft), 2, directory=tmp_path / "auto"))
     assert fresh.load()
-    trained.verify._table = None  # a table cached some passes ago may lag its estimates by up to 2%
+    trained.costs.verify._table = None  # a table cached some passes ago may lag its estimates by up to 2%
     for offer in [(0, 0), (4, 8)]:  # with and without an n-gram match
         plans = []
         for ctl in (trained, fresh):
@@ -224,7 +224,7 @@ def test_a_request_unlike_the_last_ones_leans_less_on_their_rate():
     assert now == fixed  # one request seen: the fixed weight
     for i in range(9):
         request(i % 2 == 0)  # ... the last one kept all, as the first did
-    assert ctl.spread[("suffix", 8, 0.0)].n > 3
+    assert ctl.priors.spread[("suffix", 8, 0.0)].n > 3
     now, fixed = after_two_misses()
     assert fixed > 0.3 and now < 0.7 * fixed  # (the first position: a copy that breaks, breaks there)
 
@@ -244,16 +244,16 @@ def test_the_spread_and_the_shape_are_kept_in_a_saved_profile():
     del state["spread"], state["shape"]  # a profile written before the spread and the shape were kept
     older = Controller()
     older.load_state_dict(state)
-    assert older.spread == {} and older.shape == {}
+    assert older.priors.spread == {} and older.priors.shape == {}
 
 
 def test_a_pooled_rate_thinned_by_reloads_falls_back_toward_the_drafters_prior():
     """Each load halves the pooled counts a process does not refresh; a regime unused for a few
     processes must not keep the ratio of its last few trials as if it were known."""
     ctl = measured(GPU, 0.001)
-    ctl.pooled[("draft", 0, 0.75)] = [0.21, 1.28, 4.35, 4.39]  # 16% kept, of about one trial
-    ctl.pooled[("draft", 0, 0.0)] = [62.0, 66.0, 72.0, 78.0]  # well measured: 94%
-    ctl.pooled[("ngram", 4, 0.0)] = [0.1, 1.0, 1.0, 1.0]
+    ctl.priors.pooled[("draft", 0, 0.75)] = [0.21, 1.28, 4.35, 4.39]  # 16% kept, of about one trial
+    ctl.priors.pooled[("draft", 0, 0.0)] = [62.0, 66.0, 72.0, 78.0]  # well measured: 94%
+    ctl.priors.pooled[("ngram", 4, 0.0)] = [0.1, 1.0, 1.0, 1.0]
     fresh = Controller()
     fresh.load_state_dict(ctl.state_dict())
     hot = fresh.prior("draft", 0, 0.75)
@@ -270,8 +270,8 @@ def test_what_a_process_leaves_untouched_is_saved_as_it_was_loaded():
     request each (`specserve generate`): the draft model at 0.8 keeps the 40 trials, the
     confidence maps and the lookups' share it was saved with; at 0 it learns as before."""
     ctl = measured(GPU, 0.001)
-    ctl.pooled[("draft", 0, 0.75)] = [27.0, 40.0, 54.0, 64.0]
-    ctl.pooled[("draft", 0, 0.0)] = [62.0, 66.0, 72.0, 78.0]
+    ctl.priors.pooled[("draft", 0, 0.75)] = [27.0, 40.0, 54.0, 64.0]
+    ctl.priors.pooled[("draft", 0, 0.0)] = [62.0, 66.0, 72.0, 78.0]
     for _ in range(30):
         ctl.confidence_map("draft", 0.75).add([0.9, 0.8, 0.3], 2)
         ctl.target_map("draft", 0.75).add([0.95, 0.6], 1)
@@ -306,7 +306,7 @@ def test_what_a_process_learns_of_a_drafters_cost_is_saved():
     teach(policy, "draft", 20, 4, 4)
     policy.finish()
     saved = loaded.state_dict()["draft_cost"]["draft"]
-    assert saved == loaded.draft["draft"].state() != before
+    assert saved == loaded.costs.draft["draft"].state() != before
 
 
 def test_requests_far_apart_leave_a_draft_models_prior_little_weight():
@@ -394,8 +394,8 @@ def worth_a_prefill() -> tuple[Controller, SpecParams]:
     """A draft model that keeps 90% of its tokens after 16 answers of 64 tokens: a 50-token prompt's
     catch-up (4 ms a token) pays."""
     ctl = measured(CPU_F16, 0.006)
-    ctl.pooled[("draft", 0, 0.0)] = [18.0, 20.0, 20.0, 20.0]
-    ctl.prompt_cost["draft"] = 0.004
+    ctl.priors.pooled[("draft", 0, 0.0)] = [18.0, 20.0, 20.0, 20.0]
+    ctl.costs.prompt_cost["draft"] = 0.004
     for n in [64] * 16:
         ctl.learn_length(n)
     return ctl, SpecParams(draft_max=8)
@@ -414,7 +414,7 @@ def test_a_prefill_is_judged_over_the_shorter_answers_seen():
     assert policy.prefills.prefill_horizon() == 15 and not policy.prefill("draft", 50, 64)
     fresh = Controller()
     fresh.load_state_dict(ctl.state_dict())
-    assert fresh.lengths == ctl.lengths == [64] * 16 + [15] * 6
+    assert fresh.history.lengths == ctl.history.lengths == [64] * 16 + [15] * 6
 
 
 def test_a_thinly_known_pooled_rate_is_judged_as_the_estimate_it_is():
@@ -426,9 +426,9 @@ def test_a_thinly_known_pooled_rate_is_judged_as_the_estimate_it_is():
 
     def prefills(trials: float) -> bool:
         ctl, spec = worth_a_prefill()
-        ctl.prompt_cost["draft"] = 0.0004  # 20 ms for the 50-token prompt
-        ctl.pooled[("draft", 0, 0.75)] = [0.6 * trials, trials, trials, trials]
-        alike = ctl.spread[("draft", 0, 0.75)] = Spread()
+        ctl.costs.prompt_cost["draft"] = 0.0004  # 20 ms for the 50-token prompt
+        ctl.priors.pooled[("draft", 0, 0.75)] = [0.6 * trials, trials, trials, trials]
+        alike = ctl.priors.spread[("draft", 0, 0.75)] = Spread()
         for _ in range(10):
             alike.add(0.6, 0.6, 20.0)
         assert ctl.prior_weight("draft", 0, 0.75, 0.6) == 40.0

@@ -52,8 +52,8 @@ def test_a_fresh_engine_keeps_a_good_draft_model_whose_opening_drafts_failed(mon
 
 def test_the_allowance_is_gone_once_the_engine_knows_the_draft_model():
     ctl, spec = Controller(), SpecParams(draft_max=8)
-    ctl.verify.add(1, 0.165)
-    V = ctl.verify.table(9)
+    ctl.costs.verify.add(1, 0.165)
+    V = ctl.costs.verify.table(9)
     fresh = ctl.policy(spec, ["draft"])
     assert fresh.probes.explore("draft", V) > 0.0
     p = ctl.prior("draft", 0, 0.0)

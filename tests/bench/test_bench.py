@@ -148,10 +148,11 @@ def test_auto_fresh_runs_each_request_as_a_new_process_would(tiny_paths, tmp_pat
         local.run(BenchConfig("auto", "auto", "d", 4), prompt, sampling, "gumbel")
         engine = local.slots["d"].engine
         own, before = engine.controller, json.dumps(engine.controller.state_dict(), sort_keys=True)
-        own.verify._table = None  # (a table cached some passes ago may lag its estimates)
+        own.costs.verify._table = None  # (a table cached some passes ago may lag its estimates)
         with fresh_controller(engine) as fresh:
-            assert fresh is engine.controller and fresh is not own and fresh.loaded
-            assert fresh.verify.table(4)[:5] == pytest.approx(own.verify.table(4)[:5], rel=0.05)  # what own learnt
+            assert fresh is engine.controller and fresh is not own and fresh.profile.loaded
+            # what own learnt
+            assert fresh.costs.verify.table(4)[:5] == pytest.approx(own.costs.verify.table(4)[:5], rel=0.05)
         stats, _ = local.run(BenchConfig("auto-fresh", "auto-fresh", "d", 4), prompt, sampling, "gumbel")
         assert stats["n_generated"] == 16
         assert engine.controller is own and json.dumps(own.state_dict(), sort_keys=True) == before

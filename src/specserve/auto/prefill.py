@@ -42,7 +42,7 @@ class Prefill:
     def horizon(self) -> float:
         """Tokens this request is still expected to make: the others' mean length, within its own cap."""
         ctl, done = self.ctl, self.progress.generated
-        mean = max((ctl.tokens - done) / (ctl.requests - 1) - done, 32.0)
+        mean = max((ctl.history.tokens - done) / (ctl.history.requests - 1) - done, 32.0)
         return max(min(mean, self.progress.max_tokens - done), 1.0)
 
     def prefill_horizon(self) -> float:
@@ -51,7 +51,7 @@ class Prefill:
         paid in full by a request that may end at once: a short answer (a translation, 12-37
         tokens) paid it out of a mean horizon that the 64-token answers around it made."""
         done = self.progress.generated
-        left = sorted(n - done for n in self.ctl.lengths if n > done)
+        left = sorted(n - done for n in self.ctl.history.lengths if n > done)
         if len(left) < 4:
             return self.horizon()
         return max(min(left[(len(left) - 1) // 4], self.progress.max_tokens - done), 1.0)
@@ -98,8 +98,8 @@ class Prefill:
         with self.ctl.lock:
             self.lags.missing[name] = n_missing
             if n_missing > 0:  # (none: its cache holds the prompt already, nothing to pay)
-                per_token = self.ctl.prompt_cost.get(name)
-                V = self.ctl.verify.table(self.setup.cap + 1)
+                per_token = self.ctl.costs.prompt_cost.get(name)
+                V = self.ctl.costs.verify.table(self.setup.cap + 1)
                 if per_token is None or V is None:
                     return False
                 tokens = min(self.prefill_horizon(), max_tokens - 1) * self.uncovered()
@@ -137,7 +137,7 @@ def spread_gain(part: Prefill, name: str, V, tokens: float) -> float:
     ctl, setup = part.ctl, part.setup
     q = ctl.prior(name, 0, setup.regime)
     m = q[0] / q[1]
-    sp = ctl.spread.get((name, 0, setup.regime))
+    sp = ctl.priors.spread.get((name, 0, setup.regime))
     w = sp.weight(m) if sp is not None else PRIOR_W
     sd = math.sqrt(m * (1.0 - m) * (1.0 / (w + 1.0) + 1.0 / (q[1] + 1.0)))
     cost, dlv, cap = tuple(ctl.draft_coef(name, V)), part.est.dlv[name].rates(q[2] / q[3]), setup.caps[name]

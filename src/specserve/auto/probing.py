@@ -2,7 +2,7 @@
 
 A drafter not in use (a draft model; a lookup only until the engine has judged it unasked)
 is probed with a short draft once the steps since its last use reach an interval (doubled
-after a failure, up to PROBE_MAX) and the probe's expected loss, catch-up included, fits in
+after a failure, up to pacing.PROBE_MAX) and the probe's expected loss, catch-up included, fits in
 _EPS of the decode time since the drafter last ran (in this request, plus what the engine
 saved before it). A drafter never run in this process is probed at once if nothing is known
 of it; if a loaded profile measured it, its budget counts from the process's start. A fully
@@ -25,9 +25,9 @@ from typing import Callable, Protocol
 from . import planner
 from .context import Context
 from .names import FREE
+from .pacing import PROBE_MIN
 
 _EPS = 0.01  # share of decode time that probes may lose
-PROBE_MIN, PROBE_MAX = 4, 32  # steps between probes of an unused drafter
 FOLLOW_UPS = 6  # successful probes in a row that may bypass the budget
 EXPLORE_PASSES = 3.0  # plain passes' worth a request may lose probing a draft model the engine knows little of
 EXPLORE_OWN = 8.0  # judged tokens of the request's own beyond which it has seen enough to go by
@@ -57,7 +57,8 @@ class Probes:
         # profile measured it, its probes wait for the budget this process accrues like any other's
         # (a new process's first probes would otherwise pay a long prompt's catch-up, or displace
         # the draft model's 5-token steps with 1-token lookups, unasked)
-        self.since = {n: ctl.last_used.get(n, 0.0 if n in ctl.profiled else float("-inf")) - ctl.clock
+        pacing = ctl.pacing
+        self.since = {n: pacing.last_used.get(n, 0.0 if n in pacing.profiled else float("-inf")) - pacing.clock
                       for n in names}  # the request's clock when each last drafted
         self.used_step = dict.fromkeys(names, -(1 << 30))
         self.probing: tuple | None = None  # (drafter, whether it displaced a drafter, its plan) this step
@@ -72,13 +73,13 @@ class Probes:
         ctl, offers = self.ctl, self.progress.offers
         if name in offers and not offers[name][0]:
             return None  # nothing to probe with
-        if name in ctl.shadowed:
+        if name in ctl.pacing.shadowed:
             return None  # judged at every step where it matches, unasked: nothing a probe would add
         if self.progress.step - self.used_step[name] < ctl.probe_interval(name):
             return None
         earned = _EPS * (self.progress.clock - self.since[name])
         budget = earned + self.explore(name, V)
-        k, fit = self.setup.kmin[name], ctl.draft.get(name)
+        k, fit = self.setup.kmin[name], ctl.costs.draft.get(name)
         # what catching up costs is unknown until lags vary: look while the lag is short and cheap
         # (never while its cache lacks this request's prompt: that catch-up is what makes a probe costly)
         early = (name not in FREE and name not in self.lags.fresh and fit is not None and not fit.lag_known()
@@ -138,7 +139,7 @@ class Probes:
             return
         self.used_step[used] = self.progress.step
         if n:
-            V = self.ctl.verify.table(self.setup.cap + 1)
+            V = self.ctl.costs.verify.table(self.setup.cap + 1)
             done = self.follow_up[1] if self.follow_up and self.follow_up[0] == probed else 0
             # all accepted: followed up at once, outside the budget, a few times at most
             good = acc == n and done < FOLLOW_UPS and self.could_pay(probed, V)

@@ -179,7 +179,7 @@ class AutoPolicy:
         """The planner's choice now, before any probe: (drafter or None, its plan); None for the
         plan before any pass was measured. What choose returns unless a probe is due."""
         with self.ctl.lock:
-            V = self.ctl.verify.table(self.cap + 1)
+            V = self.ctl.costs.verify.table(self.cap + 1)
             return (None, None) if V is None else self.best(V)[:2]
 
     def choose(self) -> Choice:
@@ -196,7 +196,7 @@ class AutoPolicy:
         self._step_head = self._hybrid_head() if self.hybrid else None
         # the grammar's forced run is drafted first whatever the plan: free to draft, kept by construction
         forced = self.progress.offers.get(FORCED, (0, 0))[1]
-        V = self.ctl.verify.table(self.cap + 1)  # [cap + 2] seconds per pass over n tokens
+        V = self.ctl.costs.verify.table(self.cap + 1)  # [cap + 2] seconds per pass over n tokens
         if V is None:  # the first step of a fresh engine measures a plain pass (or the forced run's)
             return Choice(FORCED, forced) if forced else OFF
         name, plan, rate = self.best(V)

@@ -9,26 +9,23 @@ from __future__ import annotations
 import threading
 from typing import Protocol
 
-from .acceptance import ConfidenceMap, Shape, Spread
-from .cost import DraftCost, VerifyCost
+from .acceptance import ConfidenceMap, Shape
+from .cost import Costs
+from .history import History
+from .pacing import Pacing
+from .priors import Priors
 
 
 class Shared(Protocol):
-    """The engine's pooled state as a request's policy sees it: read through these attributes and
-    methods, changed only through the learn_* verbs (and the maps' and shapes' own `add`)."""
+    """The engine's pooled state as a request's policy sees it: read through these parts and methods,
+    changed only through the verbs (learn_*, passed, drafted_with, ...; and the maps' and shapes' own
+    `add`)."""
 
     lock: threading.Lock
-    verify: VerifyCost  # what a target pass costs
-    draft: dict[str, DraftCost]  # what a drafter's steps cost
-    prompt_cost: dict[str, float]  # seconds per prompt token a model drafter catches up
-    spread: dict[tuple, Spread]
-    shadowed: set[str]  # lookups judged at every step unasked: never probed
-    last_used: dict[str, float]  # `clock` when the drafter last drafted
-    profiled: frozenset[str]  # drafters the loaded profile measured
-    clock: float  # seconds of drafting and verifying observed, all requests
-    requests: float  # decayed counts of requests and their tokens
-    tokens: float
-    lengths: list[int]  # tokens the last finished requests made
+    costs: Costs  # what a target pass, a drafter's steps and a prompt's catch-up cost (cost.py)
+    priors: Priors  # pooled acceptance, its spread and shape, the confidence maps (priors.py): read via the verbs
+    pacing: Pacing  # the clock, when each drafter last drafted, lookups never probed (pacing.py)
+    history: History  # what requests have been: their counts and lengths (history.py)
 
     def prior(self, name: str, order: int = 0, regime: float = 0.0) -> list[float]: ...
     def prior_weight(self, name: str, order: int, regime: float, mean: float) -> float: ...
