@@ -478,12 +478,13 @@ def test_requests_unlike_the_last_ones_gain_from_the_spread(monkeypatch):
     20 tokens), one controller: with the pooled acceptance weighted by how alike requests were
     (acceptance.Spread), the translations run faster than with the fixed weight, and code no slower."""
     from specserve.auto.acceptance import PRIOR_W
+    from specserve.auto.priors import Priors
 
     code = Scenario(CPU_F16, {"draft": const(0.8), "ngram": const(0.9)}, const(0.6), n_tokens=60)
     translation = Scenario(CPU_F16, {"draft": const(0.7), "ngram": const(0.1)}, const(0.5), n_tokens=20)
 
     spread = np.array([alternating(code, translation, 20, 6, seed) for seed in range(4)])
-    monkeypatch.setattr(Controller, "prior_weight", lambda self, *args: PRIOR_W)
+    monkeypatch.setattr(Priors, "prior_weight", lambda self, *args: PRIOR_W)
     fixed = np.array([alternating(code, translation, 20, 6, seed) for seed in range(4)])
     code_gain = geomean(spread[:, 0::2]) / geomean(fixed[:, 0::2])
     translation_gain = geomean(spread[:, 1::2]) / geomean(fixed[:, 1::2])

@@ -11,7 +11,7 @@ with its own `AutoPolicy` (request.py), which reads this state through the `Shar
 Threads: the slots of one engine run their requests on several threads, all on one
 Controller. Its state is guarded by one lock, `Controller.lock`, held around every read
 and every write of it: AutoPolicy takes it once on entering choose, observe, prefill and
-prefilled, and calls the helpers below (prior, confidence_map, draft_coef, learn_prompt_cost)
+prefilled, and reads the parts (priors.prior, costs.draft_coef, ...) and calls the verbs below
 only while it holds it. Nothing else is shared: a policy's own state is its request's,
 touched by the one thread that runs it, and what a step hands the draft model (a
 planner.ConfidenceStop) is its own copy.
@@ -170,7 +170,8 @@ class Controller:
             self.pacing.profiled = frozenset(costs.draft) | {name for name, _, _ in priors.pooled}
             self.profile.as_loaded = (self._current_state(), state)
 
-    # --- read and written by policies, which hold the lock (the Shared protocol) -------------
+    # --- its verbs: the writes are the Shared protocol's (policies hold the lock); a policy reads the
+    # parts themselves, the others (tests, tools) may read through these -----------------------
 
     def prior(self, name: str, order: int = 0, regime: float = 0.0) -> list[float]:
         return self.priors.prior(name, order, regime)

@@ -103,10 +103,10 @@ class AutoPolicy:
             acc = self.est.rates(name, OPENING, self.est.opening[name])
         else:
             acc = self.est.rates(name, 0, self.est.acc[name])
-        p = self.ctl.prior(name, 0, self.setup.regime)
+        p = self.ctl.priors.prior(name, 0, self.setup.regime)
         # a known match delivers every token up to `available`, which bounds kmax
         dlv = None if order else self.est.dlv[name].rates(p[2] / p[3])
-        option = planner.Option(name, acc, tuple(self.ctl.draft_coef(name, V)), kmax, kmin, dlv, found)
+        option = planner.Option(name, acc, tuple(self.ctl.costs.draft_coef(name, V)), kmax, kmin, dlv, found)
         best = self.cache.plans[name][key] = planner.best_length(option, V)
         return best
 
@@ -130,10 +130,10 @@ class AutoPolicy:
         self.cache.check(V)
         best = self.cache.plans[HYBRID].get(head)
         if best is None:
-            p = self.ctl.prior(MODEL, 0, self.setup.regime)
+            p = self.ctl.priors.prior(MODEL, 0, self.setup.regime)
             jmax = min(self.caps[MODEL], self.cap - m)
             option = planner.Option(HYBRID, self.est.rates(MODEL, 0, self.est.acc[MODEL]),
-                                    tuple(self.ctl.draft_coef(MODEL, V)), jmax, 1,
+                                    tuple(self.ctl.costs.draft_coef(MODEL, V)), jmax, 1,
                                     self.est.dlv[MODEL].rates(p[2] / p[3]), False, self.est.lookup(name, b)[:m])
             best = self.cache.plans[HYBRID][head] = planner.best_length(option, V)
         return best
@@ -163,9 +163,9 @@ class AutoPolicy:
             m, tokens, chain, kmin = 0, 1.0, 1.0, self.setup.kmin[MODEL]
         else:
             return None
-        a, b, c = self.ctl.draft_coef(MODEL, V)
+        a, b, c = self.ctl.costs.draft_coef(MODEL, V)
         costs = self.cache.step_costs(V, b, m, plan.k)
-        table = self.ctl.confidence_map(MODEL, self.setup.regime).table()
+        table = self.ctl.priors.confidence_map(MODEL, self.setup.regime).table()
         return planner.ConfidenceStop(table, ConfidenceMap.EDGES, costs, tokens, a + c * m + V[m + 1], chain, kmin)
 
     # --- the engine's calls ---------------------------------------------------------------------
