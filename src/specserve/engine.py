@@ -56,10 +56,10 @@ class Engine:
         self.controller = controller if controller is not None else Controller()  # --spec auto, shared by slots
         weights = (target.weights_bytes, draft.weights_bytes if draft is not None else 0)
         if draft is not None and all(weights):
-            self.controller.cost_ratio.setdefault("draft", min(weights[1] / weights[0], 1.0))
+            self.controller.costs.cost_ratio.setdefault("draft", min(weights[1] / weights[0], 1.0))
         # a saved profile's drafting cost is checked against the machine as it is now (learned.py), on the
         # thread that decodes: see calibrate()
-        self._uncalibrated = draft is not None and self.controller.loaded
+        self._uncalibrated = draft is not None and self.controller.profile.loaded
         self.can_speculate = target.can_rollback
         if not self.can_speculate:
             log.warning("target %s has a recurrent or hybrid memory, which cannot drop rejected tokens: "

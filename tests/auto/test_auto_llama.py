@@ -190,7 +190,7 @@ def test_tv_threshold_has_power(tiny_models):
 def test_a_draft_model_in_use_takes_the_prompt_up_front(tiny_models):
     target, draft = tiny_models["target"], tiny_models["draft_close"]
     engine = Engine(target, draft, n_ctx=256)
-    assert engine.controller.cost_ratio["draft"] == pytest.approx(draft.weights_bytes / target.weights_bytes)
+    assert engine.controller.costs.cost_ratio["draft"] == pytest.approx(draft.weights_bytes / target.weights_bytes)
     slot = engine.new_slot()
     prompt = repeating(target, "the cat sat on the mat")
     params = SamplingParams(max_tokens=8, ignore_eos=True)

@@ -20,8 +20,8 @@ def measured(verify, draft_per_token: float, passes=(1, 2, 4, 8, 16, 33, 65)) ->
     ctl = Controller()
     for _ in range(3):
         for n in passes:
-            ctl.verify.add(n, verify(n))
-    fit = ctl.draft["draft"] = DraftCost()
+            ctl.costs.verify.add(n, verify(n))
+    fit = ctl.costs.draft["draft"] = DraftCost()
     for n, lag in [(1, 1), (4, 2), (8, 1), (2, 9), (6, 2), (3, 30)] * 5:
         fit.add(n, lag, draft_per_token * (1 + n + 0.4 * (lag - 1)))
     return ctl
@@ -30,7 +30,7 @@ def measured(verify, draft_per_token: float, passes=(1, 2, 4, 8, 16, 33, 65)) ->
 def no_probes(policy) -> None:
     """Probing off: these tests are about the plan (a drafter never used would be probed at once)."""
     for name in policy.names:
-        policy.ctl.interval[name] = 1 << 40
+        policy.ctl.pacing.interval[name] = 1 << 40
 
 
 def teach(policy, drafter: str, steps: int, n: int, acc: int, offers=None) -> None:
@@ -58,9 +58,9 @@ def test_hybrid_when_the_match_is_short_and_the_draft_model_good():
     c = policy.choose()
     assert (c.drafter, c.k) == ("hybrid", plan.k) and c.stop is not None
     # what it learns from a hybrid step: the suffix's 3 tokens and the model's after them
-    before = policy.acc["draft"].tried[0]
+    before = policy.est.acc["draft"].tried[0]
     policy.observe(Outcome(c, c.k, c.k, 0.004, GPU(1 + c.k), [1.0] * 3 + [0.99] * (c.k - 3)))
-    assert policy.acc["draft"].tried[0] > before and policy.lag["draft"] == 2
+    assert policy.est.acc["draft"].tried[0] > before and policy.lags.lag["draft"] == 2
     # a match that fills the longest draft on its own: no hybrid (the model would never run)
     for name, offer in {"suffix": (16, 64), "ngram": (4, 64)}.items():
         policy.see(name, offer)
@@ -116,14 +116,13 @@ def test_lookups_are_learnt_from_the_steps_they_did_not_draft():
     policy, failed = run(shadow=True)
     _, failed_blind = run(shadow=False)
     assert failed < failed_blind, (failed, failed_blind)
-    assert policy.acc_order[("ngram", 2)].t > 10  # judged at the draft model's steps too
+    assert policy.est.by_match[("ngram", 2)].t > 10  # judged at the draft model's steps too
     ctl = policy.ctl
-    assert "ngram" in ctl.shadowed and policy._probe("ngram", ctl.verify.table(9), 1.0) is None
+    assert "ngram" in ctl.pacing.shadowed and policy.probes.due("ngram", ctl.costs.verify.table(9), 1.0) is None
     # a hybrid step's lookup was judged by verification itself: its shadow entry is not counted twice
-    before = policy.acc_order[("ngram", 2)].t
-    policy._step_head, policy._step_offers = ("ngram", 2, 3), {"ngram": (2, 3)}
-    policy._observe_shadow({"ngram": (1, 0)}, "hybrid")
-    assert policy.acc_order[("ngram", 2)].t == before
+    before = policy.est.by_match[("ngram", 2)].t
+    policy.learner.shadow({"ngram": (1, 0)}, "hybrid", ("ngram", 2, 3), {"ngram": (2, 3)}, policy.progress.generated)
+    assert policy.est.by_match[("ngram", 2)].t == before
 
 
 def test_a_lookups_match_at_the_first_step_is_learnt_apart():
@@ -164,7 +163,7 @@ def test_a_saved_profile_plans_the_first_step_as_the_saved_controller(tmp_path, 
     trained.save()
     fresh = Controller(learned.ProfileStore.for_models(str(target), str(draft), 2, directory=tmp_path / "auto"))
     assert fresh.load()
-    trained.verify._table = None  # a table cached some passes ago may lag its estimates by up to 2%
+    trained.costs.verify._table = None  # a table cached some passes ago may lag its estimates by up to 2%
     for offer in [(0, 0), (4, 8)]:  # with and without an n-gram match
         plans = []
         for ctl in (trained, fresh):
@@ -217,15 +216,15 @@ def test_a_request_unlike_the_last_ones_leans_less_on_their_rate():
         teach(policy, "suffix", 3, 6, 0, offers)  # (the first step's match is the opening's: learnt apart)
         p = ctl.prior("suffix", 8, 0.0)
         shape = ctl.position_shape("suffix", 8, 0.0).factors(policy.caps["suffix"])
-        return (policy._lookup_rates("suffix", 8)[0],
-                policy.acc_order[("suffix", 8)].rates(p[0] / p[1], PRIOR_W, shape)[0])
+        return (policy.est.lookup("suffix", 8)[0],
+                policy.est.by_match[("suffix", 8)].rates(p[0] / p[1], PRIOR_W, shape)[0])
 
     request(True)
     now, fixed = after_two_misses()  # (not finished: it tells the spread nothing)
     assert now == fixed  # one request seen: the fixed weight
     for i in range(9):
         request(i % 2 == 0)  # ... the last one kept all, as the first did
-    assert ctl.spread[("suffix", 8, 0.0)].n > 3
+    assert ctl.priors.spread[("suffix", 8, 0.0)].n > 3
     now, fixed = after_two_misses()
     assert fixed > 0.3 and now < 0.7 * fixed  # (the first position: a copy that breaks, breaks there)
 
@@ -245,16 +244,16 @@ def test_the_spread_and_the_shape_are_kept_in_a_saved_profile():
     del state["spread"], state["shape"]  # a profile written before the spread and the shape were kept
     older = Controller()
     older.load_state_dict(state)
-    assert older.spread == {} and older.shape == {}
+    assert older.priors.spread == {} and older.priors.shape == {}
 
 
 def test_a_pooled_rate_thinned_by_reloads_falls_back_toward_the_drafters_prior():
     """Each load halves the pooled counts a process does not refresh; a regime unused for a few
     processes must not keep the ratio of its last few trials as if it were known."""
     ctl = measured(GPU, 0.001)
-    ctl.pooled[("draft", 0, 0.75)] = [0.21, 1.28, 4.35, 4.39]  # 16% kept, of about one trial
-    ctl.pooled[("draft", 0, 0.0)] = [62.0, 66.0, 72.0, 78.0]  # well measured: 94%
-    ctl.pooled[("ngram", 4, 0.0)] = [0.1, 1.0, 1.0, 1.0]
+    ctl.priors.pooled[("draft", 0, 0.75)] = [0.21, 1.28, 4.35, 4.39]  # 16% kept, of about one trial
+    ctl.priors.pooled[("draft", 0, 0.0)] = [62.0, 66.0, 72.0, 78.0]  # well measured: 94%
+    ctl.priors.pooled[("ngram", 4, 0.0)] = [0.1, 1.0, 1.0, 1.0]
     fresh = Controller()
     fresh.load_state_dict(ctl.state_dict())
     hot = fresh.prior("draft", 0, 0.75)
@@ -271,8 +270,8 @@ def test_what_a_process_leaves_untouched_is_saved_as_it_was_loaded():
     request each (`specserve generate`): the draft model at 0.8 keeps the 40 trials, the
     confidence maps and the lookups' share it was saved with; at 0 it learns as before."""
     ctl = measured(GPU, 0.001)
-    ctl.pooled[("draft", 0, 0.75)] = [27.0, 40.0, 54.0, 64.0]
-    ctl.pooled[("draft", 0, 0.0)] = [62.0, 66.0, 72.0, 78.0]
+    ctl.priors.pooled[("draft", 0, 0.75)] = [27.0, 40.0, 54.0, 64.0]
+    ctl.priors.pooled[("draft", 0, 0.0)] = [62.0, 66.0, 72.0, 78.0]
     for _ in range(30):
         ctl.confidence_map("draft", 0.75).add([0.9, 0.8, 0.3], 2)
         ctl.target_map("draft", 0.75).add([0.95, 0.6], 1)
@@ -307,7 +306,7 @@ def test_what_a_process_learns_of_a_drafters_cost_is_saved():
     teach(policy, "draft", 20, 4, 4)
     policy.finish()
     saved = loaded.state_dict()["draft_cost"]["draft"]
-    assert saved == loaded.draft["draft"].state() != before
+    assert saved == loaded.costs.draft["draft"].state() != before
 
 
 def test_requests_far_apart_leave_a_draft_models_prior_little_weight():
@@ -334,10 +333,10 @@ def test_the_draft_models_first_draft_is_learnt_apart():
     no_probes(policy)
     pooled = list(ctl.prior("draft", 0, 0.0))
     teach(policy, "draft", 1, 4, 0)  # the first step: nothing kept
-    assert policy.acc["draft"].t == 0 and ctl.prior("draft", 0, 0.0)[:2] == pooled[:2]
+    assert policy.est.acc["draft"].t == 0 and ctl.prior("draft", 0, 0.0)[:2] == pooled[:2]
     assert ctl.prior("draft", OPENING, 0.0)[1] > ctl.prior("draft", OPENING, 0.0)[0] + 0.9  # a failed trial
     teach(policy, "draft", 1, 4, 4)  # the next: all kept, counted as usual
-    assert policy.acc["draft"].t > 0 and ctl.prior("draft", 0, 0.0)[0] > 0.98 * pooled[0] + 3.9
+    assert policy.est.acc["draft"].t > 0 and ctl.prior("draft", 0, 0.0)[0] > 0.98 * pooled[0] + 3.9
 
 
 def test_each_step_is_traced_at_debug_level(caplog):
@@ -382,7 +381,7 @@ def test_a_lookup_whose_copies_hold_or_break_at_once_is_planned_by_position():
 
     for _ in range(8):
         request(5).finish()
-    rates = request(1)._lookup_rates("suffix", 16)
+    rates = request(1).est.lookup("suffix", 16)
     for k in (1, 4, 16):
         tokens, chain = 1.0, 1.0
         for x in rates[:k]:
@@ -395,8 +394,8 @@ def worth_a_prefill() -> tuple[Controller, SpecParams]:
     """A draft model that keeps 90% of its tokens after 16 answers of 64 tokens: a 50-token prompt's
     catch-up (4 ms a token) pays."""
     ctl = measured(CPU_F16, 0.006)
-    ctl.pooled[("draft", 0, 0.0)] = [18.0, 20.0, 20.0, 20.0]
-    ctl.prompt_cost["draft"] = 0.004
+    ctl.priors.pooled[("draft", 0, 0.0)] = [18.0, 20.0, 20.0, 20.0]
+    ctl.costs.prompt_cost["draft"] = 0.004
     for n in [64] * 16:
         ctl.learn_length(n)
     return ctl, SpecParams(draft_max=8)
@@ -412,10 +411,10 @@ def test_a_prefill_is_judged_over_the_shorter_answers_seen():
     for n in [15] * 6:
         ctl.learn_length(n)
     policy = ctl.policy(spec, ["draft"])
-    assert policy._prefill_horizon() == 15 and not policy.prefill("draft", 50, 64)
+    assert policy.prefills.prefill_horizon() == 15 and not policy.prefill("draft", 50, 64)
     fresh = Controller()
     fresh.load_state_dict(ctl.state_dict())
-    assert fresh.lengths == ctl.lengths == [64] * 16 + [15] * 6
+    assert fresh.history.lengths == ctl.history.lengths == [64] * 16 + [15] * 6
 
 
 def test_a_thinly_known_pooled_rate_is_judged_as_the_estimate_it_is():
@@ -427,9 +426,9 @@ def test_a_thinly_known_pooled_rate_is_judged_as_the_estimate_it_is():
 
     def prefills(trials: float) -> bool:
         ctl, spec = worth_a_prefill()
-        ctl.prompt_cost["draft"] = 0.0004  # 20 ms for the 50-token prompt
-        ctl.pooled[("draft", 0, 0.75)] = [0.6 * trials, trials, trials, trials]
-        alike = ctl.spread[("draft", 0, 0.75)] = Spread()
+        ctl.costs.prompt_cost["draft"] = 0.0004  # 20 ms for the 50-token prompt
+        ctl.priors.pooled[("draft", 0, 0.75)] = [0.6 * trials, trials, trials, trials]
+        alike = ctl.priors.spread[("draft", 0, 0.75)] = Spread()
         for _ in range(10):
             alike.add(0.6, 0.6, 20.0)
         assert ctl.prior_weight("draft", 0, 0.75, 0.6) == 40.0
@@ -468,7 +467,7 @@ def test_the_draft_models_acceptance_is_predicted_from_how_sure_the_target_was()
         for _ in range(3):  # plain steps: how sure the target was of each token
             policy.choose()
             policy.observe(Outcome(OFF, 0, 0, 0.0, CPU_F16(1), None, None, [top]))
-        return policy, policy._rates("draft", 0, policy.acc["draft"])[0]
+        return policy, policy.est.rates("draft", 0, policy.est.acc["draft"])[0]
 
     unsure, unsure_rate = request(0.3)
     sure, sure_rate = request(0.97)
@@ -501,11 +500,11 @@ def test_a_prefill_is_judged_over_the_tokens_the_lookups_leave():
                 policy.observe(Outcome(Choice("ngram", 8), 8, 8, 0.0, CPU_F16(9)))
             else:
                 policy.observe(Outcome(Choice("draft", 8), 8, 8, 0.048, CPU_F16(9), shadow={"ngram": (9, 8)}))
-        assert policy.covered == 8 * 8 and policy.generated == 8 * 9
+        assert policy.progress.covered == 8 * 8 and policy.progress.generated == 8 * 9
         policy.finish()
     assert ctl.share_of_lookups(0.0) == pytest.approx(8 / 9)
     policy = ctl.policy(spec, names)
-    assert policy._uncovered() == pytest.approx(1 / 9) and not policy.prefill("draft", 50, 64)
+    assert policy.prefills.uncovered() == pytest.approx(1 / 9) and not policy.prefill("draft", 50, 64)
     # without lookups, nothing changes
     assert ctl.policy(spec, ["draft"]).prefill("draft", 50, 64)
     # a request whose own lookups fail leans back toward the draft model as it goes
@@ -513,7 +512,7 @@ def test_a_prefill_is_judged_over_the_tokens_the_lookups_leave():
     for _ in range(8):
         policy.choose()
         policy.observe(Outcome(Choice("draft", 4), 4, 4, 0.024, CPU_F16(5), shadow={"ngram": (1, 0)}))
-    assert policy._uncovered() > 0.6
+    assert policy.prefills.uncovered() > 0.6
     fresh = Controller()
     fresh.load_state_dict(ctl.state_dict())
     assert fresh.share_of_lookups(0.0) == pytest.approx(8 / 9)
@@ -535,8 +534,8 @@ def test_a_shadow_longer_than_the_lookups_cap_is_judged_up_to_the_cap():
     policy.see("suffix", (8, 8))
     policy.choose()
     policy.observe(Outcome(Choice("draft", 8), 8, 8, 0.048, CPU_F16(9), shadow={"ngram": (9, 9), "suffix": (9, 7)}))
-    assert policy.acc["ngram"].h == pytest.approx(8) and policy.acc["ngram"].t == pytest.approx(8)
-    assert policy.acc["suffix"].h == pytest.approx(7) and policy.acc["suffix"].t == pytest.approx(8)
+    assert policy.est.acc["ngram"].h == pytest.approx(8) and policy.est.acc["ngram"].t == pytest.approx(8)
+    assert policy.est.acc["suffix"].h == pytest.approx(7) and policy.est.acc["suffix"].t == pytest.approx(8)
 
 
 def test_the_forced_run_is_always_taken_and_not_credited_to_the_drafter():
@@ -557,7 +556,7 @@ def test_the_forced_run_is_always_taken_and_not_credited_to_the_drafter():
     policy.see("grammar", (4, 4))
     c = policy.choose()
     assert c.drafter == "draft" and c.k > 4
-    before = policy.acc["draft"].h, policy.acc["draft"].t
+    before = policy.est.acc["draft"].h, policy.est.acc["draft"].t
     policy.observe(Outcome(Choice("draft", 8), 8, 4, 0.004, GPU(9), forced=4))
     g = 0.95  # acceptance._G_POOL: a request's pooled counts decay each step
-    assert (policy.acc["draft"].h, policy.acc["draft"].t) == pytest.approx((g * before[0], g * before[1] + 1))
+    assert (policy.est.acc["draft"].h, policy.est.acc["draft"].t) == pytest.approx((g * before[0], g * before[1] + 1))

@@ -18,7 +18,7 @@ import pytest
 from specserve.config import SpecParams
 from specserve.auto import Controller
 from specserve.auto.cost import STALE, CostModel, DraftCost
-from specserve.auto.probing import PROBE_MAX, PROBE_MIN
+from specserve.auto.pacing import PROBE_MAX, PROBE_MIN
 from specserve.policy import FixedPolicy, Outcome
 
 
@@ -361,7 +361,7 @@ def test_prefill_the_draft_model_only_when_it_saves_more_than_the_prompt_costs()
     assert not fresh.prefill("ngram", 64, 500)  # no cache to fill
     gpu = SCENARIOS["gpu_high"]  # cheap drafts at 90%: worth it whenever they have tokens to speed up
     simulate(gpu, lambda: ctl.policy(spec, gpu.names))
-    assert ctl.prompt_cost["draft"] == pytest.approx(gpu.catchup, rel=0.5)  # learnt from its first use
+    assert ctl.costs.prompt_cost["draft"] == pytest.approx(gpu.catchup, rel=0.5)  # learnt from its first use
     assert ctl.policy(spec, gpu.names).prefill("draft", 64, 500)
     assert not ctl.policy(spec, gpu.names).prefill("draft", 64, 1)  # one token to make: nothing to draft
     assert ctl.policy(spec, gpu.names).prefill("draft", 0, 500)  # its cache holds the prompt: free
@@ -373,23 +373,23 @@ def test_prefill_the_draft_model_only_when_it_saves_more_than_the_prompt_costs()
 
 def test_a_prefilled_draft_model_is_not_charged_for_the_prompt():
     spec, ctl = SpecParams(draft_max=8), Controller()
-    ctl.verify.add(1, 0.020)
-    ctl.prompt_cost["draft"] = 0.001  # seconds a prompt token, measured before
-    ctl.draft["draft"] = DraftCost()
+    ctl.costs.verify.add(1, 0.020)
+    ctl.costs.prompt_cost["draft"] = 0.001  # seconds a prompt token, measured before
+    ctl.costs.draft["draft"] = DraftCost()
     for _ in range(20):
-        ctl.draft["draft"].add(4, 1, 0.004)  # drafting is cheap: prefilling pays
-    V = ctl.verify.table(9)
+        ctl.costs.draft["draft"].add(4, 1, 0.004)  # drafting is cheap: prefilling pays
+    V = ctl.costs.verify.table(9)
     cold, warm = ctl.policy(spec, ["draft"]), ctl.policy(spec, ["draft"])
     assert not cold.prefill("draft", 500, 2)  # one token to speed up: not worth 500 of prompt
     assert warm.prefill("draft", 500, 1000)
-    assert cold._catchup("draft", V) >= 0.5
-    assert warm._catchup("draft", V) == 0.0
+    assert cold.lags.catchup("draft", V) >= 0.5
+    assert warm.lags.catchup("draft", V) == 0.0
 def test_the_draft_cost_prior_is_the_draft_models_share_of_the_target():
     ctl = Controller()
-    ctl.verify.add(1, 0.020)
-    V = ctl.verify.table(9)
+    ctl.costs.verify.add(1, 0.020)
+    V = ctl.costs.verify.table(9)
     assert ctl.draft_coef("draft", V)[1] == pytest.approx(0.125 * 0.020)  # no hint: a guess
-    ctl.cost_ratio["draft"] = 0.36  # a Q4_1 draft of an F16 target: 92 MiB of 257
+    ctl.costs.cost_ratio["draft"] = 0.36  # a Q4_1 draft of an F16 target: 92 MiB of 257
     assert ctl.draft_coef("draft", V)[1] == pytest.approx(0.36 * 0.020)
 
 
@@ -418,7 +418,7 @@ def test_the_ngram_drafts_on_long_matches_and_not_on_short_ones():
 
 def test_no_ngram_match_means_no_ngram_draft():
     ctl = Controller()
-    ctl.verify.add(1, 0.02)
+    ctl.costs.verify.add(1, 0.02)
     policy = ctl.policy(SpecParams(draft_max=8), ["ngram"])
     for _ in range(50):
         policy.see("ngram", (0, 0))
@@ -445,10 +445,10 @@ def test_two_unlucky_drafts_do_not_switch_a_good_draft_model_off():
     ctl = Controller()
     for _ in range(4):
         for n in (1, 2, 3, 4, 9):
-            ctl.verify.add(n, ref(n))
-    ctl.draft["draft"] = DraftCost()
+            ctl.costs.verify.add(n, ref(n))
+    ctl.costs.draft["draft"] = DraftCost()
     for n in (1, 2, 3, 4) * 3:
-        ctl.draft["draft"].add(n, 1, 0.042 * n)
+        ctl.costs.draft["draft"].add(n, 1, 0.042 * n)
     policy = ctl.policy(SpecParams(draft_max=8), ["draft"])
     for _ in range(2):
         c = policy.choose()
@@ -478,12 +478,13 @@ def test_requests_unlike_the_last_ones_gain_from_the_spread(monkeypatch):
     20 tokens), one controller: with the pooled acceptance weighted by how alike requests were
     (acceptance.Spread), the translations run faster than with the fixed weight, and code no slower."""
     from specserve.auto.acceptance import PRIOR_W
+    from specserve.auto.priors import Priors
 
     code = Scenario(CPU_F16, {"draft": const(0.8), "ngram": const(0.9)}, const(0.6), n_tokens=60)
     translation = Scenario(CPU_F16, {"draft": const(0.7), "ngram": const(0.1)}, const(0.5), n_tokens=20)
 
     spread = np.array([alternating(code, translation, 20, 6, seed) for seed in range(4)])
-    monkeypatch.setattr(Controller, "prior_weight", lambda self, *args: PRIOR_W)
+    monkeypatch.setattr(Priors, "prior_weight", lambda self, *args: PRIOR_W)
     fixed = np.array([alternating(code, translation, 20, 6, seed) for seed in range(4)])
     code_gain = geomean(spread[:, 0::2]) / geomean(fixed[:, 0::2])
     translation_gain = geomean(spread[:, 1::2]) / geomean(fixed[:, 1::2])
@@ -508,7 +509,7 @@ def test_a_draft_model_near_break_even_takes_the_prompt_where_requests_differ(mo
                      names=names)
 
     def at_the_pooled_rate(part, name, V, tokens):  # the rule before: the pooled rate's plan alone
-        rate = part.plans.plan_for(name, V, kmin=part.setup.kmin[name]).rate
+        rate = part.plan_for(name, V, kmin=part.setup.kmin[name]).rate
         return tokens * (V[1] - 1.0 / rate) if rate > 0 else 0.0
 
     # every position alike here: the engine's Shape, which would find that only up to its noise, is held flat

@@ -45,11 +45,11 @@ def test_round_trip_keeps_costs_and_acceptance(model_files, tmp_path):
     assert data["inputs"]["target"]["name"] == "target.gguf" and data["inputs"]["n_threads"] == 2
     fresh = Controller(store(model_files, tmp_path))
     assert fresh.load()
-    ctl.verify._table = None  # a table cached some passes ago may lag its estimates by up to 2%
-    V, W = ctl.verify.table(9), fresh.verify.table(9)
+    ctl.costs.verify._table = None  # a table cached some passes ago may lag its estimates by up to 2%
+    V, W = ctl.costs.verify.table(9), fresh.costs.verify.table(9)
     assert W == pytest.approx(V, rel=1e-9)  # the same measured pass costs
-    for key, counts in ctl.pooled.items():  # the same acceptance rates, with half the evidence
-        got = fresh.pooled[key]
+    for key, counts in ctl.priors.pooled.items():  # the same acceptance rates, with half the evidence
+        got = fresh.priors.pooled[key]
         assert got[0] / got[1] == pytest.approx(counts[0] / counts[1])
         assert got[1] == pytest.approx(0.5 * counts[1])
     # the drafting cost per token; (the ridge prior weighs a little more against half the evidence)
@@ -97,9 +97,9 @@ def test_a_loaded_profile_spares_a_long_prompt_the_blind_probe(model_files, tmp_
     assert draft_steps(cold) > 0 and draft_steps(warm) == 0
     assert warm.tokens_per_s > 1.5 * cold.tokens_per_s
     # the lookup too: a 1-token probe of it would displace the draft model's longer steps
-    assert warm_ctl.profiled == {"draft", "ngram"}
+    assert warm_ctl.pacing.profiled == {"draft", "ngram"}
     fresh_policy, loaded_policy = Controller().policy(spec, prose.names), warm_ctl.policy(spec, prose.names)
-    assert fresh_policy.since["ngram"] == float("-inf") and loaded_policy.since["ngram"] > float("-inf")
+    assert fresh_policy.probes.since["ngram"] == float("-inf") and loaded_policy.probes.since["ngram"] > float("-inf")
 
 
 @pytest.mark.parametrize("change", ["threads", "target", "version", "garbage"])
@@ -124,7 +124,7 @@ def test_foreign_or_stale_profiles_are_ignored(model_files, tmp_path, change, ca
         other = store(model_files, tmp_path)
     ctl = Controller(other)
     assert not ctl.load()
-    assert ctl.verify.table(4) is None  # nothing learnt: plans from priors
+    assert ctl.costs.verify.table(4) is None  # nothing learnt: plans from priors
 
 
 def test_malformed_state_falls_back_to_priors(model_files, tmp_path):
@@ -135,7 +135,7 @@ def test_malformed_state_falls_back_to_priors(model_files, tmp_path):
     st.path.write_text(json.dumps(data))
     ctl = Controller(store(model_files, tmp_path))
     assert not ctl.load()
-    assert ctl.pooled == {} and ctl.verify.table(4) is None
+    assert ctl.priors.pooled == {} and ctl.costs.verify.table(4) is None
 
 
 def test_saved_every_few_requests_and_nothing_when_off(model_files, tmp_path, monkeypatch):
@@ -160,7 +160,7 @@ def engine_profile(tiny_paths, tmp_path, monkeypatch):
     cfg = ModelConfig(str(tiny_paths["target"]), str(tiny_paths["draft_close"]), n_ctx=256, n_threads=1)
     engine = Engine.load(cfg)
     engine.new_slot().generate([1, 2, 3], SamplingParams(max_tokens=20, ignore_eos=True), SpecParams())
-    path = engine.controller.store.path
+    path = engine.controller.profile.store.path
     engine.close()
     return cfg, path
 
@@ -173,10 +173,10 @@ def test_engine_load_uses_the_profile(tiny_paths, tmp_path, monkeypatch):
     cfg, path = engine_profile(tiny_paths, tmp_path, monkeypatch)
     assert path.parent == tmp_path / "auto" and path.exists()
     again = Engine.load(cfg)
-    assert again.controller.verify.table(2) is not None  # it starts from the measured costs
+    assert again.controller.costs.verify.table(2) is not None  # it starts from the measured costs
     again.close()
     off = Engine.load(ModelConfig(cfg.target_path, cfg.draft_path, n_ctx=256, n_threads=1, auto_profile=False))
-    assert off.controller.store is None
+    assert off.controller.profile.store is None
     off.close()
 
 
@@ -197,16 +197,16 @@ def test_calibrate_rescales_a_drafting_cost_the_machine_no_longer_has(model_file
     costs 2.7x what it does; auto then never drafted with it and never measured it again."""
     s = SCENARIOS["cpu_f16_high"]
     ctl = Controller(poisoned(model_files, tmp_path, "cpu_f16_high", 3.0))
-    assert ctl.load() and ctl.loaded
-    V = ctl.verify.table(9)
+    assert ctl.load() and ctl.profile.loaded
+    V = ctl.costs.verify.table(9)
     assert ctl.draft_coef("draft", V)[1] > 2 * s.draft_tok
     factor = ctl.calibrate("draft", s.draft_tok)
     assert factor == pytest.approx(1 / 3, rel=0.15)
     assert ctl.draft_coef("draft", V)[1] == pytest.approx(s.draft_tok, rel=0.1)
-    assert ctl.prompt_cost["draft"] < 0.5 * s.catchup * 3
+    assert ctl.costs.prompt_cost["draft"] < 0.5 * s.catchup * 3
     # a cost that agrees with the measurement (within 2x) is kept as it is
     assert ctl.calibrate("draft", 1.8 * s.draft_tok) == 1.0 and ctl.calibrate("draft", 0.6 * s.draft_tok) == 1.0
-    assert not Controller().loaded and Controller().calibrate("draft", s.draft_tok) == 1.0  # nothing to check
+    assert not Controller().profile.loaded and Controller().calibrate("draft", s.draft_tok) == 1.0  # nothing to check
 
 
 def test_calibrate_sees_through_a_slow_spell_of_the_whole_machine(model_files, tmp_path):
@@ -216,7 +216,7 @@ def test_calibrate_sees_through_a_slow_spell_of_the_whole_machine(model_files, t
     s = SCENARIOS["cpu_f16_high"]
     ctl = Controller(poisoned(model_files, tmp_path, "cpu_f16_high", 1.0))  # a right profile
     assert ctl.load()
-    target_tok = ctl.verify.table(2)[1]
+    target_tok = ctl.costs.verify.table(2)[1]
     assert ctl.calibrate("draft", 2.6 * s.draft_tok, 2.6 * target_tok) == 1.0
     assert ctl.calibrate("draft", 0.4 * s.draft_tok, 0.4 * target_tok) == 1.0
     assert ctl.calibrate("draft", 2.6 * s.draft_tok, target_tok) == pytest.approx(2.6, rel=0.15)
@@ -259,9 +259,9 @@ def test_engine_load_calibrates_a_saved_drafting_cost(tiny_paths, tmp_path, monk
     again = Engine.load(cfg)
     ctl = again.controller
     again.policy_for(SpecParams())  # a request's first call: calibrates
-    b = ctl.draft_coef("draft", ctl.verify.table(4))[1]
+    b = ctl.draft_coef("draft", ctl.costs.verify.table(4))[1]
     again.close()
-    assert ctl.loaded and 1e-5 < b < 0.5  # the tiny draft's measured token: well under a millisecond to tens
+    assert ctl.profile.loaded and 1e-5 < b < 0.5  # the tiny draft's measured token: well under a millisecond to tens
 
 
 def busy_first_run(model_files, tmp_path) -> learned.ProfileStore:
@@ -271,7 +271,7 @@ def busy_first_run(model_files, tmp_path) -> learned.ProfileStore:
     st = store(model_files, tmp_path)
     ctl = Controller(st)
     v1 = REFERENCE.verify(1)
-    ctl.verify = CostModel.from_state({"passes": [[1, v1, 190, 200], [2, 17 * v1, 1, 6], [3, 53 * v1, 1, 9]],
+    ctl.costs.verify = CostModel.from_state({"passes": [[1, v1, 190, 200], [2, 17 * v1, 1, 6], [3, 53 * v1, 1, 9]],
                                        "tick": 200})
     ctl.save()
     return store(model_files, tmp_path)
@@ -293,7 +293,7 @@ def test_a_profile_from_a_busy_first_run_drafts_again_within_the_first_request(m
     assert len(drafted) > 0.5 * len(run.steps)
     assert run.tokens_per_s >= 0.9 * priors.tokens_per_s
     # and what it measured replaces the busy minute's: a 2-token pass costs what it costs now
-    assert busy.verify.table(3)[2] < 1.5 * s.verify(2)
+    assert busy.costs.verify.table(3)[2] < 1.5 * s.verify(2)
 
 
 def test_a_pass_costs_at_most_its_tokens_one_by_one():

@@ -52,12 +52,12 @@ def test_a_fresh_engine_keeps_a_good_draft_model_whose_opening_drafts_failed(mon
 
 def test_the_allowance_is_gone_once_the_engine_knows_the_draft_model():
     ctl, spec = Controller(), SpecParams(draft_max=8)
-    ctl.verify.add(1, 0.165)
-    V = ctl.verify.table(9)
+    ctl.costs.verify.add(1, 0.165)
+    V = ctl.costs.verify.table(9)
     fresh = ctl.policy(spec, ["draft"])
-    assert fresh._explore("draft", V) > 0.0
+    assert fresh.probes.explore("draft", V) > 0.0
     p = ctl.prior("draft", 0, 0.0)
     p[0], p[1] = p[0] + 45.0, p[1] + 50.0  # the engine has judged 50 of its tokens at temperature 0
-    assert ctl.policy(spec, ["draft"])._explore("draft", V) == 0.0
+    assert ctl.policy(spec, ["draft"]).probes.explore("draft", V) == 0.0
     hot = ctl.policy(spec, ["draft"], temperature=0.8)  # nothing judged at 0.8 yet
-    assert hot._explore("draft", V) > 0.0
+    assert hot.probes.explore("draft", V) > 0.0

@@ -149,10 +149,10 @@ def test_auto_fresh_runs_each_request_as_a_new_process_would(tiny_paths, tmp_pat
         engine = local.slots["d"].engine
         own, before = engine.controller, json.dumps(engine.controller.state_dict(), sort_keys=True)
         with fresh_controller(engine) as fresh:
-            assert fresh is engine.controller and fresh is not own and fresh.loaded
+            assert fresh is engine.controller and fresh is not own and fresh.profile.loaded
             # what own learnt: each pass length's estimate (the fits weigh a loaded one as at most 4 passes, so
             # where noisy timings made them pool, the fitted tables differ by design)
-            ema = lambda c: {n: e for n, e, *_ in c.verify.state()["passes"]}  # noqa: E731
+            ema = lambda c: {n: e for n, e, *_ in c.costs.verify.state()["passes"]}  # noqa: E731
             assert ema(fresh) == pytest.approx(ema(own), rel=1e-9)
         stats, _ = local.run(BenchConfig("auto-fresh", "auto-fresh", "d", 4), prompt, sampling, "gumbel")
         assert stats["n_generated"] == 16

@@ -74,16 +74,16 @@ def test_runs_concatenate_to_each_chunk_whatever_the_bytes():
 def test_target_alone_speed_only_once_a_one_token_pass_was_measured():
     ctl, stats = Controller(), GenerationStats()
     assert target_alone_tokens_per_s(ctl, stats) is None
-    ctl.verify.add(5, 0.05)  # a 5-token pass does not tell what one token costs
+    ctl.costs.verify.add(5, 0.05)  # a 5-token pass does not tell what one token costs
     assert target_alone_tokens_per_s(ctl, stats) is None
-    ctl.verify.add(1, 0.02)
+    ctl.costs.verify.add(1, 0.02)
     assert target_alone_tokens_per_s(ctl, stats) == 50.0
     assert target_alone_tokens_per_s(None, stats) is None
 
 
 def test_target_alone_speed_pays_the_requests_own_cost_beside_its_passes():
     ctl = Controller()
-    ctl.verify.add(1, 0.02)
+    ctl.costs.verify.add(1, 0.02)
     # 10 steps in 1.1 s after the prompt, 0.5 s of them drafting and 0.5 s verifying: 0.01 s a step beside both
     stats = GenerationStats(n_passes=10, t_prompt=0.1, t_total=1.2, t_draft=0.5, t_verify=0.5)
     assert target_alone_tokens_per_s(ctl, stats) == round(1 / 0.03, 2)

@@ -4,14 +4,16 @@ Costs are measured, never assumed: a CPU verifies 8 tokens at 2-4x the cost of o
 at ~1x. `VerifyCost` is the seconds of one target pass over n tokens (an EMA per n made
 non-decreasing, interpolated and extrapolated); `DraftCost` the seconds a drafter takes for
 n tokens after its cache missed `lag` (a decayed ridge regression a + b n + c (lag - 1)).
-The prompt's catch-up, per drafter, is an EMA of seconds per prompt token that the
-controller keeps beside them (a scalar needs no class).
+The prompt's catch-up, per drafter, is an EMA of seconds per prompt token. `Costs` holds the
+three for an engine (controller.py), with each drafter's cost before it has any data.
 
 Nothing here locks: the owner (auto.controller.Controller) holds its lock around every call.
 """
 from __future__ import annotations
 
 import bisect
+
+from .names import FREE
 
 _G_COST = 0.95  # per-step decay of the drafting-cost regression
 _LOADED_OBS = 4  # the most observations a loaded pass-cost estimate counts as
@@ -236,3 +238,53 @@ class VerifyCost:
 
 
 CostModel = VerifyCost  # the name the first controller used
+
+
+class Costs:
+    """An engine's measured costs: the target's passes, each drafter's drafting and prompt catch-up."""
+
+    def __init__(self):
+        self.verify = VerifyCost()
+        self.draft: dict[str, DraftCost] = {}
+        self.prompt_cost: dict[str, float] = {}  # seconds per prompt token a model drafter catches up (EMA)
+        self.cost_ratio: dict[str, float] = {}  # a drafter's token cost / the target's, before any data
+
+    def draft_coef(self, name: str, V: list[float]) -> list[float]:
+        """[a, b, c]: seconds to draft n tokens after missing lag = a + b n + c (lag - 1)."""
+        # before any data: a draft model costs its share of the target's weights (memory-bound decode)
+        e = 0.0 if name in FREE else self.cost_ratio.get(name, 0.125) * V[1]
+        r = self.verify.batching  # assumed to help the drafter as much as it helps the target
+        fit = self.draft.get(name)
+        return fit.coef(e, r) if fit is not None else [e, e, r * e]
+
+    def learn_prompt_cost(self, name: str, per_token: float) -> None:
+        old = self.prompt_cost.get(name, per_token)
+        self.prompt_cost[name] = 0.7 * old + 0.3 * per_token
+
+    def learn_draft_cost(self, name: str, n: int, lag: int, seconds: float) -> None:
+        """A drafter took `seconds` for n tokens, its cache `lag` tokens behind."""
+        fit = self.draft.get(name) or self.draft.setdefault(name, DraftCost())
+        fit.add(n, lag, seconds)
+
+    def scale(self, name: str, factor: float) -> None:
+        """The drafter's costs, its prompt catch-up too, times factor (Controller.calibrate)."""
+        self.draft[name].scale(factor)
+        if name in self.prompt_cost:
+            self.prompt_cost[name] *= factor
+
+    def state(self) -> dict:
+        """Its sections of a saved profile (controller.Controller.state_dict); not cost_ratio, which the
+        engine sets from its models."""
+        return {"verify": self.verify.state(),
+                "draft_cost": {name: fit.state() for name, fit in self.draft.items()},
+                "prompt_cost": dict(self.prompt_cost)}
+
+    @classmethod
+    def from_state(cls, state: dict, weight: float, cost_ratio: dict[str, float]) -> "Costs":
+        """From a saved profile, the drafting costs' evidence scaled by `weight` (Controller.load_state_dict)."""
+        c = cls()
+        c.verify = VerifyCost.from_state(state["verify"])
+        c.draft = {str(name): DraftCost.from_state(fit, weight) for name, fit in state["draft_cost"].items()}
+        c.prompt_cost = {str(k): float(x) for k, x in state["prompt_cost"].items()}
+        c.cost_ratio = cost_ratio
+        return c

@@ -56,12 +56,12 @@ class Estimates:
     def rates(self, name: str, bucket: int, rates: Rates) -> list[float]:
         """A request's acceptance by position, leaning on the engine's pooled rate as much as
         requests were alike, each position as the engine's acceptance moves with it (Shape)."""
-        q = self.ctl.prior(name, bucket, self.regime)
+        q = self.ctl.priors.prior(name, bucket, self.regime)
         mean = q[0] / q[1]
         if name == MODEL and bucket == 0:
             mean = self.model_level(mean)
-        shape = self.ctl.position_shape(name, bucket, self.regime).factors(self.caps[name])
-        return rates.rates(mean, self.ctl.prior_weight(name, bucket, self.regime, mean), shape,
+        shape = self.ctl.priors.position_shape(name, bucket, self.regime).factors(self.caps[name])
+        return rates.rates(mean, self.ctl.priors.prior_weight(name, bucket, self.regime, mean), shape,
                            REPEAT_RATE_MAX if bucket == REPEAT else RATE_MAX)
 
     def lookup(self, name: str, bucket: int) -> list[float]:
@@ -78,7 +78,7 @@ class Estimates:
         target has been of the request's own tokens is known at every sampled step for free."""
         if sum(self.seen_top) < _SEEN_MIN:
             return pooled
-        level = self.ctl.target_map(MODEL, self.regime).expected(self.seen_top)
+        level = self.ctl.priors.target_map(MODEL, self.regime).expected(self.seen_top)
         return pooled if level is None else level
 
     # --- learnt from the steps -------------------------------------------------------------
@@ -134,4 +134,4 @@ class Estimates:
             if r.rate is not None:
                 self.ctl.learn_spread(name, bucket, self.regime, r.rate, r.t)
         for (name, bucket), counts in self.judged.items():
-            self.ctl.position_shape(name, bucket, self.regime).add(counts)
+            self.ctl.priors.position_shape(name, bucket, self.regime).add(counts)

@@ -25,8 +25,8 @@ class Lags:
         share over `uncovered` (to be spread over the request's tokens, it is repaid by that share)."""
         if name in FREE:
             return 0.0  # indexing the tokens it missed: microseconds a token
-        start = self.ctl.prompt_cost.get(name, 0.0) * self.missing[name] if name in self.fresh else 0.0
-        return start / uncovered + self.ctl.draft_coef(name, V)[2] * max(self.lag[name] - 2, 0)
+        start = self.ctl.costs.prompt_cost.get(name, 0.0) * self.missing[name] if name in self.fresh else 0.0
+        return start / uncovered + self.ctl.costs.draft_coef(name, V)[2] * max(self.lag[name] - 2, 0)
 
     def fell_behind(self, names, n: int) -> None:
         """These drafters did not run while the step made n tokens."""
@@ -48,7 +48,7 @@ class Lags:
         ctl = self.ctl
         if name in self.fresh:  # the prompt's catch-up: what the regression does not explain
             if self.missing[name] > 0 and name not in FREE:
-                a, b, c = ctl.draft_coef(name, ctl.verify.table(self.cap + 1))
+                a, b, c = ctl.costs.draft_coef(name, ctl.costs.verify.table(self.cap + 1))
                 over = max(t_draft - a - b * n - c * (self.lag[name] + extra), 0.0)
                 ctl.learn_prompt_cost(name, over / self.missing[name])
         else:

@@ -11,22 +11,19 @@ from __future__ import annotations
 
 from ..policy import Outcome
 from .acceptance import OPENING
-from .estimates import Estimates, bucket
-from .lags import Lags
+from .context import Context
+from .estimates import bucket
 from .names import FREE, HYBRID, MODEL
 from .plans import PlanCache
 from .probing import Probes
-from .progress import Progress, Setup
-from .shared import Shared
 
 
 class Learner:
     """Turns each Outcome into updates of the request's parts and the engine's state."""
 
-    def __init__(self, ctl: Shared, setup: Setup, progress: Progress, est: Estimates, lags: Lags,
-                 probes: Probes, cache: PlanCache):
-        self.ctl, self.setup, self.progress = ctl, setup, progress
-        self.est, self.lags, self.probes, self.cache = est, lags, probes, cache
+    def __init__(self, ctx: Context, probes: Probes, cache: PlanCache):
+        self.ctl, self.setup, self.progress, self.est, self.lags = ctx.ctl, ctx.setup, ctx.progress, ctx.est, ctx.lags
+        self.probes, self.cache = probes, cache
 
     def observe(self, o: Outcome, offers: dict, at: int, head: tuple | None) -> None:
         """The step's outcome; `offers`, `at` (tokens made before it) and `head` (a hybrid's lookup,
@@ -72,9 +69,9 @@ class Learner:
             if order:
                 est.learn_lookup(used, bucket(used, order, at), min(n, acc + 1), acc)
             if used == MODEL and o.confidence:
-                ctl.confidence_map(MODEL, self.setup.regime).add(o.confidence[f:], acc)
+                ctl.priors.confidence_map(MODEL, self.setup.regime).add(o.confidence[f:], acc)
             if used == MODEL and o.target_top and not opening:  # (an opening is judged apart, OPENING)
-                ctl.target_map(MODEL, self.setup.regime).add(o.target_top[f:f + n], acc)
+                ctl.priors.target_map(MODEL, self.setup.regime).add(o.target_top[f:f + n], acc)
         lags.ran(used, bool(o.n_drafted and o.n_accepted == o.n_drafted))
         self.cache.forget(used)
         self.probes.judged(used, n, acc)
@@ -100,9 +97,9 @@ class Learner:
             est.learn(MODEL, 0, est.acc[MODEL], min(nm, acc_m + 1), acc_m)
             ctl.learn_pooled(MODEL, 0, regime, acc_m, min(nm, acc_m + 1))
             if o.confidence:
-                ctl.confidence_map(MODEL, regime).add(o.confidence[f + m:], acc_m)
+                ctl.priors.confidence_map(MODEL, regime).add(o.confidence[f + m:], acc_m)
             if o.target_top:
-                ctl.target_map(MODEL, regime).add(o.target_top[f + m:f + n], acc_m)
+                ctl.priors.target_map(MODEL, regime).add(o.target_top[f + m:f + n], acc_m)
         self.lags.learn_cost(MODEL, nm, f + m, o.t_draft)
         self.probes.drafted(MODEL)
         self.lags.ran(MODEL, bool(nm and acc == n))  # as after its own draft

@@ -18,12 +18,10 @@ from typing import Callable
 
 from . import planner
 from .acceptance import PRIOR_W, REPEAT
-from .estimates import Estimates, bucket
-from .lags import Lags
+from .context import Context
+from .estimates import bucket
 from .names import FREE
-from .probing import Plans
-from .progress import Progress, Setup
-from .shared import Shared
+from .probing import PlanFor
 from ..drafters.suffix import SuffixDrafter
 
 _TRIAL_STEPS = 3  # steps a request drafts before its own acceptance overrules a prior that was too hopeful
@@ -35,15 +33,16 @@ class Prefill:
     """One request's judgement of a prompt catch-up: whether a draft model takes the prompt up front, and
     over how many tokens a catch-up is repaid. `gain` (default `spread_gain`) prices taking it now."""
 
-    def __init__(self, ctl: Shared, setup: Setup, progress: Progress, est: Estimates, lags: Lags, plans: Plans,
-                 gain: "Gain | None" = None):
-        self.ctl, self.setup, self.progress, self.est, self.lags, self.plans = ctl, setup, progress, est, lags, plans
+    def __init__(self, ctx: Context, plan_for: PlanFor, gain: "Gain | None" = None):
+        """plan_for: the request's best plan of one drafter, for a `gain` that prices by it."""
+        self.ctl, self.setup, self.progress, self.est, self.lags = ctx.ctl, ctx.setup, ctx.progress, ctx.est, ctx.lags
+        self.plan_for = plan_for
         self.gain = gain or spread_gain
 
     def horizon(self) -> float:
         """Tokens this request is still expected to make: the others' mean length, within its own cap."""
         ctl, done = self.ctl, self.progress.generated
-        mean = max((ctl.tokens - done) / (ctl.requests - 1) - done, 32.0)
+        mean = max((ctl.history.tokens - done) / (ctl.history.requests - 1) - done, 32.0)
         return max(min(mean, self.progress.max_tokens - done), 1.0)
 
     def prefill_horizon(self) -> float:
@@ -52,7 +51,7 @@ class Prefill:
         paid in full by a request that may end at once: a short answer (a translation, 12-37
         tokens) paid it out of a mean horizon that the 64-token answers around it made."""
         done = self.progress.generated
-        left = sorted(n - done for n in self.ctl.lengths if n > done)
+        left = sorted(n - done for n in self.ctl.history.lengths if n > done)
         if len(left) < 4:
             return self.horizon()
         return max(min(left[(len(left) - 1) // 4], self.progress.max_tokens - done), 1.0)
@@ -71,7 +70,7 @@ class Prefill:
             return 1.0
         if self.repeating():  # the same request again: its earlier answer is copied, not drafted
             return _UNCOVERED_MIN
-        prior = self.ctl.share_of_lookups(self.setup.regime)
+        prior = self.ctl.history.share_of_lookups(self.setup.regime)
         share = (self.progress.covered + _SHARE_W * prior) / (self.progress.generated + _SHARE_W)
         return max(1.0 - share, _UNCOVERED_MIN)
 
@@ -99,8 +98,8 @@ class Prefill:
         with self.ctl.lock:
             self.lags.missing[name] = n_missing
             if n_missing > 0:  # (none: its cache holds the prompt already, nothing to pay)
-                per_token = self.ctl.prompt_cost.get(name)
-                V = self.ctl.verify.table(self.setup.cap + 1)
+                per_token = self.ctl.costs.prompt_cost.get(name)
+                V = self.ctl.costs.verify.table(self.setup.cap + 1)
                 if per_token is None or V is None:
                     return False
                 tokens = min(self.prefill_horizon(), max_tokens - 1) * self.uncovered()
@@ -136,12 +135,12 @@ def spread_gain(part: Prefill, name: str, V, tokens: float) -> float:
     surely as 40 alike requests, declined every prefill, and so never drafted to learn better.
     """
     ctl, setup = part.ctl, part.setup
-    q = ctl.prior(name, 0, setup.regime)
+    q = ctl.priors.prior(name, 0, setup.regime)
     m = q[0] / q[1]
-    sp = ctl.spread.get((name, 0, setup.regime))
+    sp = ctl.priors.spread.get((name, 0, setup.regime))
     w = sp.weight(m) if sp is not None else PRIOR_W
     sd = math.sqrt(m * (1.0 - m) * (1.0 / (w + 1.0) + 1.0 / (q[1] + 1.0)))
-    cost, dlv, cap = tuple(ctl.draft_coef(name, V)), part.est.dlv[name].rates(q[2] / q[3]), setup.caps[name]
+    cost, dlv, cap = tuple(ctl.costs.draft_coef(name, V)), part.est.dlv[name].rates(q[2] / q[3]), setup.caps[name]
     total = 0.0
     for x in (m - sd, m, m + sd):
         acc = [min(max(x, 0.0), 0.99)] * cap

@@ -2,7 +2,7 @@
 
 A drafter not in use (a draft model; a lookup only until the engine has judged it unasked)
 is probed with a short draft once the steps since its last use reach an interval (doubled
-after a failure, up to PROBE_MAX) and the probe's expected loss, catch-up included, fits in
+after a failure, up to pacing.PROBE_MAX) and the probe's expected loss, catch-up included, fits in
 _EPS of the decode time since the drafter last ran (in this request, plus what the engine
 saved before it). A drafter never run in this process is probed at once if nothing is known
 of it; if a loaded profile measured it, its budget counts from the process's start. A fully
@@ -20,44 +20,45 @@ EXPLORE_N judged tokens; a loaded profile's evidence counts.
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Callable, Protocol
 
 from . import planner
-from .estimates import Estimates
-from .lags import Lags
+from .context import Context
 from .names import FREE
-from .progress import Progress, Setup
-from .shared import Shared
+from .pacing import PROBE_MIN
 
 _EPS = 0.01  # share of decode time that probes may lose
-PROBE_MIN, PROBE_MAX = 4, 32  # steps between probes of an unused drafter
 FOLLOW_UPS = 6  # successful probes in a row that may bypass the budget
 EXPLORE_PASSES = 3.0  # plain passes' worth a request may lose probing a draft model the engine knows little of
 EXPLORE_OWN = 8.0  # judged tokens of the request's own beyond which it has seen enough to go by
 EXPLORE_N = 48.0  # (decayed) judged tokens of the engine's at a temperature beyond which that allowance is gone
 
 
-class Plans(Protocol):
-    """The request's planning, which a probe is priced with (request.AutoPolicy)."""
+class PlanFor(Protocol):
+    """The request's best plan of one drafter (request.AutoPolicy.plan_for), which a probe is priced with."""
 
-    def plan_for(self, name: str, V, kmin: int = 1, kmax: int | None = None, found: bool = False,
+    def __call__(self, name: str, V, kmin: int = 1, kmax: int | None = None, found: bool = False,
                  ceiling: bool = False) -> planner.Plan: ...
 
-    def best(self, V) -> tuple[str | None, planner.Plan, float]: ...
+
+Best = Callable[[list], "tuple[str | None, planner.Plan, float]"]  # the request's choice now (AutoPolicy.best)
 
 
 class Probes:
     """When one request tries an unused drafter again, and what its probes showed."""
 
-    def __init__(self, ctl: Shared, setup: Setup, progress: Progress, est: Estimates, lags: Lags, plans: Plans,
-                 explore: float = EXPLORE_PASSES):
-        self.ctl, self.setup, self.progress, self.est, self.lags, self.plans = ctl, setup, progress, est, lags, plans
+    def __init__(self, ctx: Context, plan_for: PlanFor, best: Best, explore: float = EXPLORE_PASSES):
+        """plan_for, best: the request's planning, which prices a probe and tells whether one paid."""
+        ctl, setup = ctx.ctl, ctx.setup
+        self.ctl, self.setup, self.progress, self.est, self.lags = ctl, setup, ctx.progress, ctx.est, ctx.lags
+        self.plan_for, self.best = plan_for, best
         names = setup.names
         # a drafter never run in this process: probed at once if nothing is known of it; if a loaded
         # profile measured it, its probes wait for the budget this process accrues like any other's
         # (a new process's first probes would otherwise pay a long prompt's catch-up, or displace
         # the draft model's 5-token steps with 1-token lookups, unasked)
-        self.since = {n: ctl.last_used.get(n, 0.0 if n in ctl.profiled else float("-inf")) - ctl.clock
+        pacing = ctl.pacing
+        self.since = {n: pacing.last_used.get(n, 0.0 if n in pacing.profiled else float("-inf")) - pacing.clock
                       for n in names}  # the request's clock when each last drafted
         self.used_step = dict.fromkeys(names, -(1 << 30))
         self.probing: tuple | None = None  # (drafter, whether it displaced a drafter, its plan) this step
@@ -72,13 +73,13 @@ class Probes:
         ctl, offers = self.ctl, self.progress.offers
         if name in offers and not offers[name][0]:
             return None  # nothing to probe with
-        if name in ctl.shadowed:
+        if name in ctl.pacing.shadowed:
             return None  # judged at every step where it matches, unasked: nothing a probe would add
-        if self.progress.step - self.used_step[name] < ctl.probe_interval(name):
+        if self.progress.step - self.used_step[name] < ctl.pacing.probe_interval(name):
             return None
         earned = _EPS * (self.progress.clock - self.since[name])
         budget = earned + self.explore(name, V)
-        k, fit = self.setup.kmin[name], ctl.draft.get(name)
+        k, fit = self.setup.kmin[name], ctl.costs.draft.get(name)
         # what catching up costs is unknown until lags vary: look while the lag is short and cheap
         # (never while its cache lacks this request's prompt: that catch-up is what makes a probe costly)
         early = (name not in FREE and name not in self.lags.fresh and fit is not None and not fit.lag_known()
@@ -92,7 +93,7 @@ class Probes:
             if budget < self.cost.get(name, 0.0):
                 return None  # below the cost last computed (a lagging cache only adds to it)
             # seconds a probe that drafts loses against the best choice making its expected tokens
-            p = self.plans.plan_for(name, V, kmin=k, kmax=k, found=True)
+            p = self.plan_for(name, V, kmin=k, kmax=k, found=True)
             cost = self.lags.catchup(name, V) + p.seconds - p.tokens / best_rate
             if not self.could_pay(name, V):
                 cost *= 8  # only to refresh what it costs, rarely
@@ -101,12 +102,12 @@ class Probes:
                 return None
             if cost > earned:  # spent from the allowance
                 self.explore_left[name] -= (cost - earned) / V[1]
-        return self.plans.plan_for(name, V, kmin=k, kmax=k)
+        return self.plan_for(name, V, kmin=k, kmax=k)
 
     def could_pay(self, name: str, V, rate: float | None = None) -> bool:
         """Whether the drafter would beat `rate` (default: plain decoding's) if every token it drafted
         were accepted."""
-        plan = self.plans.plan_for(name, V, kmin=self.setup.kmin[name], found=True, ceiling=True)
+        plan = self.plan_for(name, V, kmin=self.setup.kmin[name], found=True, ceiling=True)
         return plan.rate > (rate or 1.0 / V[1])
 
     def explore(self, name: str, V) -> float:
@@ -116,7 +117,7 @@ class Probes:
         left = self.explore_left.get(name, 0.0)
         if left <= 0.0:
             return 0.0
-        judged = self.ctl.prior(name, 0, self.setup.regime)[1]  # with the prior's own pseudo-trials
+        judged = self.ctl.priors.prior(name, 0, self.setup.regime)[1]  # with the prior's own pseudo-trials
         own = self.est.acc[name].t  # this request's own judged tokens (decayed): what it has already seen
         return left * max(0.0, 1.0 - judged / EXPLORE_N) * max(0.0, 1.0 - own / EXPLORE_OWN) * V[1]
 
@@ -138,9 +139,9 @@ class Probes:
             return
         self.used_step[used] = self.progress.step
         if n:
-            V = self.ctl.verify.table(self.setup.cap + 1)
+            V = self.ctl.costs.verify.table(self.setup.cap + 1)
             done = self.follow_up[1] if self.follow_up and self.follow_up[0] == probed else 0
             # all accepted: followed up at once, outside the budget, a few times at most
             good = acc == n and done < FOLLOW_UPS and self.could_pay(probed, V)
-            self.ctl.learn_probe(probed, good or self.plans.best(V)[0] == probed)
+            self.ctl.learn_probe(probed, good or self.best(V)[0] == probed)
             self.follow_up = (probed, done + 1) if good else None

@@ -4,7 +4,9 @@ Each step it turns what it knows into planner options (planner.py) and takes the
 the most expected tokens per second. It is composed of parts that own their state: its
 acceptance estimates (estimates.py), its drafters' lags (lags.py), its probes (probing.py), its
 prefill judgement (prefill.py) and its plan cache (plans.py); what each step's outcome teaches
-them is learning.py's. How auto decides, with measurements: docs/auto.md.
+them is learning.py's. The parts are made with one Context (context.py); what probing and
+prefill need of the planning here they are handed as functions (plan_for, best), not the policy.
+How auto decides, with measurements: docs/auto.md.
 
 The engine tells it, each step, what each lookup drafter would match (`see`), so a lookup is
 planned only when it has a match, up to what it has. With a draft model and a lookup, the
@@ -26,14 +28,14 @@ from ..drafters.suffix import SuffixDrafter
 from ..policy import OFF, Choice, Outcome
 from . import planner
 from .acceptance import OPENING, ConfidenceMap
-from .estimates import Estimates, bucket
-from .lags import Lags
+from .context import Context
+from .estimates import bucket
 from .learning import Learner
 from .names import FORCED, FREE, HYBRID, HYBRID_LOOKUPS, MODEL
 from .plans import PlanCache
 from .prefill import Gain, Prefill
 from .probing import EXPLORE_PASSES, Probes
-from .progress import Progress, Setup
+from .progress import Setup
 from .shared import Shared
 
 trace = logging.getLogger("specserve.auto")  # one DEBUG line a step: SPECSERVE_LOG=debug
@@ -52,13 +54,12 @@ class AutoPolicy:
         self.setup = setup = Setup.of(spec, names, temperature)
         self.names, self.hybrid, self.caps, self.cap = setup.names, setup.hybrid, setup.caps, setup.cap
         self.regime = setup.regime
-        self.progress = Progress()
-        self.est = Estimates(ctl, setup)
-        self.lags = Lags(ctl, setup.names, setup.cap)
+        self.ctx = ctx = Context.of(ctl, setup)
+        self.progress, self.est, self.lags = ctx.progress, ctx.est, ctx.lags
         self.cache = PlanCache(setup.names)
-        self.probes = Probes(ctl, setup, self.progress, self.est, self.lags, self, EXPLORE_PASSES)
-        self.prefills = Prefill(ctl, setup, self.progress, self.est, self.lags, self, prefill_gain)
-        self.learner = Learner(ctl, setup, self.progress, self.est, self.lags, self.probes, self.cache)
+        self.probes = Probes(ctx, self.plan_for, self.best, EXPLORE_PASSES)
+        self.prefills = Prefill(ctx, self.plan_for, prefill_gain)
+        self.learner = Learner(ctx, self.probes, self.cache)
         # this step as chosen: the lookups' offers, tokens made before it (0: the request's first
         # step), a hybrid's (lookup, match bucket, m), and (drafter, plan) for the trace
         self._step_offers: dict[str, tuple[int, int]] = {}
@@ -66,36 +67,6 @@ class AutoPolicy:
         self._step_head: tuple[str, int, int] | None = None
         self._step_plan: tuple = (None, None)
         self.pred_tokens = self.pred_time = 0.0
-
-    # --- what it has learnt, as its parts hold it ---------------------------------------------
-
-    @property
-    def acc(self):
-        return self.est.acc
-
-    @property
-    def acc_order(self):
-        return self.est.by_match
-
-    @property
-    def lag(self):
-        return self.lags.lag
-
-    @property
-    def since(self):
-        return self.probes.since
-
-    @property
-    def generated(self) -> int:
-        return self.progress.generated
-
-    @property
-    def covered(self) -> float:
-        return self.progress.covered
-
-    @property
-    def offers(self) -> dict[str, tuple[int, int]]:
-        return self.progress.offers
 
     @property
     def predicted_tokens_per_s(self) -> float:
@@ -113,8 +84,8 @@ class AutoPolicy:
         self.cache.check(V)
         order, cap, at = 0, self.caps[name], self.progress.generated
         kmax = min(kmax or cap, cap)
-        if name in self.offers:  # what it would draft now is known
-            order, available = self.offers[name]
+        if name in self.progress.offers:  # what it would draft now is known
+            order, available = self.progress.offers[name]
             found, kmax = True, min(kmax, available)
             if not order or kmax < kmin:
                 return planner.plain(V)._replace(rate=0.0)  # no match: nothing to draft
@@ -132,19 +103,19 @@ class AutoPolicy:
             acc = self.est.rates(name, OPENING, self.est.opening[name])
         else:
             acc = self.est.rates(name, 0, self.est.acc[name])
-        p = self.ctl.prior(name, 0, self.setup.regime)
+        p = self.ctl.priors.prior(name, 0, self.setup.regime)
         # a known match delivers every token up to `available`, which bounds kmax
         dlv = None if order else self.est.dlv[name].rates(p[2] / p[3])
-        option = planner.Option(name, acc, tuple(self.ctl.draft_coef(name, V)), kmax, kmin, dlv, found)
+        option = planner.Option(name, acc, tuple(self.ctl.costs.draft_coef(name, V)), kmax, kmin, dlv, found)
         best = self.cache.plans[name][key] = planner.best_length(option, V)
         return best
 
     def _hybrid_head(self) -> tuple[str, int, int] | None:
         """(lookup, match bucket, m): what the hybrid's lookup would draft now, if it pays to plan."""
-        if any(name in self.caps and name not in self.offers for name in HYBRID_LOOKUPS):
+        if any(name in self.caps and name not in self.progress.offers for name in HYBRID_LOOKUPS):
             return None  # which lookup the hybrid follows is unknown (a caller that tells only the n-gram's offer)
         for name in HYBRID_LOOKUPS:
-            order, available = self.offers.get(name, (0, 0))
+            order, available = self.progress.offers.get(name, (0, 0))
             if name in self.caps and order:
                 # the draft model continues only where the match runs out before the caps
                 b = bucket(name, order, self.progress.generated)
@@ -159,10 +130,10 @@ class AutoPolicy:
         self.cache.check(V)
         best = self.cache.plans[HYBRID].get(head)
         if best is None:
-            p = self.ctl.prior(MODEL, 0, self.setup.regime)
+            p = self.ctl.priors.prior(MODEL, 0, self.setup.regime)
             jmax = min(self.caps[MODEL], self.cap - m)
             option = planner.Option(HYBRID, self.est.rates(MODEL, 0, self.est.acc[MODEL]),
-                                    tuple(self.ctl.draft_coef(MODEL, V)), jmax, 1,
+                                    tuple(self.ctl.costs.draft_coef(MODEL, V)), jmax, 1,
                                     self.est.dlv[MODEL].rates(p[2] / p[3]), False, self.est.lookup(name, b)[:m])
             best = self.cache.plans[HYBRID][head] = planner.best_length(option, V)
         return best
@@ -192,9 +163,9 @@ class AutoPolicy:
             m, tokens, chain, kmin = 0, 1.0, 1.0, self.setup.kmin[MODEL]
         else:
             return None
-        a, b, c = self.ctl.draft_coef(MODEL, V)
+        a, b, c = self.ctl.costs.draft_coef(MODEL, V)
         costs = self.cache.step_costs(V, b, m, plan.k)
-        table = self.ctl.confidence_map(MODEL, self.setup.regime).table()
+        table = self.ctl.priors.confidence_map(MODEL, self.setup.regime).table()
         return planner.ConfidenceStop(table, ConfidenceMap.EDGES, costs, tokens, a + c * m + V[m + 1], chain, kmin)
 
     # --- the engine's calls ---------------------------------------------------------------------
@@ -202,13 +173,13 @@ class AutoPolicy:
     def see(self, name: str, offer: tuple[int, int]) -> None:
         """What a lookup drafter would draft this step: its match length (0: none), tokens available."""
         if name in self.caps:
-            self.offers[name] = (int(offer[0]), int(offer[1]))  # plans are cached by match and length
+            self.progress.offers[name] = (int(offer[0]), int(offer[1]))  # plans are cached by match and length
 
     def plan(self) -> tuple[str | None, planner.Plan | None]:
         """The planner's choice now, before any probe: (drafter or None, its plan); None for the
         plan before any pass was measured. What choose returns unless a probe is due."""
         with self.ctl.lock:
-            V = self.ctl.verify.table(self.cap + 1)
+            V = self.ctl.costs.verify.table(self.cap + 1)
             return (None, None) if V is None else self.best(V)[:2]
 
     def choose(self) -> Choice:
@@ -220,12 +191,12 @@ class AutoPolicy:
         self.progress.step += 1
         probes.probing = None
         self._step_plan = (None, None)
-        self._step_offers = dict(self.offers)
+        self._step_offers = dict(self.progress.offers)
         self._step_at = self.progress.generated  # at the request's first step its lookups match the prompt's end
         self._step_head = self._hybrid_head() if self.hybrid else None
         # the grammar's forced run is drafted first whatever the plan: free to draft, kept by construction
-        forced = self.offers.get(FORCED, (0, 0))[1]
-        V = self.ctl.verify.table(self.cap + 1)  # [cap + 2] seconds per pass over n tokens
+        forced = self.progress.offers.get(FORCED, (0, 0))[1]
+        V = self.ctl.costs.verify.table(self.cap + 1)  # [cap + 2] seconds per pass over n tokens
         if V is None:  # the first step of a fresh engine measures a plain pass (or the forced run's)
             return Choice(FORCED, forced) if forced else OFF
         name, plan, rate = self.best(V)
@@ -283,34 +254,8 @@ class AutoPolicy:
         probing = self.probes.probing
         probe = f" probe of {probing[0]}" if probing else ""
         offers = " ".join(f"{d}:{o[0]}/{o[1]}" for d, o in self._step_offers.items())
-        rates = " ".join(f"{d}:{r.rate:.2f}" for d, r in self.acc.items() if r.rate is not None)
+        rates = " ".join(f"{d}:{r.rate:.2f}" for d, r in self.est.acc.items() if r.rate is not None)
         trace.debug("step %d T%s: planned %s%s; ran %s k=%d drafted %d accepted %d; draft %.3f s verify %.3f s; "
                     "lags %s; acceptance so far %s; offers %s", self.progress.step, self.setup.regime, planned, probe,
                     o.choice.drafter if o.choice.k else "plain", o.choice.k, o.n_drafted, o.n_accepted,
-                    o.t_draft, o.t_verify, dict(self.lag), rates or "-", offers or "-")
-
-    # --- what the tests of its parts call -------------------------------------------------------
-
-    def _rates(self, name, bucket_, rates):
-        return self.est.rates(name, bucket_, rates)
-
-    def _lookup_rates(self, name, bucket_):
-        return self.est.lookup(name, bucket_)
-
-    def _catchup(self, name, V, uncovered=1.0):
-        return self.lags.catchup(name, V, uncovered)
-
-    def _uncovered(self):
-        return self.prefills.uncovered()
-
-    def _prefill_horizon(self):
-        return self.prefills.prefill_horizon()
-
-    def _probe(self, name, V, best_rate):
-        return self.probes.due(name, V, best_rate)
-
-    def _explore(self, name, V):
-        return self.probes.explore(name, V)
-
-    def _observe_shadow(self, shadow, used):
-        self.learner.shadow(shadow, used, self._step_head, self._step_offers, self._step_at)
+                    o.t_draft, o.t_verify, dict(self.lags.lag), rates or "-", offers or "-")

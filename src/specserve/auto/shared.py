@@ -9,35 +9,23 @@ from __future__ import annotations
 import threading
 from typing import Protocol
 
-from .acceptance import ConfidenceMap, Shape, Spread
-from .cost import DraftCost, VerifyCost
+from .cost import Costs
+from .history import History
+from .pacing import Pacing
+from .priors import Priors
 
 
 class Shared(Protocol):
-    """The engine's pooled state as a request's policy sees it: read through these attributes and
-    methods, changed only through the learn_* verbs (and the maps' and shapes' own `add`)."""
+    """The engine's pooled state as a request's policy sees it: read through its parts (their reads,
+    e.g. `priors.prior`, `costs.draft_coef`, `pacing.probe_interval`: a step makes ~15 of them, so not
+    through forwarding calls), changed only through the verbs below (and the maps' and shapes' own
+    `add`)."""
 
     lock: threading.Lock
-    verify: VerifyCost  # what a target pass costs
-    draft: dict[str, DraftCost]  # what a drafter's steps cost
-    prompt_cost: dict[str, float]  # seconds per prompt token a model drafter catches up
-    spread: dict[tuple, Spread]
-    shadowed: set[str]  # lookups judged at every step unasked: never probed
-    last_used: dict[str, float]  # `clock` when the drafter last drafted
-    profiled: frozenset[str]  # drafters the loaded profile measured
-    clock: float  # seconds of drafting and verifying observed, all requests
-    requests: float  # decayed counts of requests and their tokens
-    tokens: float
-    lengths: list[int]  # tokens the last finished requests made
-
-    def prior(self, name: str, order: int = 0, regime: float = 0.0) -> list[float]: ...
-    def prior_weight(self, name: str, order: int, regime: float, mean: float) -> float: ...
-    def position_shape(self, name: str, order: int, regime: float) -> Shape: ...
-    def confidence_map(self, name: str, regime: float) -> ConfidenceMap: ...
-    def target_map(self, name: str, regime: float) -> ConfidenceMap: ...
-    def draft_coef(self, name: str, V: list[float]) -> list[float]: ...
-    def share_of_lookups(self, regime: float) -> float: ...
-    def probe_interval(self, name: str) -> int: ...
+    costs: Costs  # what a target pass, a drafter's steps and a prompt's catch-up cost (cost.py)
+    priors: Priors  # pooled acceptance, its spread and shape, the confidence maps (priors.py)
+    pacing: Pacing  # the clock, when each drafter last drafted, probe intervals, lookups never probed (pacing.py)
+    history: History  # what requests have been: their counts, lengths, the lookups' share (history.py)
 
     def passed(self, n_drafted: int, t_draft: float, t_verify: float, n_tokens: int) -> None: ...
     def learn_pooled(self, name: str, order: int, regime: float, hit: int, tried: int,

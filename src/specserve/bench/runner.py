@@ -286,10 +286,10 @@ def fresh_controller(engine: Engine):
     engine.calibrate()  # the engine's own controller first, if it has not run a request yet
     own = engine.controller
     fresh = Controller()
-    fresh.cost_ratio = dict(own.cost_ratio)
-    if own.store is not None:
+    fresh.costs.cost_ratio = dict(own.costs.cost_ratio)
+    if own.profile.store is not None:
         fresh.load_state_dict(own.state_dict())
-        fresh.loaded = True
+        fresh.profile.loaded = True
         if engine.draft is not None:
             fresh.calibrate("draft", *token_seconds(engine.draft, engine.target))
     engine.controller = fresh

@@ -89,7 +89,7 @@ def target_alone_tokens_per_s(controller: Controller | None, stats: GenerationSt
     if controller is None:
         return None
     with controller.lock:
-        passes = controller.verify.state()["passes"]  # [[n, EMA seconds, observations, tick], ...]
+        passes = controller.costs.verify.state()["passes"]  # [[n, EMA seconds, observations, tick], ...]
     seconds = next((p[1] for p in passes if p[0] == 1), None)
     if not seconds:
         return None
