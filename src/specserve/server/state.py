@@ -109,12 +109,17 @@ class ServerState:
         # frees the models while idle (--sleep-idle-seconds); None: they stay loaded
         self.sleeper = Sleeper(self, settings.sleep_idle_seconds) if settings.sleep_idle_seconds > 0 else None
 
+    @property
+    def n_slots(self) -> int:
+        """The server's slots (-np)."""
+        return len(self.scheduler.pool.slots)
+
     def health(self) -> dict:
         pool = self.scheduler.pool
         return {
             "status": "draining" if self.scheduler.draining else "ok",
             "model": self.settings.model_name,
-            "slots_idle": len(pool.slots) - pool.busy,
+            "slots_idle": self.n_slots - pool.busy,
             "slots_processing": pool.busy,
             "queue_depth": pool.waiting,
             "queue_max": pool.max_waiting,

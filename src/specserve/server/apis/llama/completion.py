@@ -48,7 +48,7 @@ async def completion(request: Request) -> Response:
     state = request.app.state.server
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
     req, fields = await build_request(LLAMA, body, ServerView.of(state, key_scope(request.scope)))
-    n = several.count(fields.n_cmpl if fields.n_cmpl is not None else fields.n, len(state.scheduler.pool.slots),
+    n = several.count(fields.n_cmpl if fields.n_cmpl is not None else fields.n, state.n_slots,
                       "n_cmpl" if fields.n_cmpl is not None else "n")
     reqs = [dataclasses.replace(req, prompt=p) for p in fields.prompts]
     if len(reqs) == 1 and n == 1:

@@ -77,7 +77,7 @@ async def predict(request: Request) -> Response:
     if len(instances) > MAX_INSTANCES:
         raise bad_request(f"instances holds at most {MAX_INSTANCES}", "instances")
 
-    share = asyncio.Semaphore(max(1, len(state.scheduler.pool.slots) // 2))
+    share = asyncio.Semaphore(max(1, state.n_slots // 2))
     gone = asyncio.Event()
 
     async def one(i: int, instance) -> dict:

@@ -156,7 +156,7 @@ async def slots(request: Request) -> Response:
     if not state.settings.slots_endpoint:
         raise not_supported("This server does not support slots endpoint: it was started with --no-slots")
     key_scope = request.scope.get(KEY_SCOPE)
-    return JSONResponse([_slot(state, i, key_scope) for i in range(len(state.scheduler.pool.slots))])
+    return JSONResponse([_slot(state, i, key_scope) for i in range(state.n_slots)])
 
 
 def other_scope(i: int) -> ApiError:

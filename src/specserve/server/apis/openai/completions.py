@@ -35,7 +35,7 @@ async def completions(request: Request) -> Response:
     state = request.app.state.server
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
     req, fields = await build_request(COMPLETIONS, body, ServerView.of(state, key_scope(request.scope)))
-    n = several.count(fields.n, len(state.scheduler.pool.slots), stream=req.stream)
+    n = several.count(fields.n, state.n_slots, stream=req.stream)
     if req.stream:
         job = await start(state, req, request)
         return stream(request, job, _chunks(job, head("text_completion", req), fields))

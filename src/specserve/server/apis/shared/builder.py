@@ -45,7 +45,7 @@ class ServerView:
         """The view of a running server (server/state.py's ServerState) for one request."""
         engine = state.engine
         return cls(engine.target, engine.grammar_tokenizer, state.grammars, engine.n_ctx,
-                   len(state.scheduler.pool.slots), engine.draft is not None, state.profiles,
+                   state.n_slots, engine.draft is not None, state.profiles,
                    state.settings.model_name, key_scope, state.settings.aliases)
 
 
