@@ -25,9 +25,8 @@ from ...core.request import GenRequest
 from ...http.body import read_json
 from ...http.endpoint import Endpoint
 from ...http.errors import ApiError
-from ...http.guard import key_scope
 from ...http.sse import sse_response
-from ..shared.builder import ServerView, build_request
+from ..shared.builder import request_of
 from ..shared.fields import count_chat_tokens
 from ..shared.validation import parse
 from . import stream as anthropic_stream
@@ -80,9 +79,7 @@ def content_blocks(out: Answer) -> list[dict]:
 
 
 async def messages(request: Request) -> Response:
-    state = request.app.state.server
-    body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
-    req, fields = await build_request(MESSAGES, body, ServerView.of(state, key_scope(request.scope)))
+    state, req, fields = await request_of(MESSAGES, request)
     job = await start(state, req, request)
     if req.stream:
         return sse_response(anthropic_stream.events(job, head(req, fields)), job, state.metrics.error,

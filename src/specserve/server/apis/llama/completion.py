@@ -24,13 +24,11 @@ from ...core.answer import answer, events
 from ...core.events import Text
 from ...core.jobs import CLIENT_GONE, Job, start
 from ...core.request import GenRequest
-from ...http.body import read_json
 from ...http.endpoint import Endpoint
 from ...http.errors import bad_request
-from ...http.guard import key_scope
 from ..shared import several
 from ..shared.answer import stream, traced
-from ..shared.builder import ServerView, build_request
+from ..shared.builder import request_of
 from ..shared.probs import llama_probs, per_token
 from ..shared.progress import progress_events
 from ..shared.timings import timings
@@ -45,9 +43,7 @@ def routes() -> list[Endpoint]:
 
 
 async def completion(request: Request) -> Response:
-    state = request.app.state.server
-    body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
-    req, fields = await build_request(LLAMA, body, ServerView.of(state, key_scope(request.scope)))
+    state, req, fields = await request_of(LLAMA, request)
     n = several.count(fields.n_cmpl if fields.n_cmpl is not None else fields.n, state.n_slots,
                       "n_cmpl" if fields.n_cmpl is not None else "n")
     reqs = [dataclasses.replace(req, prompt=p) for p in fields.prompts]

@@ -31,12 +31,10 @@ from ...core.answer import answer, events
 from ...core.events import Text
 from ...core.jobs import CLIENT_GONE, Job, start
 from ...core.request import GenRequest
-from ...http.body import read_json
 from ...http.endpoint import Endpoint
-from ...http.guard import key_scope
 from ..shared import several
 from ..shared.answer import stream
-from ..shared.builder import ServerView, build_request
+from ..shared.builder import request_of
 from .answer import final
 from .infill_rules import LineRules, select_fields
 from .protocol import InfillRequest
@@ -58,9 +56,7 @@ def prepare(target) -> None:
 
 
 async def infill(request: Request) -> Response:
-    state = request.app.state.server
-    body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
-    req, own = await build_request(INFILL, body, ServerView.of(state, key_scope(request.scope)))
+    state, req, own = await request_of(INFILL, request)
     n = own.n_cmpl or 1
     if n > 1:
         return await _several(request, state, req, own, n)

@@ -137,25 +137,25 @@ def render_chat(model, messages: list, tools: list | None, add_generation_prompt
         raise bad_request(str(e), "messages") from None
 
 
-async def apply_template(request: Request) -> Response:
+async def _template_request(request: Request):
+    """(state, fields, template kwargs) of a body that names a chat to render (/apply-template, input_tokens)."""
     state = request.app.state.server
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
     fields = parse(TemplateRequest, body)
     if not fields.messages:
         raise bad_request("messages must be a non-empty array", "messages")
-    kwargs = template_kwargs_of(fields.chat_template_kwargs, state.settings.template_kwargs)
+    return state, fields, template_kwargs_of(fields.chat_template_kwargs, state.settings.template_kwargs)
+
+
+async def apply_template(request: Request) -> Response:
+    state, fields, kwargs = await _template_request(request)
     prompt = await anyio.to_thread.run_sync(render_chat, state.engine.target, fields.messages, fields.tools or None,
                                             fields.add_generation_prompt, fields.continue_final_message, kwargs)
     return JSONResponse({"prompt": prompt})
 
 
 async def input_tokens(request: Request) -> Response:
-    state = request.app.state.server
-    body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
-    fields = parse(TemplateRequest, body)
-    if not fields.messages:
-        raise bad_request("messages must be a non-empty array", "messages")
-    kwargs = template_kwargs_of(fields.chat_template_kwargs, state.settings.template_kwargs)
+    state, fields, kwargs = await _template_request(request)
 
     def count() -> int:
         try:

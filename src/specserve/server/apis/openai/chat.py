@@ -18,12 +18,10 @@ from ...core.answer import events
 from ...core.constraints.tools import call_form
 from ...core.events import CallStart, Event, Finish, Reasoning, Text
 from ...core.jobs import Job, start
-from ...http.body import read_json
 from ...http.endpoint import Endpoint
-from ...http.guard import key_scope
 from ..shared import several
 from ..shared.answer import stream, traced
-from ..shared.builder import ServerView, build_request
+from ..shared.builder import request_of
 from ..shared.probs import llama_probs
 from ..shared.progress import progress_events
 from ..shared.timings import timings
@@ -54,9 +52,7 @@ def delta(event: Event) -> dict:
 
 
 async def chat_completions(request: Request) -> Response:
-    state = request.app.state.server
-    body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
-    req, fields = await build_request(CHAT, body, ServerView.of(state, key_scope(request.scope)))
+    state, req, fields = await request_of(CHAT, request)
     n = several.count(fields.n, state.n_slots, stream=req.stream)
     if req.stream:
         job = await start(state, req, request)

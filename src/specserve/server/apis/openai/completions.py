@@ -7,12 +7,10 @@ from starlette.responses import Response
 from ...core.answer import events
 from ...core.events import Text
 from ...core.jobs import Job, start
-from ...http.body import read_json
 from ...http.endpoint import Endpoint
-from ...http.guard import key_scope
 from ..shared import several
 from ..shared.answer import stream, traced
-from ..shared.builder import ServerView, build_request
+from ..shared.builder import request_of
 from ..shared.probs import legacy
 from .common import head, respond, stream_end, verbose
 from .protocol import CompletionRequest
@@ -32,9 +30,7 @@ def echoed(job: Job, fields: CompletionRequest) -> str:
 
 
 async def completions(request: Request) -> Response:
-    state = request.app.state.server
-    body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
-    req, fields = await build_request(COMPLETIONS, body, ServerView.of(state, key_scope(request.scope)))
+    state, req, fields = await request_of(COMPLETIONS, request)
     n = several.count(fields.n, state.n_slots, stream=req.stream)
     if req.stream:
         job = await start(state, req, request)

@@ -19,9 +19,8 @@ from ...core.answer import Answer, answer
 from ...core.jobs import CLIENT_GONE, start
 from ...http.body import read_json
 from ...http.endpoint import Endpoint
-from ...http.guard import key_scope
 from ...http.sse import sse_response
-from ..shared.builder import ServerView, build_request
+from ..shared.builder import request_of
 from ..shared.fields import check_unsupported, count_chat_tokens
 from ..shared.validation import parse
 from .protocol import ResponsesRequest
@@ -58,9 +57,7 @@ def output_items(out: Answer) -> list[dict]:
 
 
 async def responses(request: Request) -> Response:
-    state = request.app.state.server
-    body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
-    req, fields = await build_request(RESPONSES, body, ServerView.of(state, key_scope(request.scope)))
+    state, req, fields = await request_of(RESPONSES, request)
     job = await start(state, req, request)
     head = ResponseHead(req, fields)
     if req.stream:

@@ -19,7 +19,9 @@ from ...core.constraints.tools import ToolRequest
 from ...core.params import SAMPLING_FIELDS, Limit
 from ...core.profiles import Profile
 from ...core.request import GenRequest
+from ...http.body import read_json
 from ...http.errors import bad_request
+from ...http.guard import key_scope
 from .constraint_fields import CONSTRAINT_FIELDS, output_grammar
 from .fields import Generation, check_unsupported, params_of, resolve_profile, slot_id
 from .validation import parse
@@ -147,3 +149,12 @@ async def build_request(api: Api, body: dict, server: ServerView) -> tuple[GenRe
     if api.check is not None:
         api.check(fields, req, server)
     return req, fields
+
+
+async def request_of(api: Api, request) -> tuple[Any, GenRequest, Any]:
+    """An endpoint's body read (under the server's size and time limits) and built into the one request, under
+    the key's scope: (the server's state, the GenRequest, the parsed fields)."""
+    state = request.app.state.server
+    body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
+    req, fields = await build_request(api, body, ServerView.of(state, key_scope(request.scope)))
+    return state, req, fields
