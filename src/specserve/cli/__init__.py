@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     level = os.environ.get("SPECSERVE_LOG", "info").upper()  # specserve's own loggers; debug: auto's every step
     logging.getLogger("specserve").setLevel(getattr(logging, level, logging.INFO))
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # as given: `serve` in router mode passes it on
     try:
         return args.run(args) or 0
     except CliError as e:

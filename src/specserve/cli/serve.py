@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from ..config import ModelConfig
 from .common import CliError, add_model_args, add_spec_args, load_engine, model_config, spec_params
+from .router import add_router_args, wants_router
 from .llama_flags import add_llama_args, aliases, chat_template, default_sampling, llama_overrides, template_kwargs
 
 if TYPE_CHECKING:
@@ -142,7 +143,8 @@ def add_parser(sub) -> None:
     r.add_argument("--downscale-delay", type=float, default=300.0, metavar="S",
                    help="autoscale: seconds of load below target before removing one (default 300)")
     add_llama_args(p)
-    p.set_defaults(run=run)
+    add_router_args(p)
+    p.set_defaults(run=run, serve_parser=p)
 
 
 def _model_name(given: str | None, target_path: str, pair: str = "qwen") -> str:
@@ -155,6 +157,12 @@ def _model_name(given: str | None, target_path: str, pair: str = "qwen") -> str:
     if not given.endswith(".gguf") and "/" not in given:
         return given  # a packaged model name, e.g. smollm2-f16
     return Path(target_path).stem
+
+
+def _serve_argv(args) -> list[str]:
+    """The command line after `serve` (main() keeps it as args.argv): a router passes most of it on."""
+    argv = list(getattr(args, "argv", []))
+    return argv[argv.index("serve") + 1:] if "serve" in argv else argv
 
 
 def api_keys(args) -> tuple[tuple[str, ...], dict[str, str]]:
@@ -286,6 +294,10 @@ def app_builder(args: dict):
 
 
 def run(args) -> int:
+    if wants_router(args):
+        from . import router
+
+        return router.run(args, _serve_argv(args), args.serve_parser)
     if args.replicas is not None or args.min_replicas is not None or args.max_replicas is not None:
         replicas = _replicas(args)
         if args.threads is None:  # local replicas share the cores; on a cluster, set -t per replica yourself

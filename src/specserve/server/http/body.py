@@ -34,6 +34,11 @@ async def read_body(request: Request, limit: int, timeout: float) -> bytes:
 
 async def read_json(request: Request, limit: int, timeout: float) -> dict:
     """The body as a JSON object (see the module docstring for what is refused, and how)."""
+    return (await read_json_body(request, limit, timeout))[0]
+
+
+async def read_json_body(request: Request, limit: int, timeout: float) -> tuple[dict, bytes]:
+    """The body as a JSON object and as the bytes it came as (a proxy passes them on unchanged)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"request body is {declared} bytes; the limit is {limit}", code="body_too_large")
@@ -58,4 +63,4 @@ async def read_json(request: Request, limit: int, timeout: float) -> dict:
                           code="invalid_encoding") from None
     if not isinstance(obj, dict):
         raise bad_request("request body must be a JSON object", code="invalid_json")
-    return obj
+    return obj, body

@@ -229,16 +229,19 @@ def _sockets(hosts: list[str], port: int):
     return socks
 
 
-def serve(app, host: str, port: int, settings) -> None:
+def serve(app, host: str, port: int, settings, drain=None, on_error=None) -> None:
     """Listen on host:port (several comma-separated addresses: each) until a signal has drained the server.
-    A failed bind exits with status 1."""
+    A failed bind exits with status 1. `drain` (what the drain watches: the scheduler's `draining`, `stopping`,
+    `idle`, `active`, `stop_requests()`) and `on_error(status)` are the app's server's unless given (the router's)."""
+    drain = app.state.server.scheduler if drain is None else drain
+    on_error = app.state.server.metrics.error if on_error is None else on_error
     # h11 and asyncio, named: uvicorn's "auto" switches to httptools and uvloop when they are installed
     # (Ray Serve pulls both in), and the server's timing under dropped streams must not change with that.
     # No limit_concurrency: the protocol applies the connection limits itself, sparing /health.
     config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="on",
                             loop="asyncio", timeout_keep_alive=5,
-                            http=guarded_protocol(H11Protocol, settings, app.state.server.metrics.error),
+                            http=guarded_protocol(H11Protocol, settings, on_error),
                             timeout_graceful_shutdown=5)
     hosts = [h.strip() for h in host.split(",") if h.strip()]
-    server = DrainingServer(config, app.state.server.scheduler, settings.drain_timeout)
+    server = DrainingServer(config, drain, settings.drain_timeout)
     server.run(sockets=_sockets(hosts, port) if len(hosts) > 1 else None)

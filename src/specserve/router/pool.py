@@ -1,0 +1,186 @@
+"""The router's models: which are loaded, loading a child, unloaded or failed, and the loads and unloads.
+
+A request's model is loaded on demand (unless --no-models-autoload), once however many requests ask for
+it at the same moment: they all wait on the one load. At most `max_loaded` children run (loading ones
+count): a load past that first unloads the least recently used loaded model, and waits for its
+process to exit, so that its memory is free before the next one takes it. Where every place is
+taken by a model still loading, the load is refused (429) rather than queued behind them.
+
+A model whose child exited before it was ready failed: requests for it get 422 with why, until an
+explicit POST /models/load tries again. One that crashes after it was serving is shown failed with
+why; the next request for it loads it again. A model discovery found broken (a missing blob) is never
+started.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+from ..server.http.errors import ApiError
+from ..stores import Found
+from .child import STOP_TIMEOUT_S, Child, ChildFailed
+
+log = logging.getLogger("specserve.router")
+LOAD_TIMEOUT_S = 300.0
+
+
+@dataclass
+class Model:
+    """A discovered model and its child, if it has one. `args` is the child's command line after `serve`."""
+    found: Found
+    args: list[str]
+    draft: str | None = None  # the draft model given by the preset, as named there (None: none)
+    state: str = "unloaded"  # unloaded, loading, loaded
+    child: Child | None = None
+    failure: str | None = None  # why it failed (None: it did not)
+    exit_code: int | None = None
+    failed_loading: bool = False  # it never became ready: autoload does not retry it
+    last_used: float = 0.0
+    in_flight: int = 0
+    loading: asyncio.Task | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.found.name
+
+    def status(self) -> dict:
+        """llama-server's `status` object (value loaded, loading or unloaded; failed with exit_code), and why."""
+        out: dict = {"value": self.state}
+        if self.state != "unloaded":
+            out["args"] = ["specserve", "serve", *self.args]
+        reason = self.found.error or self.failure
+        if reason:
+            out.update(failed=True, reason=reason)
+            if self.exit_code is not None:
+                out["exit_code"] = self.exit_code
+        return out
+
+
+class Pool:
+    """The models by name, at most `max_loaded` of them in children at once."""
+
+    def __init__(self, models: list[Model], key: str, max_loaded: int = 4, autoload: bool = True,
+                 load_timeout: float = LOAD_TIMEOUT_S, stop_timeout: float = STOP_TIMEOUT_S):
+        if max_loaded < 1:
+            raise ValueError(f"--models-max must be >= 1, got {max_loaded}")
+        self.models = {m.name: m for m in models}
+        self.key = key
+        self.max_loaded = max_loaded
+        self.autoload = autoload
+        self.load_timeout = load_timeout
+        self.stop_timeout = stop_timeout
+        self._places = asyncio.Lock()  # choosing what to unload and taking a place: one load at a time
+        self._tasks: set[asyncio.Task] = set()
+
+    def servable(self) -> list[str]:
+        return [n for n, m in self.models.items() if m.found.error is None]
+
+    def loaded(self) -> list[Model]:
+        return [m for m in self.models.values() if m.state == "loaded"]
+
+    async def ensure(self, model: Model, autoload: bool | None = None, retry: bool = False) -> Child:
+        """The model's child, ready; loaded first where it is not (all callers share one load).
+        ApiError: 422 a model that failed, 400 an unloaded one with autoload off, 429 no place."""
+        model.last_used = time.monotonic()
+        if model.state == "loaded" and model.child is not None and model.child.alive:
+            return model.child
+        if model.found.error:
+            raise ApiError(422, f"model '{model.name}' cannot be served: {model.found.error}", "model",
+                           "model_failed")
+        if model.loading is None:
+            if not (self.autoload if autoload is None else autoload):
+                raise ApiError(400, f"model '{model.name}' is not loaded and this router loads models only when "
+                                    "asked (--no-models-autoload): POST /models/load {\"model\": NAME} first",
+                               "model", "model_not_loaded")
+            if model.failed_loading and not retry:
+                raise ApiError(422, f"model '{model.name}' failed to load: {model.failure} (POST /models/load "
+                                    "tries again)", "model", "model_failed")
+            model.loading = asyncio.create_task(self._load(model))
+        await asyncio.shield(model.loading)  # a request that goes away does not cancel the others' load
+        assert model.child is not None
+        return model.child
+
+    async def _load(self, model: Model) -> None:
+        try:
+            async with self._places:
+                busy = [m for m in self.models.values() if m is not model and m.state in ("loaded", "loading")]
+                while len(busy) >= self.max_loaded:
+                    idle = sorted((m for m in busy if m.state == "loaded"), key=lambda m: m.last_used)
+                    if not idle:
+                        raise ApiError(429, f"{len(busy)} models are loading, the most that may run at once "
+                                            f"(--models-max {self.max_loaded}); retry when one is loaded",
+                                       "model", "too_many_loading", headers={"Retry-After": "2"})
+                    log.info("model %s: unloading %s, the least recently used, for it (--models-max %d)",
+                             model.name, idle[0].name, self.max_loaded)
+                    await self.unload(idle[0])
+                    busy.remove(idle[0])
+                model.state = "loading"
+            child = Child(model.name, model.args, self.key)
+            log.info("model %s: loading (%s)", model.name, " ".join(model.args))
+            try:
+                await child.start(self.load_timeout)
+            except ChildFailed as e:
+                model.state, model.failure, model.exit_code, model.failed_loading = "unloaded", e.reason, \
+                    e.exit_code, True
+                log.error("model %s failed to load: %s", model.name, e.reason)
+                raise ApiError(422, f"model '{model.name}' failed to load: {e.reason}", "model",
+                               "model_failed") from None
+            except BaseException:
+                model.state = "unloaded"
+                child.kill_now()
+                raise
+            model.child, model.state = child, "loaded"
+            model.failure, model.exit_code, model.failed_loading = None, None, False
+            log.info("model %s: loaded in %.2f s on port %d", model.name, time.monotonic() - child.started_at,
+                     child.port)
+            self._spawn(self._watch(model, child))
+        finally:
+            model.loading = None
+
+    async def _watch(self, model: Model, child: Child) -> None:
+        """A child that exits without being asked to has crashed: its model is shown failed with why."""
+        code = await child.wait()
+        if child.stopping:
+            return
+        if model.child is child:
+            model.child, model.state = None, "unloaded"
+            model.failure, model.exit_code = f"crashed: {child.reason()}", code
+        log.error("model %s: its process exited with status %s: %s", model.name, code, child.reason())
+
+    async def unload(self, model: Model) -> bool:
+        """Stop the model's child (its requests in flight drain first); False where it was not loaded."""
+        if model.loading is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(model.loading)
+        child = model.child
+        if child is None:
+            return False
+        model.child, model.state = None, "unloaded"
+        log.info("model %s: unloading", model.name)
+        await child.stop(self.stop_timeout)
+        return True
+
+    def load_in_background(self, model: Model) -> None:
+        """Load without a request waiting (a preset's load-on-startup): a failure shows in its status."""
+        async def load() -> None:
+            with contextlib.suppress(ApiError):
+                await self.ensure(model, autoload=True)
+        self._spawn(load())
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        """Stop every child: their drains at once, then the kill of any past the deadline."""
+        children = [m.child for m in self.models.values() if m.child is not None]
+        loads = [m.loading for m in self.models.values() if m.loading is not None]
+        for task in loads:
+            task.cancel()
+        await asyncio.gather(*(c.stop(self.stop_timeout) for c in children), return_exceptions=True)
+        for task in list(self._tasks):
+            task.cancel()
