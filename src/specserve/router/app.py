@@ -188,6 +188,7 @@ async def route(request: Request) -> Response:
         model.in_flight -= 1
         model.last_used = time.monotonic()
         r.drain.active -= 1
+        r.pool.changed()
 
     return await proxy.forward(r.http, child, request, body, done)
 

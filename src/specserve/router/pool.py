@@ -2,9 +2,10 @@
 
 A request's model is loaded on demand (unless --no-models-autoload), once however many requests ask for
 it at the same moment: they all wait on the one load. At most `max_loaded` children run (loading ones
-count): a load past that first unloads the least recently used loaded model, and waits for its
-process to exit, so that its memory is free before the next one takes it. Where every place is
-taken by a model still loading, the load is refused (429) rather than queued behind them.
+count): a load past that first unloads the least recently used loaded model that answers no request,
+and waits for its process to exit, so that its memory is free before the next one takes it. Where
+every place is taken by a model loading or answering, the load waits for one to finish (PLACE_WAIT_S
+at most, then 429 with Retry-After).
 
 A model whose child exited before it was ready failed: requests for it get 422 with why, until an
 explicit POST /models/load tries again. One that crashes after it was serving is shown failed with
@@ -25,6 +26,7 @@ from .child import STOP_TIMEOUT_S, Child, ChildFailed
 
 log = logging.getLogger("specserve.router")
 LOAD_TIMEOUT_S = 300.0
+PLACE_WAIT_S = 60.0  # a load waits this long for a place among --models-max before 429
 
 
 @dataclass
@@ -63,7 +65,8 @@ class Pool:
     """The models by name, at most `max_loaded` of them in children at once."""
 
     def __init__(self, models: list[Model], key: str, max_loaded: int = 4, autoload: bool = True,
-                 load_timeout: float = LOAD_TIMEOUT_S, stop_timeout: float = STOP_TIMEOUT_S):
+                 load_timeout: float = LOAD_TIMEOUT_S, stop_timeout: float = STOP_TIMEOUT_S,
+                 place_wait: float = PLACE_WAIT_S):
         if max_loaded < 1:
             raise ValueError(f"--models-max must be >= 1, got {max_loaded}")
         self.models = {m.name: m for m in models}
@@ -72,7 +75,9 @@ class Pool:
         self.autoload = autoload
         self.load_timeout = load_timeout
         self.stop_timeout = stop_timeout
+        self.place_wait = place_wait
         self._places = asyncio.Lock()  # choosing what to unload and taking a place: one load at a time
+        self._change = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
 
     def servable(self) -> list[str]:
@@ -106,17 +111,7 @@ class Pool:
     async def _load(self, model: Model) -> None:
         try:
             async with self._places:
-                busy = [m for m in self.models.values() if m is not model and m.state in ("loaded", "loading")]
-                while len(busy) >= self.max_loaded:
-                    idle = sorted((m for m in busy if m.state == "loaded"), key=lambda m: m.last_used)
-                    if not idle:
-                        raise ApiError(429, f"{len(busy)} models are loading, the most that may run at once "
-                                            f"(--models-max {self.max_loaded}); retry when one is loaded",
-                                       "model", "too_many_loading", headers={"Retry-After": "2"})
-                    log.info("model %s: unloading %s, the least recently used, for it (--models-max %d)",
-                             model.name, idle[0].name, self.max_loaded)
-                    await self.unload(idle[0])
-                    busy.remove(idle[0])
+                await self._make_room(model)
                 model.state = "loading"
             child = Child(model.name, model.args, self.key)
             log.info("model %s: loading (%s)", model.name, " ".join(model.args))
@@ -139,6 +134,35 @@ class Pool:
             self._spawn(self._watch(model, child))
         finally:
             model.loading = None
+            self.changed()
+
+    async def _make_room(self, model: Model) -> None:
+        """Unload the least recently used idle models until `model` has a place; where every place is taken by
+        a model loading or answering, wait (PLACE_WAIT_S at most, then 429) for one to finish."""
+        deadline = time.monotonic() + self.place_wait
+        while True:
+            busy = [m for m in self.models.values() if m is not model and m.state in ("loaded", "loading")]
+            if len(busy) < self.max_loaded:
+                return
+            idle = sorted((m for m in busy if m.state == "loaded" and m.in_flight == 0), key=lambda m: m.last_used)
+            if idle:
+                log.info("model %s: unloading %s, the least recently used, for it (--models-max %d)",
+                         model.name, idle[0].name, self.max_loaded)
+                await self.unload(idle[0])
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ApiError(429, f"the {len(busy)} models that may run at once (--models-max {self.max_loaded}) "
+                                    f"are all loading or answering; retry later", "model", "too_many_models",
+                               headers={"Retry-After": "2"})
+            change = self._change
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(change.wait(), left)
+
+    def changed(self) -> None:
+        """A request ended, or a model was loaded or unloaded: a load waiting for a place looks again."""
+        self._change.set()
+        self._change = asyncio.Event()
 
     async def _watch(self, model: Model, child: Child) -> None:
         """A child that exits without being asked to has crashed: its model is shown failed with why."""
@@ -161,6 +185,7 @@ class Pool:
         model.child, model.state = None, "unloaded"
         log.info("model %s: unloading", model.name)
         await child.stop(self.stop_timeout)
+        self.changed()
         return True
 
     def load_in_background(self, model: Model) -> None:

@@ -1,0 +1,287 @@
+"""The router (`specserve serve --models-from ollama`, `--models-dir`) as clients meet it: a real router on
+a free port over an Ollama-style store the test writes (manifests and sha256 blobs of tiny GGUFs), each
+model in its own child process. Listing with status, routing by name on every API, the official
+`ollama` client, switching, LRU eviction, broken models failing alone, unload mid-stream, crashes, and
+no child left behind after the router stops or dies."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import ollama
+import pytest
+import tiny_models
+from server_fixtures import API_KEY, ServerProcess, wait_for
+from store_fixtures import fake_gguf, ollama_model
+
+pytestmark = pytest.mark.server
+
+
+def children_of(pid: int) -> set[int]:
+    """The live processes whose parent is `pid` (zombies excluded)."""
+    out = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.add(int(entry.name))
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    """An Ollama store: tiny-a:latest and tiny-b:1b (two tiny models), a manifest naming a missing blob,
+    one whose blob is truncated, and a blob that starts as GGUF and is garbage after."""
+    d = tmp_path_factory.mktemp("router_store")
+    root = d / "ollama"
+    a = tiny_models.write_tiny_model(d / "a.gguf", seed=1).read_bytes()
+    b = tiny_models.write_tiny_model(d / "b.gguf", seed=2).read_bytes()
+    ollama_model(root, "tiny-a", a)
+    ollama_model(root, "tiny-b:1b", b)
+    ollama_model(root, "gone:1b", b + b"x", write_blob=False)
+    ollama_model(root, "cut:1b", a[:1000], size=len(a))
+    ollama_model(root, "garbage:1b", fake_gguf("not really a model" * 10))
+    return root
+
+
+def start(store: Path, tmp_path: Path, *extra: str, name: str = "router.log") -> ServerProcess:
+    return ServerProcess(["--models-from", "ollama", "-t", "1", "-c", "512", "--drain-timeout", "2", *extra],
+                         tmp_path / name, api_key=API_KEY, env={"OLLAMA_MODELS": str(store)})
+
+
+@pytest.fixture(scope="module")
+def router(store, tmp_path_factory):
+    srv = start(store, tmp_path_factory.mktemp("router"), "--models-max", "2")
+    yield srv
+    srv.stop()
+
+
+def status(srv: ServerProcess, name: str) -> dict:
+    data = srv.client().get("/models").json()["data"]
+    return next(m for m in data if m["id"] == name)["status"]
+
+
+def chat(srv: ServerProcess, model: str, **kw) -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, **kw}
+    return srv.client().post("/v1/chat/completions", json=body)
+
+
+def test_lists_every_model_with_status_and_why(router):
+    data = router.client().get("/v1/models").json()["data"]
+    assert {m["id"] for m in data} == {"tiny-a:latest", "tiny-b:1b", "gone:1b", "cut:1b", "garbage:1b"}
+    assert status(router, "gone:1b")["failed"] and "missing" in status(router, "gone:1b")["reason"]
+    assert "the manifest says" in status(router, "cut:1b")["reason"]
+    for m in data:
+        assert m["owned_by"] == "specserve" and m["store"] == "ollama" and "path" not in m
+    # Ollama's list: the models that can be served, by Ollama's names, with their blobs' digests
+    listed = ollama.Client(host=router.url, headers=router.headers).list()
+    assert {m.model for m in listed.models} == {"tiny-a:latest", "tiny-b:1b", "garbage:1b"}
+    blob = next(m for m in listed.models if m.model == "tiny-a:latest")
+    assert blob.details.family == "llama" and len(blob.digest) == 64
+
+
+def test_routes_by_name_and_switches(router):
+    r = chat(router, "tiny-b:1b")
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == "tiny-b:1b"
+    assert status(router, "tiny-b:1b")["value"] == "loaded"
+    r = router.client().post("/completion", json={"model": "tiny-a", "prompt": "a b", "n_predict": 3})
+    assert r.status_code == 200, r.text  # llama-server's API, `:latest` implied
+    ps = router.client().get("/api/ps").json()["models"]
+    assert {m["name"] for m in ps} == {"tiny-a:latest", "tiny-b:1b"}
+    r = router.client().post("/v1/messages", json={"model": "tiny-b:1b", "max_tokens": 3,
+                                                     "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200 and r.json()["type"] == "message"
+
+
+def test_ollama_client_chat_whole_and_streamed(router):
+    client = ollama.Client(host=router.url, headers=router.headers, timeout=60)
+    whole = client.chat(model="tiny-a", messages=[{"role": "user", "content": "hi"}], options={"num_predict": 5})
+    assert whole.done and whole.eval_count == 5
+    parts = list(client.chat(model="tiny-a:latest", messages=[{"role": "user", "content": "hi"}],
+                             options={"num_predict": 5}, stream=True))
+    assert parts[-1].done and "".join(p.message.content for p in parts) == whole.message.content
+    shown = client.show("tiny-b:1b")
+    assert shown.details.family == "llama"
+
+
+@pytest.mark.parametrize("path, body, shape", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}, "openai"),
+    ("/completion", {"prompt": "x"}, "openai"),
+    ("/v1/messages", {"max_tokens": 3, "messages": [{"role": "user", "content": "x"}]}, "anthropic"),
+    ("/api/chat", {"messages": [{"role": "user", "content": "x"}]}, "ollama"),
+    ("/api/generate", {"prompt": "x"}, "ollama"),
+])
+def test_unknown_model_404_in_each_apis_shape(router, path, body, shape):
+    r = router.client().post(path, json={"model": "no-such-model", **body})
+    assert r.status_code == 404
+    err = r.json()
+    message = {"openai": lambda: err["error"]["message"], "ollama": lambda: err["error"],
+               "anthropic": lambda: err["error"]["message"]}[shape]()
+    if shape == "anthropic":
+        assert err["type"] == "error" and err["error"]["type"] == "not_found_error"
+    assert "no-such-model" in message and "tiny-a:latest" in message  # names some that exist
+
+
+def test_ollama_client_unknown_model_raises_404(router):
+    with pytest.raises(ollama.ResponseError) as e:
+        ollama.Client(host=router.url, headers=router.headers).chat(model="nope", messages=[])
+    assert e.value.status_code == 404
+
+
+@pytest.mark.parametrize("name", ["/etc/passwd", "../tiny-a", "~/x.gguf", "tiny-a.gguf"])
+def test_path_like_names_refused(router, name):
+    r = chat(router, name)
+    assert r.status_code == 400 and "looks like a file path" in r.json()["error"]["message"]
+
+
+def test_broken_models_fail_alone(router):
+    for name in ("gone:1b", "cut:1b"):  # found broken: never started
+        r = chat(router, name)
+        assert r.status_code == 422 and "cannot be served" in r.json()["error"]["message"]
+    r = chat(router, "garbage:1b")  # GGUF magic, garbage after: its child fails to load it
+    assert r.status_code == 422, r.text
+    assert "failed to load" in r.json()["error"]["message"]
+    st = status(router, "garbage:1b")
+    assert st["value"] == "unloaded" and st["failed"] and st["exit_code"] != 0 and st["reason"]
+    assert chat(router, "garbage:1b").status_code == 422  # not retried on every request
+    assert chat(router, "tiny-a").status_code == 200  # the others keep serving
+    r = router.client().post("/api/generate", json={"model": "garbage:1b", "prompt": "x"})
+    assert r.status_code == 422 and "failed to load" in r.json()["error"]
+
+
+def test_crashed_child_shows_failed_and_reloads(router):
+    assert chat(router, "tiny-a").status_code == 200
+    assert chat(router, "tiny-b:1b").status_code == 200
+    # the child of tiny-b: the one whose command line names it
+    pid = next(p for p in children_of(router.proc.pid)
+               if b"tiny-b:1b" in (Path("/proc") / str(p) / "cmdline").read_bytes())
+    os.kill(pid, signal.SIGKILL)
+    assert wait_for(lambda: status(router, "tiny-b:1b").get("failed"), 10)
+    assert "crashed" in status(router, "tiny-b:1b")["reason"]
+    assert chat(router, "tiny-a").status_code == 200  # the other kept serving
+    assert chat(router, "tiny-b:1b").status_code == 200  # loaded again
+    assert "failed" not in status(router, "tiny-b:1b")
+
+
+def test_storm_of_loads_one_child_per_model(router):
+    router.client().post("/models/unload", json={"model": "tiny-b:1b"})
+    before = children_of(router.proc.pid)
+    with ThreadPoolExecutor(12) as pool:
+        codes = list(pool.map(lambda _: chat(router, "tiny-b:1b").status_code, range(12)))
+    assert codes == [200] * 12  # every request waited for the one load
+    started = children_of(router.proc.pid) - before
+    assert len([p for p in started if b"tiny-b:1b" in (Path("/proc") / str(p) / "cmdline").read_bytes()]) == 1
+
+
+def test_load_unload_endpoints(router):
+    c = router.client()
+    assert c.post("/models/load", json={"model": "tiny-a"}).json() == {"success": True}
+    assert status(router, "tiny-a:latest")["value"] == "loaded"
+    assert c.post("/models/unload", json={"model": "tiny-a"}).json() == {"success": True}
+    assert status(router, "tiny-a:latest") == {"value": "unloaded"}
+    assert c.post("/models/unload", json={"model": "tiny-a"}).status_code == 400  # not loaded
+    assert c.post("/models/load", json={"model": "nope"}).status_code == 404
+    # Ollama's unload: keep_alive 0 and nothing to generate
+    assert c.post("/models/load", json={"model": "tiny-a"}).status_code == 200
+    r = c.post("/api/generate", json={"model": "tiny-a", "keep_alive": 0})
+    assert r.json()["done_reason"] == "unload" and status(router, "tiny-a:latest")["value"] == "unloaded"
+
+
+def test_unload_mid_stream_ends_cleanly(router):
+    body = {"model": "tiny-a", "prompt": "a", "max_tokens": 100000, "ignore_eos": True, "stream": True}
+    with router.client() as c, c.stream("POST", "/v1/completions", json=body) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        assert next(x for x in lines if x.startswith("data: "))
+        unloading = httpx.post(router.url + "/models/unload", json={"model": "tiny-a"}, headers=router.headers,
+                               timeout=60)
+        rest = [x for x in lines if x.startswith("data: ")]  # ends, without a broken connection
+    assert unloading.status_code == 200
+    last = rest[-1]
+    assert last == "data: [DONE]" or "error" in json.loads(last.removeprefix("data: "))
+    assert status(router, "tiny-a:latest")["value"] == "unloaded"
+
+
+def test_lru_with_models_max_1_and_no_child_left(store, tmp_path):
+    srv = start(store, tmp_path, "--models-max", "1")
+    try:
+        assert chat(srv, "tiny-a").status_code == 200
+        assert chat(srv, "tiny-b:1b").status_code == 200
+        assert status(srv, "tiny-a:latest")["value"] == "unloaded"
+        assert status(srv, "tiny-b:1b")["value"] == "loaded"
+        assert len(children_of(srv.proc.pid)) == 1
+        assert chat(srv, "tiny-a").status_code == 200
+        assert status(srv, "tiny-b:1b")["value"] == "unloaded"
+        kids = children_of(srv.proc.pid)
+        assert len(kids) == 1
+        # a storm over two models with one place: each request served, or told to retry (429), none 5xx
+        with ThreadPoolExecutor(8) as pool:
+            codes = list(pool.map(lambda i: chat(srv, ("tiny-a", "tiny-b:1b")[i % 2]).status_code, range(8)))
+        assert set(codes) <= {200, 429} and 200 in codes
+        kids = children_of(srv.proc.pid)
+        assert len(kids) == 1
+    finally:
+        code = srv.stop()
+    assert code == 0
+    assert not any(alive(k) for k in kids)
+
+
+def test_children_die_with_a_killed_router(store, tmp_path):
+    srv = start(store, tmp_path)
+    assert chat(srv, "tiny-a").status_code == 200
+    kids = children_of(srv.proc.pid)
+    assert len(kids) == 1
+    srv.proc.kill()  # no chance to stop them: the kernel does (PR_SET_PDEATHSIG)
+    srv.proc.wait()
+    assert wait_for(lambda: not any(alive(k) for k in kids), 10)
+    srv.stop()
+
+
+def test_no_autoload(store, tmp_path):
+    srv = start(store, tmp_path, "--no-models-autoload")
+    try:
+        r = chat(srv, "tiny-a")
+        assert r.status_code == 400 and "POST /models/load" in r.json()["error"]["message"]
+        assert srv.client().post("/models/load", json={"model": "tiny-a"}).status_code == 200
+        assert chat(srv, "tiny-a").status_code == 200
+    finally:
+        srv.stop()
+
+
+def test_models_dir_and_preset(tmp_path):
+    models = tmp_path / "models"
+    models.mkdir()
+    tiny_models.write_tiny_model(models / "tiny.gguf", seed=1)
+    draft = tiny_models.write_tiny_model(tmp_path / "draft.gguf", seed=1, noise=0.05, noise_seed=7)
+    preset = tmp_path / "preset.ini"
+    preset.write_text(f"version = 1\n[*]\nc = 256\n[tiny]\nmodel-draft = {draft}\nload-on-startup = true\n"
+                      f"[extra]\nmodel = {models / 'tiny.gguf'}\nspec = ngram\n")
+    srv = ServerProcess(["--models-dir", str(models), "--models-preset", str(preset), "-t", "1"],
+                        tmp_path / "router.log")
+    try:
+        assert wait_for(lambda: status(srv, "tiny")["value"] == "loaded", 60)  # load-on-startup
+        entry = next(m for m in srv.client().get("/models").json()["data"] if m["id"] == "tiny")
+        assert entry["draft"] == str(draft) and "-md" in entry["status"]["args"]
+        r = chat(srv, "tiny", max_tokens=8)
+        assert r.status_code == 200 and r.json()["usage"]["speculative"]["mode"] == "auto"
+        assert chat(srv, "extra").status_code == 200
+        assert chat(srv, "extra").json()["usage"]["speculative"]["mode"] == "ngram"
+    finally:
+        srv.stop()
