@@ -1,0 +1,58 @@
+"""The router's command line (fast tier): which flags reach each model's child, and --models-preset's INI."""
+from __future__ import annotations
+
+import pytest
+
+from specserve.cli import build_parser
+from specserve.cli.router import _takes_value, child_argv
+from specserve.router.preset import read_preset
+
+
+@pytest.fixture(scope="module")
+def serve_parser():
+    return build_parser().parse_args(["serve"]).serve_parser
+
+
+def test_child_gets_the_flags_the_router_does_not_own(serve_parser):
+    argv = ["--models-dir", "/m", "--models-max=2", "--no-models-autoload", "--host", "0.0.0.0", "--port", "9",
+            "--api-key", "k", "-a", "x", "-c", "2048", "-np", "4", "--spec", "ngram", "--models-from", "ollama",
+            "--cors-origin", "http://a", "--no-webui", "-t", "2"]
+    assert child_argv(argv, serve_parser) == ["-c", "2048", "-np", "4", "--spec", "ngram", "--no-webui", "-t", "2"]
+
+
+def test_preset_sections_flags_and_precedence(tmp_path, serve_parser):
+    ini = tmp_path / "p.ini"
+    ini.write_text("version = 1\n; comment\n[*]\nc = 8192\nmodel-draft = /d/global.gguf\nno-webui = true\n"
+                   "[qwen2.5-coder:1.5b]\nctx-size = 4096\nmodel-draft = /d/qwen-0.5b.gguf\nload-on-startup = true\n"
+                   "[plain]\nmodel-draft = none\nspec = ngram  ; inline comment\n"
+                   "[custom]\nmodel = /models/custom.gguf\nslots = false\n")
+    presets = read_preset(str(ini), _takes_value(serve_parser))
+    q = presets["qwen2.5-coder:1.5b"]
+    assert q.args == ["-c", "8192", "--no-webui", "--ctx-size", "4096", "-md", "/d/qwen-0.5b.gguf"]  # [*] first
+    assert q.draft == "/d/qwen-0.5b.gguf" and q.load_on_startup and q.model is None
+    plain = presets["plain"]
+    assert plain.draft is None and "-md" not in plain.args and plain.args[-2:] == ["--spec", "ngram"]
+    custom = presets["custom"]
+    assert str(custom.model) == "/models/custom.gguf" and custom.draft == "/d/global.gguf"
+    assert "--slots" not in custom.args and "*" not in presets
+
+
+@pytest.mark.parametrize("text, error", [
+    ("[m]\nno-such-flag = 1\n", "no-such-flag: not a flag of specserve serve"),
+    ("[m]\nport = 9\n", "the router sets this"),
+    ("[m]\nno-webui = maybe\n", "expected true or false"),
+    ("[m\n", "p.ini"),
+])
+def test_preset_errors_say_what_and_where(tmp_path, serve_parser, text, error):
+    ini = tmp_path / "p.ini"
+    ini.write_text(text)
+    with pytest.raises(ValueError, match=error):
+        read_preset(str(ini), _takes_value(serve_parser))
+
+
+def test_help_documents_the_router_flags(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    out = capsys.readouterr().out
+    for flag in ("--models-dir", "--models-from", "--models-max", "--no-models-autoload", "--models-preset"):
+        assert flag in out
