@@ -56,3 +56,16 @@ def test_help_documents_the_router_flags(capsys):
     out = capsys.readouterr().out
     for flag in ("--models-dir", "--models-from", "--models-max", "--no-models-autoload", "--models-preset"):
         assert flag in out
+
+
+def test_child_memory_adds_weights_slots_store_and_process(tiny_paths, serve_parser):
+    from specserve.memory import ModelShape, estimate
+    from specserve.router.budget import PROCESS_BYTES, child_memory
+
+    target, draft = str(tiny_paths["target"]), str(tiny_paths["draft_close"])
+    alone, note = child_memory(["-m", target, "-c", "512", "-np", "2", "--no-cross-request"], serve_parser)
+    one = estimate(ModelShape.from_gguf(target), 512)
+    assert alone > PROCESS_BYTES + one.weights + 2 * one.kv and "2 slot(s)" in note
+    assert child_memory(["-m", target, "-c", "512", "-np", "1", "--no-cross-request"], serve_parser)[0] < alone
+    paired, note = child_memory(["-m", target, "-md", draft, "-c", "512", "-np", "2"], serve_parser)
+    assert paired > alone + 64 * (1 << 20) and "draft weights" in note and "cross-request store" in note

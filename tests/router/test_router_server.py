@@ -285,3 +285,25 @@ def test_models_dir_and_preset(tmp_path):
         assert chat(srv, "extra").json()["usage"]["speculative"]["mode"] == "ngram"
     finally:
         srv.stop()
+
+
+def test_memory_budget_unloads_first_or_refuses_with_numbers(store, tmp_path):
+    # a tiny model's child: about 100 MiB of process and 64 MiB of cross-request store; 250 MiB holds one
+    srv = start(store, tmp_path, "--models-memory", "250MiB")
+    try:
+        assert chat(srv, "tiny-a").status_code == 200
+        entry = next(m for m in srv.client().get("/models").json()["data"] if m["id"] == "tiny-a:latest")
+        assert entry["memory"]["bytes"] > 100 << 20 and "process" in entry["memory"]["estimate"]
+        assert chat(srv, "tiny-b:1b").status_code == 200  # fits only once tiny-a is out
+        assert status(srv, "tiny-a:latest")["value"] == "unloaded"
+        assert len(children_of(srv.proc.pid)) == 1
+    finally:
+        srv.stop()
+    srv = start(store, tmp_path, "--models-memory", "120MiB", name="small.log")
+    try:
+        r = srv.client().post("/api/chat", json={"model": "tiny-a", "messages": []})
+        assert r.status_code == 422
+        assert "more than the router's memory budget of 120.0 MiB" in r.json()["error"]
+        assert "weights" in r.json()["error"] and not children_of(srv.proc.pid)
+    finally:
+        srv.stop()

@@ -14,10 +14,10 @@ from .common import CliError
 
 log = logging.getLogger("specserve.router")
 # what the router decides for itself, never passed on to a child
-ROUTER_DESTS = {"models_dir", "models_from", "models_max", "no_models_autoload", "models_preset", "host", "port",
-                "api_key", "api_key_file", "alias", "model", "model_draft", "pair", "allowed_host", "cors_origin",
-                "max_connections", "max_connections_per_client", "trusted_proxy", "replicas", "min_replicas",
-                "max_replicas", "target_ongoing", "upscale_delay", "downscale_delay"}
+ROUTER_DESTS = {"models_dir", "models_from", "models_max", "no_models_autoload", "models_preset", "models_memory",
+                "host", "port", "api_key", "api_key_file", "alias", "model", "model_draft", "pair", "allowed_host",
+                "cors_origin", "max_connections", "max_connections_per_client", "trusted_proxy", "replicas",
+                "min_replicas", "max_replicas", "target_ongoing", "upscale_delay", "downscale_delay"}
 
 
 def add_router_args(p: argparse.ArgumentParser) -> None:
@@ -37,6 +37,11 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
                         "(default 4)")
     g.add_argument("--no-models-autoload", action="store_true",
                    help="load a model only on POST /models/load {\"model\": NAME}, not on a request for it")
+    g.add_argument("--models-memory", metavar="SIZE",
+                   help="memory all loaded models may take together (e.g. 24GiB; auto: this machine's RAM), as "
+                        "`specserve check` estimates each (weights, KV cache and compute per slot, the process): a "
+                        "load first unloads the least recently used idle models until it fits; one that could "
+                        "never fit is refused (422) with the numbers (default: no budget, --models-max alone)")
     g.add_argument("--models-preset", metavar="FILE",
                    help="llama-server's INI: a [NAME] section per model with its flags without dashes "
                         "(model-draft = PATH or none, ctx-size = 8192, load-on-startup = true), [*] for all; "
@@ -114,8 +119,25 @@ def discover_one(name: str, path):
         Found(name, path, "preset", 0, f"model = {path}: no such file")
 
 
+def _budget(text: str | None) -> int | None:
+    from ..memory import parse_bytes, physical_memory
+
+    if text is None:
+        return None
+    if text.strip().lower() == "auto":
+        found = physical_memory()
+        if found is None:
+            raise CliError("--models-memory auto: this system does not say how much memory it has; give a size", 2)
+        return found
+    try:
+        return parse_bytes(text)
+    except ValueError as e:
+        raise CliError(f"--models-memory: {e}", 2) from None
+
+
 def run(args, argv: list[str], parser: argparse.ArgumentParser) -> int:
     from ..router.app import create_router_app
+    from ..router.budget import child_memory
     from ..router.pool import Pool
     from ..server import logsafe
     from ..server.http.listener import serve
@@ -129,9 +151,11 @@ def run(args, argv: list[str], parser: argparse.ArgumentParser) -> int:
     logsafe.install()
     settings = settings_from(args, "router")
     models, at_start = _models(args, parser, argv)
+    budget = _budget(args.models_memory)
     try:
         pool = Pool(models, secrets.token_urlsafe(24), args.models_max, not args.no_models_autoload,
-                    stop_timeout=args.drain_timeout + 10)
+                    stop_timeout=args.drain_timeout + 10, budget=budget,
+                    estimate=lambda m: child_memory(m.args, parser))
     except ValueError as e:
         raise CliError(str(e), 2) from None
     for m in models:

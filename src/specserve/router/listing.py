@@ -24,8 +24,11 @@ def now() -> str:
 
 
 def openai_entry(model: Model, created: float) -> dict:
-    return {"id": model.name, "object": "model", "created": int(created), "owned_by": "specserve",
-            "store": model.found.store, "draft": model.draft, "status": model.status()}
+    entry = {"id": model.name, "object": "model", "created": int(created), "owned_by": "specserve",
+             "store": model.found.store, "draft": model.draft, "status": model.status()}
+    if model.memory is not None:  # estimated at its first load under --models-memory
+        entry["memory"] = {"bytes": model.memory, "estimate": model.memory_note}
+    return entry
 
 
 @functools.lru_cache(maxsize=1024)

@@ -19,7 +19,9 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
+from ..memory import fmt_bytes
 from ..server.http.errors import ApiError
 from ..stores import Found
 from .child import STOP_TIMEOUT_S, Child, ChildFailed
@@ -42,6 +44,8 @@ class Model:
     failed_loading: bool = False  # it never became ready: autoload does not retry it
     last_used: float = 0.0
     in_flight: int = 0
+    memory: int | None = None  # estimated bytes of its child (--models-memory; budget.py), once estimated
+    memory_note: str = ""  # how they add up
     loading: asyncio.Task | None = field(default=None, repr=False)
 
     @property
@@ -66,7 +70,8 @@ class Pool:
 
     def __init__(self, models: list[Model], key: str, max_loaded: int = 4, autoload: bool = True,
                  load_timeout: float = LOAD_TIMEOUT_S, stop_timeout: float = STOP_TIMEOUT_S,
-                 place_wait: float = PLACE_WAIT_S):
+                 place_wait: float = PLACE_WAIT_S, budget: int | None = None,
+                 estimate: Callable[[Model], tuple[int, str]] | None = None):
         if max_loaded < 1:
             raise ValueError(f"--models-max must be >= 1, got {max_loaded}")
         self.models = {m.name: m for m in models}
@@ -76,6 +81,8 @@ class Pool:
         self.load_timeout = load_timeout
         self.stop_timeout = stop_timeout
         self.place_wait = place_wait
+        self.budget = budget  # bytes all children may take together (None: no budget)
+        self.estimate = estimate
         self._places = asyncio.Lock()  # choosing what to unload and taking a place: one load at a time
         self._change = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
@@ -110,6 +117,7 @@ class Pool:
 
     async def _load(self, model: Model) -> None:
         try:
+            await self._estimate(model)
             async with self._places:
                 await self._make_room(model)
                 model.state = "loading"
@@ -142,22 +150,41 @@ class Pool:
         deadline = time.monotonic() + self.place_wait
         while True:
             busy = [m for m in self.models.values() if m is not model and m.state in ("loaded", "loading")]
-            if len(busy) < self.max_loaded:
+            used = sum(m.memory or 0 for m in busy)
+            if len(busy) < self.max_loaded and (self.budget is None or used + (model.memory or 0) <= self.budget):
                 return
             idle = sorted((m for m in busy if m.state == "loaded" and m.in_flight == 0), key=lambda m: m.last_used)
             if idle:
-                log.info("model %s: unloading %s, the least recently used, for it (--models-max %d)",
-                         model.name, idle[0].name, self.max_loaded)
+                log.info("model %s: unloading %s, the least recently used, for it (--models-max %d%s)",
+                         model.name, idle[0].name, self.max_loaded,
+                         "" if self.budget is None else f", --models-memory {fmt_bytes(self.budget)}")
                 await self.unload(idle[0])
                 continue
             left = deadline - time.monotonic()
             if left <= 0:
-                raise ApiError(429, f"the {len(busy)} models that may run at once (--models-max {self.max_loaded}) "
-                                    f"are all loading or answering; retry later", "model", "too_many_models",
+                raise ApiError(429, f"no place for model '{model.name}': the {len(busy)} models running (at most "
+                                    f"{self.max_loaded}, --models-max; {fmt_bytes(used)} of "
+                                    f"{fmt_bytes(self.budget) if self.budget else 'unlimited'} memory) are all "
+                                    "loading or answering; retry later", "model", "too_many_models",
                                headers={"Retry-After": "2"})
             change = self._change
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(change.wait(), left)
+
+    async def _estimate(self, model: Model) -> None:
+        """The model's memory (once), and 422 with the numbers where it could never fit the budget."""
+        if self.budget is None or self.estimate is None:
+            return
+        if model.memory is None:
+            try:
+                model.memory, model.memory_note = await asyncio.to_thread(self.estimate, model)
+            except (OSError, ValueError) as e:  # counted as nothing, and said so
+                model.memory, model.memory_note = 0, f"not estimated: {e}"
+                log.warning("model %s: memory %s", model.name, model.memory_note)
+        if model.memory > self.budget:
+            raise ApiError(422, f"model '{model.name}' needs about {model.memory_note}, more than the router's "
+                                f"memory budget of {fmt_bytes(self.budget)} (--models-memory) on its own",
+                           "model", "model_too_large")
 
     def changed(self) -> None:
         """A request ended, or a model was loaded or unloaded: a load waiting for a place looks again."""

@@ -18,7 +18,7 @@ GLOBAL = "*"
 _OWN = {"load-on-startup", "stop-timeout", "version"}
 # flags the router sets for each child itself
 _ROUTER_OWNED = {"host", "port", "alias", "a", "api-key", "api-key-file", "models-dir", "models-from",
-                 "models-max", "models-preset", "no-models-autoload"}
+                 "models-max", "models-preset", "models-memory", "no-models-autoload"}
 
 
 @dataclass
