@@ -19,13 +19,14 @@ ROOT = Path(specserve.__file__).parent
 # lowest first; a name is a module or a package (all its modules)
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("specserve", "config", "text", "chat", "prompt", "fim", "stats", "gguf_meta", "batchcost", "policy")),
-    ("backends", ("backends", "models", "f16", "memory", "offload", "pairing")),
+    ("backends", ("backends", "models", "f16", "memory", "offload", "pairing", "stores")),
     ("drafting", ("sampling", "processors", "logprobs", "verifier", "steps", "drafters", "grammar")),
     # auto reads the drafters' names (drafters.hybrid.LOOKUPS) and the policy protocol; the engine reads auto
     ("auto", ("auto", "learned")),
     ("engine", ("engine", "slot", "commit", "loading")),
     ("server", ("server",)),
     ("cluster", ("cluster",)),
+    ("router", ("router",)),  # beside cluster: runs servers, imports the server's edge (errors, body, guards)
     ("tools", ("bench", "tools")),
     ("cli", ("cli", "__main__")),
 ]

@@ -135,13 +135,13 @@ def _budget(text: str | None) -> int | None:
         raise CliError(f"--models-memory: {e}", 2) from None
 
 
-def run(args, argv: list[str], parser: argparse.ArgumentParser) -> int:
+def run(args, argv: list[str], parser: argparse.ArgumentParser, settings) -> int:
+    """The router until a signal has drained it; `settings`: the server's, from the same flags."""
     from ..router.app import create_router_app
     from ..router.budget import child_memory
     from ..router.pool import Pool
     from ..server import logsafe
     from ..server.http.listener import serve
-    from .serve import settings_from
 
     if args.replicas is not None or args.min_replicas is not None or args.max_replicas is not None:
         raise CliError("the router runs each model as one process: --replicas is for one model", 2)
@@ -149,7 +149,6 @@ def run(args, argv: list[str], parser: argparse.ArgumentParser) -> int:
         raise CliError("-m serves one model; the router (--models-dir, --models-from) serves the models it "
                        "discovers", 2)
     logsafe.install()
-    settings = settings_from(args, "router")
     models, at_start = _models(args, parser, argv)
     budget = _budget(args.models_memory)
     try:

@@ -297,7 +297,7 @@ def run(args) -> int:
     if wants_router(args):
         from . import router
 
-        return router.run(args, _serve_argv(args), args.serve_parser)
+        return router.run(args, _serve_argv(args), args.serve_parser, settings_from(args, "router"))
     if args.replicas is not None or args.min_replicas is not None or args.max_replicas is not None:
         replicas = _replicas(args)
         if args.threads is None:  # local replicas share the cores; on a cluster, set -t per replica yourself
