@@ -168,7 +168,7 @@ async def route(request: Request) -> Response:
     r = _router(request)
     if r.drain.draining:
         raise ApiError(503, "the router is stopping", headers={"Retry-After": "1"})
-    if request.method in ("GET", "HEAD", "DELETE") and not request.headers.get("content-length"):
+    if request.method in ("GET", "HEAD"):
         body, name = b"", request.query_params.get("model")
     else:
         fields, body = await read_json_body(request, r.settings.max_body, r.settings.read_timeout)

@@ -121,10 +121,9 @@ class Pool:
             async with self._places:
                 await self._make_room(model)
                 model.state = "loading"
-            child = Child(model.name, model.args, self.key)
             log.info("model %s: loading (%s)", model.name, " ".join(model.args))
             try:
-                await child.start(self.load_timeout)
+                child = await self._start(model)
             except ChildFailed as e:
                 model.state, model.failure, model.exit_code, model.failed_loading = "unloaded", e.reason, \
                     e.exit_code, True
@@ -133,7 +132,6 @@ class Pool:
                                "model_failed") from None
             except BaseException:
                 model.state = "unloaded"
-                child.kill_now()
                 raise
             model.child, model.state = child, "loaded"
             model.failure, model.exit_code, model.failed_loading = None, None, False
@@ -143,6 +141,25 @@ class Pool:
         finally:
             model.loading = None
             self.changed()
+
+    async def _start(self, model: Model, tries: int = 3) -> Child:
+        """A ready child for `model`. The free port it was given may be taken before it listens (another
+        program's bind in between): then again, on another port, `tries` times in all."""
+        attempt = 0
+        while True:
+            attempt += 1
+            child = Child(model.name, model.args, self.key)
+            try:
+                await child.start(self.load_timeout)
+                return child
+            except ChildFailed as e:
+                taken = "already in use" in e.reason or "cannot listen on" in e.reason
+                if not taken or attempt == tries:
+                    raise
+                log.warning("model %s: port %d was taken, trying another", model.name, child.port)
+            except BaseException:
+                child.kill_now()
+                raise
 
     async def _make_room(self, model: Model) -> None:
         """Unload the least recently used idle models until `model` has a place; where every place is taken by
