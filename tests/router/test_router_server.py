@@ -119,6 +119,11 @@ def test_ollama_client_chat_whole_and_streamed(router):
     assert parts[-1].done and "".join(p.message.content for p in parts) == whole.message.content
     shown = client.show("tiny-b:1b")
     assert shown.details.family == "llama"
+    made = client.generate(model="tiny-b:1b", prompt="a b", options={"num_predict": 3})
+    assert made.done and made.eval_count == 3
+    assert {"tiny-a:latest", "tiny-b:1b"} <= {m.model for m in client.ps().models}
+    props = router.client().get("/props", params={"model": "tiny-b:1b"})  # a GET routes by ?model=
+    assert props.status_code == 200 and props.json()["model_alias"] == "tiny-b:1b"
 
 
 @pytest.mark.parametrize("path, body, shape", [
