@@ -32,7 +32,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve OpenAI-compatible completions with speculative decoding",
                        description="Serve /v1/completions, /v1/chat/completions, /v1/models, /completion "
                                    "(llama-server), /health, /metrics and a chat page at /. Without -m, the "
-                                   "packaged default pair is served.")
+                                   "packaged default pair is served. With --models-dir or --models-from: router "
+                                   "mode, every model discovered, each loaded when asked for in a process of its "
+                                   "own (see the router group below).")
     add_model_args(p)
     add_spec_args(p)
     g = p.add_argument_group("server")

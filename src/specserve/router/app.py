@@ -28,6 +28,7 @@ from .pool import Model, Pool
 log = logging.getLogger("specserve.router")
 _NOT_HERE = ("this router serves the GGUF models it discovered (--models-dir, --models-from): it does not pull, "
              "push, create, copy or delete models; use the tool that keeps them (ollama pull, ...)")
+# as apis/anthropic/serving.py's (not imported: the API packages bring the engine, which the router never loads)
 _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                     413: "request_too_large", 429: "rate_limit_error"}
 
