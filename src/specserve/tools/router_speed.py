@@ -8,7 +8,9 @@ Starts `specserve serve -m MODEL` and `specserve serve --models-from packaged` (
 is unloaded (its child starts, loads, answers), against the same request once loaded. Decode: greedy
 streamed chats of --tokens tokens (ignore_eos), the two servers alternating, first of a pair alternating;
 the client counts tokens from its first chunk of text to its last, so that the prompt (cached after the
-first round) stays out. Reports medians and the median paired ratio router/direct, as JSON on stdout.
+first round) stays out. Reports medians and the median paired ratio router/direct, and, per path, the
+client's rate over the server's own (timings.predicted_per_second): what delivery costs, apart from how
+fast the engine ran on a busy machine. As JSON on stdout.
 """
 from __future__ import annotations
 
@@ -50,11 +52,12 @@ def start(args: list[str]) -> tuple[subprocess.Popen, str]:
     raise SystemExit(f"server {' '.join(args)} not ready in 120 s")
 
 
-def chat(url: str, model: str, tokens: int) -> tuple[float, float]:
-    """(seconds to the whole answer, client tokens per second from the first chunk of text to the last)."""
+def chat(url: str, model: str, tokens: int) -> tuple[float, float, float]:
+    """(seconds to the whole answer, client tokens per second from the first chunk of text to the last, the
+    server's own decode rate: timings.predicted_per_second)."""
     body = {"model": model, "messages": PROMPT, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
             "stream": True}
-    t0, first, last, n = time.perf_counter(), 0.0, 0.0, 0
+    t0, first, last, n, server = time.perf_counter(), 0.0, 0.0, 0, float("nan")
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
         r.raise_for_status()
         for line in r.iter_lines():
@@ -67,7 +70,8 @@ def chat(url: str, model: str, tokens: int) -> tuple[float, float]:
                 last = now
             if event.get("usage"):
                 n = event["usage"]["completion_tokens"]
-    return time.perf_counter() - t0, (n - 1) / (last - first) if last > first else float("nan")
+                server = (event.get("timings") or {}).get("predicted_per_second", server)
+    return time.perf_counter() - t0, (n - 1) / (last - first) if last > first else float("nan"), server
 
 
 def main() -> int:
@@ -86,18 +90,23 @@ def main() -> int:
         router_proc, router = start(["--models-from", "packaged", *common])
         procs.append(router_proc)
         cold, _ = chat(router, a.model, 1)
-        warm = statistics.median(chat(router, a.model, 1)[0] for _ in range(3))
-        chat(direct, a.model, 8)
+        warm = {name: statistics.median(chat(url, a.model, 1)[0] for _ in range(5))
+                for name, url in (("direct", direct), ("router", router))}
         rates: dict[str, list[float]] = {"direct": [], "router": []}
+        delivered: dict[str, list[float]] = {"direct": [], "router": []}  # client rate / the server's own
         for i in range(a.rounds):
             order = [("direct", direct), ("router", router)][:: 1 if i % 2 == 0 else -1]
             for name, url in order:
-                rates[name].append(chat(url, a.model, a.tokens)[1])
+                _, client, server = chat(url, a.model, a.tokens)
+                rates[name].append(client)
+                delivered[name].append(client / server)
         ratios = [r / d for r, d in zip(rates["router"], rates["direct"])]
         print(json.dumps({"model": a.model, "threads": a.threads, "spec": a.spec, "tokens": a.tokens,
-                          "switch_s": round(cold, 3), "loaded_1_token_s": round(warm, 3),
+                          "switch_s": round(cold, 3),
+                          "loaded_1_token_s": {k: round(v, 4) for k, v in warm.items()},
                           "decode_tok_s": {k: round(statistics.median(v), 1) for k, v in rates.items()},
                           "decode_ratio_router_over_direct": round(statistics.median(ratios), 4),
+                          "client_over_server_rate": {k: round(statistics.median(v), 4) for k, v in delivered.items()},
                           "rates": {k: [round(x, 1) for x in v] for k, v in rates.items()}}, indent=1))
     finally:
         for proc in procs:
