@@ -190,3 +190,19 @@ def test_crash_shows_failed_and_the_next_request_reloads():
         await pool.close()
     run(go())
     assert FakeChild.started == ["a", "a"]
+
+
+def test_refresh_keeps_the_same_replaces_the_changed_and_drops_the_gone():
+    async def go():
+        pool = Pool(models("a", "b", "c"), "k")
+        a, b, c = (pool.models[n] for n in "abc")
+        for m in (a, b, c):
+            await pool.ensure(m)
+        changed_b = Model(Found("b", Path("/m/b2.gguf"), "models-dir", 1), ["-m", "b2"])
+        await pool.refresh([*models("a"), changed_b, *models("d")])
+        assert pool.models["a"] is a and a.state == "loaded"  # the same: its child kept
+        assert pool.models["b"] is changed_b and b.state == "unloaded"  # its old child stopped
+        assert "c" not in pool.models and c.state == "unloaded"
+        assert pool.models["d"].state == "unloaded"
+        await pool.close()
+    run(go())

@@ -288,6 +288,16 @@ def test_models_dir_and_preset(tmp_path):
         assert r.status_code == 200 and r.json()["usage"]["speculative"]["mode"] == "auto"
         assert chat(srv, "extra").status_code == 200
         assert chat(srv, "extra").json()["usage"]["speculative"]["mode"] == "ngram"
+        # GET /models?reload=1 discovers again: a new file is a new model, a removed one is unloaded and gone
+        (models / "new.gguf").write_bytes((models / "tiny.gguf").read_bytes())
+        assert "new" not in {m["id"] for m in srv.client().get("/models").json()["data"]}
+        assert "new" in {m["id"] for m in srv.client().get("/models?reload=1").json()["data"]}
+        assert chat(srv, "new").status_code == 200
+        kids = children_of(srv.proc.pid)
+        (models / "new.gguf").unlink()
+        assert "new" not in {m["id"] for m in srv.client().get("/models?reload=1").json()["data"]}
+        assert len(children_of(srv.proc.pid)) == len(kids) - 1
+        assert chat(srv, "tiny").status_code == 200  # the others untouched
     finally:
         srv.stop()
 

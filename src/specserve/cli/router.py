@@ -159,7 +159,13 @@ def run(args, argv: list[str], parser: argparse.ArgumentParser, settings) -> int
         raise CliError(str(e), 2) from None
     for m in models:
         log.info("model %s (%s)%s", m.name, m.found.store, f": failed, {m.found.error}" if m.found.error else "")
-    app = create_router_app(pool, settings, at_start)
+    def rediscover():
+        try:
+            return _models(args, parser, argv)[0]
+        except CliError as e:
+            raise ValueError(str(e)) from None
+
+    app = create_router_app(pool, settings, at_start, rediscover)
     serve(app, args.host, args.port, settings, drain=app.state.router.drain, on_error=app.state.router.on_error)
     return 0
 

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import time
 
+import anyio
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -63,8 +64,9 @@ class Drain:
 class Router:
     """What the router's app holds: the pool, the connection pool to the children, the drain, the settings."""
 
-    def __init__(self, pool: Pool, settings):
+    def __init__(self, pool: Pool, settings, rediscover=None):
         self.pool = pool
+        self.rediscover = rediscover  # () -> the models found now (GET /models?reload=1), or None
         self.settings = settings
         self.drain = Drain()
         self.http = None
@@ -111,7 +113,14 @@ async def health(request: Request) -> Response:
 
 
 async def models(request: Request) -> Response:
+    """Every model with its status; `?reload=1` discovers them again first (llama-server's)."""
     r = _router(request)
+    if request.query_params.get("reload") in ("1", "true") and r.rediscover is not None:
+        try:
+            found = await anyio.to_thread.run_sync(r.rediscover)
+        except ValueError as e:
+            raise ApiError(422, f"discovering the models again failed: {e}", code="reload_failed") from None
+        await r.pool.refresh(found)
     return JSONResponse({"object": "list", "data": [listing.openai_entry(m, r.t_start)
                                                      for m in r.pool.models.values()]})
 
@@ -194,10 +203,11 @@ async def route(request: Request) -> Response:
     return await proxy.forward(r.http, child, request, body, done)
 
 
-def create_router_app(pool: Pool, settings, at_start: list[str] = ()) -> Starlette:
+def create_router_app(pool: Pool, settings, at_start: list[str] = (), rediscover=None) -> Starlette:
     """The router over `pool`, loading the models `at_start` names once it listens (a preset's
-    load-on-startup); closing it (lifespan shutdown) stops every child."""
-    router = Router(pool, settings)
+    load-on-startup); `rediscover()` finds the models again for `GET /models?reload=1`. Closing the app
+    (lifespan shutdown) stops every child."""
+    router = Router(pool, settings, rediscover)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

@@ -232,6 +232,21 @@ class Pool:
         self.changed()
         return True
 
+    async def refresh(self, found: list[Model]) -> None:
+        """llama-server's `GET /models?reload=1`: models found now are added, or replace the ones of their name
+        whose file or flags changed (unloaded first, where loaded); ones no longer found are removed (unloaded
+        first)."""
+        new = {m.name: m for m in found}
+        for name, old in list(self.models.items()):
+            fresh = new.get(name)
+            if fresh is not None and (fresh.found, fresh.args) == (old.found, old.args):
+                new[name] = old  # the same model: it keeps its state
+                continue
+            if old.loading is not None or old.child is not None:
+                await self.unload(old)
+        self.models = new
+        self.changed()
+
     def load_in_background(self, model: Model) -> None:
         """Load without a request waiting (a preset's load-on-startup): a failure shows in its status."""
         async def load() -> None:
