@@ -117,8 +117,15 @@ def test_ollama_client_chat_whole_and_streamed(router):
     parts = list(client.chat(model="tiny-a:latest", messages=[{"role": "user", "content": "hi"}],
                              options={"num_predict": 5}, stream=True))
     assert parts[-1].done and "".join(p.message.content for p in parts) == whole.message.content
-    shown = client.show("tiny-b:1b")
+    assert router.client().post("/models/load", json={"model": "tiny-b:1b"}).status_code == 200
+    shown = client.show("tiny-b:1b")  # loaded: its child answers
     assert shown.details.family == "llama"
+    client.chat(model="tiny-a", messages=[{"role": "user", "content": "hi"}], options={"num_predict": 2})
+    router.client().post("/models/unload", json={"model": "tiny-b:1b"})
+    header = client.show("tiny-b:1b")  # unloaded: described from its GGUF header, not loaded for it
+    assert status(router, "tiny-b:1b")["value"] == "unloaded"
+    assert header.details == shown.details and header.capabilities == shown.capabilities
+    assert header.template == shown.template and header.modelinfo["general.architecture"] == "llama"
     made = client.generate(model="tiny-b:1b", prompt="a b", options={"num_predict": 3})
     assert made.done and made.eval_count == 3
     assert {"tiny-a:latest", "tiny-b:1b"} <= {m.model for m in client.ps().models}

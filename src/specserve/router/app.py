@@ -25,6 +25,7 @@ from ..server.http.guard import ApiKeyMiddleware, HostOriginGuard
 from ..stores import looks_like_path, lookup
 from . import listing, proxy
 from .pool import Model, Pool
+from .show import show_unloaded
 
 log = logging.getLogger("specserve.router")
 _NOT_HERE = ("this router serves the GGUF models it discovered (--models-dir, --models-from): it does not pull, "
@@ -183,6 +184,10 @@ async def route(request: Request) -> Response:
     else:
         fields, body = await read_json_body(request, r.settings.max_body, r.settings.read_timeout)
         name = fields.get("model") if "model" in fields else fields.get("name")  # /api/show's older spelling
+        if request.url.path == "/api/show" and r.model(name).state != "loaded":  # no load to describe it
+            model = r.model(name)
+            shown = await anyio.to_thread.run_sync(show_unloaded, model)
+            return JSONResponse({**shown, "modified_at": listing.ollama_entry(model)["modified_at"]})
         if request.url.path in ("/api/generate", "/api/chat") and _unloads(fields):
             model = r.model(name)
             await r.pool.unload(model)
