@@ -26,9 +26,12 @@ class HeaderModel:
 
     def __init__(self, path: str):
         self.path = path
-        self.metadata = read_metadata(path, full_arrays=(_TOKENS_KEY,), max_array_items=1)
-        texts = self.metadata.get(_TOKENS_KEY)
+        header = read_metadata(path, full_arrays=(_TOKENS_KEY,), max_array_items=1)
+        texts = header.get(_TOKENS_KEY)
         texts = texts if isinstance(texts, list) else []
+        # as llama.cpp gives a loaded model's metadata: scalars as strings (file_type 0 is "0", which is F32)
+        self.metadata = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in header.items()
+                         if isinstance(v, (str, int, float, bool))}
         self.vocab = SimpleNamespace(token_texts=texts, n_vocab=len(texts))
 
 
