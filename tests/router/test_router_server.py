@@ -329,3 +329,12 @@ def test_memory_budget_unloads_first_or_refuses_with_numbers(store, tmp_path):
         assert "weights" in r.json()["error"] and not children_of(srv.proc.pid)
     finally:
         srv.stop()
+
+
+def test_tags_details_as_the_loaded_model_gives_them(router):
+    listed = {m["name"]: m for m in router.client().get("/api/tags").json()["models"]}
+    router.client().post("/models/load", json={"model": "tiny-a"})
+    running = {m["name"]: m for m in router.client().get("/api/ps").json()["models"]}
+    shown = router.client().post("/api/show", json={"model": "tiny-a"}).json()  # loaded: its child's answer
+    assert listed["tiny-a:latest"]["details"] == running["tiny-a:latest"]["details"] == shown["details"]
+    assert shown["details"]["quantization_level"] == "F32"

@@ -19,8 +19,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ..server.apis.anthropic.serving import error_body as anthropic_error
+from ..server.apis.ollama.models import OLLAMA_VERSION
+from ..server.apis.ollama.serving import error_body as ollama_error
 from ..server.http.body import read_json, read_json_body
-from ..server.http.errors import ApiError, CatchAll, ErrorShapes, install_handlers
+from ..server.http.errors import ApiError, CatchAll, ErrorShapes, install_handlers, openai_body
 from ..server.http.guard import ApiKeyMiddleware, HostOriginGuard
 from ..stores import looks_like_path, lookup
 from . import listing, proxy
@@ -30,20 +33,15 @@ from .show import show_unloaded
 log = logging.getLogger("specserve.router")
 _NOT_HERE = ("this router serves the GGUF models it discovered (--models-dir, --models-from): it does not pull, "
              "push, create, copy or delete models; use the tool that keeps them (ollama pull, ...)")
-# as apis/anthropic/serving.py's (not imported: the API packages bring the engine, which the router never loads)
-_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                    413: "request_too_large", 429: "rate_limit_error"}
 
 
 def _shape(path: str):
     """The error body of the path's API: Ollama's under /api/, Anthropic's under /v1/messages, else OpenAI's."""
     if path.startswith("/api/"):
-        return lambda err: {"error": err.message}
+        return ollama_error
     if path.startswith("/v1/messages"):
-        return lambda err: {"type": "error", "error": {
-            "type": _ANTHROPIC_TYPES.get(err.status, "api_error" if err.status >= 500 else "invalid_request_error"),
-            "message": err.message}}
-    return lambda err: err.body()
+        return anthropic_error
+    return openai_body
 
 
 class Drain:
@@ -161,7 +159,7 @@ async def ps(request: Request) -> Response:
 async def version(request: Request) -> Response:
     from .. import __version__
 
-    return JSONResponse({"version": listing.OLLAMA_VERSION, "specserve": __version__})
+    return JSONResponse({"version": OLLAMA_VERSION, "specserve": __version__})
 
 
 async def not_here(request: Request) -> Response:

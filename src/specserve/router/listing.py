@@ -2,7 +2,7 @@
 `status`) and Ollama's /api/tags and /api/ps entries.
 
 Models are named, never shown by path (a path tells a client about the host's folders). Ollama's details
-come from the GGUF header (architecture, size label), read once per file; a model from Ollama's store
+come from the GGUF header as the single-model server gives them, read once per file; a model from Ollama's store
 keeps its blob's sha256 as its digest, as Ollama shows it.
 """
 from __future__ import annotations
@@ -12,11 +12,12 @@ import hashlib
 import os
 from datetime import datetime, timezone
 from pathlib import Path
+from types import SimpleNamespace
 
 from ..gguf_meta import GGUFError, read_metadata
+from ..server.apis.ollama.models import details
 from .pool import Model
 
-OLLAMA_VERSION = "0.12.6"  # as the single-model server's /api/version (server/apis/ollama/models.py)
 
 
 def now() -> str:
@@ -33,13 +34,14 @@ def openai_entry(model: Model, created: float) -> dict:
 
 @functools.lru_cache(maxsize=1024)
 def _details(path: str, mtime_ns: int) -> dict:
+    """Ollama's details of the file, as the single-model server gives them (its helper, over the header)."""
     try:
         meta = read_metadata(path, max_array_items=1)
     except (OSError, GGUFError, TypeError):
-        meta = {}
-    arch = meta.get("general.architecture") or ""
-    return {"parent_model": "", "format": "gguf", "family": arch, "families": [arch] if arch else None,
-            "parameter_size": meta.get("general.size_label") or "", "quantization_level": ""}
+        return {"parent_model": "", "format": "gguf", "family": "", "families": None, "parameter_size": "",
+                "quantization_level": ""}
+    strings = {k: str(v) for k, v in meta.items() if isinstance(v, (str, int, float))}  # as llama.cpp's
+    return details(SimpleNamespace(path=path, metadata=strings))
 
 
 def _file(model: Model) -> tuple[str, str, dict]:
