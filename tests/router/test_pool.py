@@ -206,3 +206,37 @@ def test_refresh_keeps_the_same_replaces_the_changed_and_drops_the_gone():
         assert pool.models["d"].state == "unloaded"
         await pool.close()
     run(go())
+
+
+def test_alternating_storm_with_one_place_every_request_gets_a_live_child():
+    async def go():
+        pool = Pool(models("a", "b"), "k", max_loaded=1, place_wait=10)
+
+        async def request(m: Model) -> None:
+            child = await pool.ensure(m)
+            assert child.alive and m.child is child  # not unloaded for another between its load and its use
+            m.in_flight += 1
+            await asyncio.sleep(0.005)
+            m.in_flight -= 1
+            pool.changed()
+        await asyncio.gather(*(request(pool.models["ab"[i % 2]]) for i in range(20)))
+        assert sum(m.state == "loaded" for m in pool.models.values()) == 1
+        await pool.close()
+    run(go())
+    assert 2 <= len(FakeChild.started) <= 20
+
+
+def test_unloaded_as_soon_as_loaded_the_waiting_request_loads_it_again():
+    async def go():
+        pool = Pool(models("a"), "k")
+        a = pool.models["a"]
+
+        async def unload_once_loaded() -> None:  # POST /models/unload, arriving as the load ends
+            while a.state != "loaded":
+                await asyncio.sleep(0)
+            await pool.unload(a)
+        child, _ = await asyncio.gather(pool.ensure(a), unload_once_loaded())
+        assert child.alive and a.child is child
+        await pool.close()
+    run(go())
+    assert FakeChild.started == ["a", "a"]

@@ -43,7 +43,8 @@ class Model:
     exit_code: int | None = None
     failed_loading: bool = False  # it never became ready: autoload does not retry it
     last_used: float = 0.0
-    in_flight: int = 0
+    in_flight: int = 0  # requests being answered
+    waiting: int = 0  # requests waiting for its load
     memory: int | None = None  # estimated bytes of its child (--models-memory; budget.py), once estimated
     memory_note: str = ""  # how they add up
     loading: asyncio.Task | None = field(default=None, repr=False)
@@ -97,23 +98,28 @@ class Pool:
         """The model's child, ready; loaded first where it is not (all callers share one load).
         ApiError: 422 a model that failed, 400 an unloaded one with autoload off, 429 no place."""
         model.last_used = time.monotonic()
-        if model.state == "loaded" and model.child is not None and model.child.alive:
-            return model.child
-        if model.found.error:
-            raise ApiError(422, f"model '{model.name}' cannot be served: {model.found.error}", "model",
-                           "model_failed")
-        if model.loading is None:
-            if not (self.autoload if autoload is None else autoload):
-                raise ApiError(400, f"model '{model.name}' is not loaded and this router loads models only when "
-                                    "asked (--no-models-autoload): POST /models/load {\"model\": NAME} first",
-                               "model", "model_not_loaded")
-            if model.failed_loading and not retry:
-                raise ApiError(422, f"model '{model.name}' failed to load: {model.failure} (POST /models/load "
-                                    "tries again)", "model", "model_failed")
-            model.loading = asyncio.create_task(self._load(model))
-        await asyncio.shield(model.loading)  # a request that goes away does not cancel the others' load
-        assert model.child is not None
-        return model.child
+        for _ in range(3):  # loaded, then unloaded before this request had it (POST /models/unload): again
+            if model.state == "loaded" and model.child is not None and model.child.alive:
+                return model.child
+            if model.found.error:
+                raise ApiError(422, f"model '{model.name}' cannot be served: {model.found.error}", "model",
+                               "model_failed")
+            if model.loading is None:
+                if not (self.autoload if autoload is None else autoload):
+                    raise ApiError(400, f"model '{model.name}' is not loaded and this router loads models only "
+                                        "when asked (--no-models-autoload): POST /models/load {\"model\": NAME} "
+                                        "first", "model", "model_not_loaded")
+                if model.failed_loading and not retry:
+                    raise ApiError(422, f"model '{model.name}' failed to load: {model.failure} (POST /models/load "
+                                        "tries again)", "model", "model_failed")
+                model.loading = asyncio.create_task(self._load(model))
+            model.waiting += 1  # a model with requests waiting for it is not unloaded to make room
+            try:
+                await asyncio.shield(model.loading)  # a request that goes away does not cancel the others' load
+            finally:
+                model.waiting -= 1
+        raise ApiError(429, f"model '{model.name}' was unloaded each time it was loaded; retry later", "model",
+                       "too_many_models", headers={"Retry-After": "2"})
 
     async def _load(self, model: Model) -> None:
         try:
@@ -170,7 +176,8 @@ class Pool:
             used = sum(m.memory or 0 for m in busy)
             if len(busy) < self.max_loaded and (self.budget is None or used + (model.memory or 0) <= self.budget):
                 return
-            idle = sorted((m for m in busy if m.state == "loaded" and m.in_flight == 0), key=lambda m: m.last_used)
+            idle = sorted((m for m in busy if m.state == "loaded" and not m.in_flight and not m.waiting),
+                          key=lambda m: m.last_used)
             if idle:
                 log.info("model %s: unloading %s, the least recently used, for it (--models-max %d%s)",
                          model.name, idle[0].name, self.max_loaded,
