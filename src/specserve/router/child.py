@@ -100,12 +100,23 @@ class Child:
                 await asyncio.sleep(0.05)
 
     async def _read_output(self) -> None:
+        """Its output, line by line, into the log and the tail, read to its end whatever it writes (a pipe
+        left unread would stop the child at its next write once full)."""
         assert self.proc is not None and self.proc.stdout is not None
-        async for raw in self.proc.stdout:
-            line = raw.decode("utf-8", "replace").rstrip()
-            if line:
-                self.tail.append(line)
-                log.info("[%s] %s", self.name, line)
+        pending = b""
+        while chunk := await self.proc.stdout.read(1 << 16):
+            *lines, pending = (pending + chunk).split(b"\n")
+            if len(pending) > 1 << 16:  # no newline in 64 KiB: shown as a line of its own
+                lines, pending = [*lines, pending], b""
+            for raw in lines:
+                self._line(raw)
+        self._line(pending)
+
+    def _line(self, raw: bytes) -> None:
+        line = raw.decode("utf-8", "replace").rstrip()
+        if line:
+            self.tail.append(line[:2000])
+            log.info("[%s] %s", self.name, line)
 
     async def _drain_reader(self) -> None:
         if self._reader is not None:
