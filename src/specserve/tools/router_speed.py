@@ -5,12 +5,12 @@ through the router against the single-model server on the same model.
 
 Starts `specserve serve -m MODEL` and `specserve serve --models-from packaged` (each with -t, --spec and
 --no-cross-request as given), on free ports. Switch time: a 1-token request to the router while the model
-is unloaded (its child starts, loads, answers), against the same request once loaded. Decode: greedy
-streamed chats of --tokens tokens (ignore_eos), the two servers alternating, first of a pair alternating;
-the client counts tokens from its first chunk of text to its last, so that the prompt (cached after the
-first round) stays out. Reports medians and the median paired ratio router/direct, and, per path, the
-client's rate over the server's own (timings.predicted_per_second): what delivery costs, apart from how
-fast the engine ran on a busy machine. As JSON on stdout.
+is unloaded (its child starts, loads, answers), beside the single server's start to its first answer.
+Then, both warm, rounds of: a 1-token request (latency) and a greedy streamed chat of --tokens tokens
+(ignore_eos) to each, first of a pair alternating; the client counts tokens from its first chunk of text
+to its last, so that the prompt (cached) stays out. Reports medians, the median paired ratio
+router/direct, the servers' own decode rates (timings.predicted_per_second) and each path's client rate
+over its server's: what delivery costs, apart from how fast the engine ran on a busy machine. JSON.
 """
 from __future__ import annotations
 
@@ -35,8 +35,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(args: list[str]) -> tuple[subprocess.Popen, str]:
+def start(args: list[str]) -> tuple[subprocess.Popen, str, float]:
+    """The server, its URL, and the seconds it took to answer /health."""
     port = free_port()
+    t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "specserve", "serve", *args, "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
@@ -44,7 +46,7 @@ def start(args: list[str]) -> tuple[subprocess.Popen, str]:
     while time.monotonic() < deadline:
         try:
             if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
+                return proc, url, time.perf_counter() - t0
         except httpx.TransportError:
             pass
         time.sleep(0.05)
@@ -85,28 +87,34 @@ def main() -> int:
     common = ["-t", a.threads, "--spec", a.spec, "--no-cross-request"]
     procs = []
     try:
-        direct_proc, direct = start(["-m", a.model, *common])
+        direct_proc, direct, direct_ready = start(["-m", a.model, *common])
         procs.append(direct_proc)
-        router_proc, router = start(["--models-from", "packaged", *common])
+        direct_first = direct_ready + chat(direct, a.model, 1)[0]  # the single server, started and answering
+        router_proc, router, _ = start(["--models-from", "packaged", *common])
         procs.append(router_proc)
-        cold, _ = chat(router, a.model, 1)
-        warm = {name: statistics.median(chat(url, a.model, 1)[0] for _ in range(5))
-                for name, url in (("direct", direct), ("router", router))}
+        cold = chat(router, a.model, 1)[0]
+        for url in (direct, router):  # both warm: weights paged in, prompt cached
+            chat(url, a.model, 8)
+        warm: dict[str, list[float]] = {"direct": [], "router": []}
         rates: dict[str, list[float]] = {"direct": [], "router": []}
-        delivered: dict[str, list[float]] = {"direct": [], "router": []}  # client rate / the server's own
+        served: dict[str, list[float]] = {"direct": [], "router": []}  # the server's own decode rate
         for i in range(a.rounds):
             order = [("direct", direct), ("router", router)][:: 1 if i % 2 == 0 else -1]
             for name, url in order:
+                warm[name].append(chat(url, a.model, 1)[0])
                 _, client, server = chat(url, a.model, a.tokens)
                 rates[name].append(client)
-                delivered[name].append(client / server)
+                served[name].append(server)
         ratios = [r / d for r, d in zip(rates["router"], rates["direct"])]
         print(json.dumps({"model": a.model, "threads": a.threads, "spec": a.spec, "tokens": a.tokens,
-                          "switch_s": round(cold, 3),
-                          "loaded_1_token_s": {k: round(v, 4) for k, v in warm.items()},
+                          "switch_s": round(cold, 3), "single_server_start_and_answer_s": round(direct_first, 3),
+                          "loaded_1_token_s": {k: round(statistics.median(v), 4) for k, v in warm.items()},
                           "decode_tok_s": {k: round(statistics.median(v), 1) for k, v in rates.items()},
                           "decode_ratio_router_over_direct": round(statistics.median(ratios), 4),
-                          "client_over_server_rate": {k: round(statistics.median(v), 4) for k, v in delivered.items()},
+                          "server_tok_s": {k: round(statistics.median(v), 1) for k, v in served.items()},
+                          "client_over_server_rate": {
+                              k: round(statistics.median([c / s for c, s in zip(rates[k], v)]), 4)
+                              for k, v in served.items()},
                           "rates": {k: [round(x, 1) for x in v] for k, v in rates.items()}}, indent=1))
     finally:
         for proc in procs:
