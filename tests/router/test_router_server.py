@@ -273,6 +273,10 @@ def test_no_autoload(store, tmp_path):
         assert r.status_code == 400 and "POST /models/load" in r.json()["error"]["message"]
         assert srv.client().post("/models/load", json={"model": "tiny-a"}).status_code == 200
         assert chat(srv, "tiny-a").status_code == 200
+        kids = children_of(srv.proc.pid)
+        srv.proc.send_signal(signal.SIGINT)  # Ctrl-C: the router stops its children, then itself
+        assert srv.proc.wait(30) == 0
+        assert kids and not any(alive(k) for k in kids)
     finally:
         srv.stop()
 
