@@ -213,12 +213,11 @@ def test_alternating_storm_with_one_place_every_request_gets_a_live_child():
         pool = Pool(models("a", "b"), "k", max_loaded=1, place_wait=10)
 
         async def request(m: Model) -> None:
-            child = await pool.ensure(m)
-            assert child.alive and m.child is child  # not unloaded for another between its load and its use
-            m.in_flight += 1
+            child = await asyncio.ensure_future(pool.ensure(m, hold=True))  # in a task of its own, as app.py's
+            await asyncio.sleep(0)  # others run between its load and its use: held, it stays loaded
+            assert child.alive and m.child is child
             await asyncio.sleep(0.005)
-            m.in_flight -= 1
-            pool.changed()
+            pool.release(m)
         await asyncio.gather(*(request(pool.models["ab"[i % 2]]) for i in range(20)))
         assert sum(m.state == "loaded" for m in pool.models.values()) == 1
         await pool.close()
@@ -240,3 +239,23 @@ def test_unloaded_as_soon_as_loaded_the_waiting_request_loads_it_again():
         await pool.close()
     run(go())
     assert FakeChild.started == ["a", "a"]
+
+
+def test_a_load_nobody_waits_for_any_more_takes_no_place():
+    async def go():
+        pool = Pool(models("a", "b"), "k", max_loaded=1, place_wait=10)
+        a, b = pool.models["a"], pool.models["b"]
+        await pool.ensure(a)
+        a.in_flight = 1  # a request on `a`: `b` must wait for a place
+        waiter = asyncio.ensure_future(pool.ensure(b))
+        await asyncio.sleep(0.05)
+        waiter.cancel()  # its client went away (app.py cancels the request's ensure)
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        a.in_flight = 0
+        pool.changed()
+        await asyncio.sleep(0.05)
+        assert (a.state, b.state) == ("loaded", "unloaded") and b.loading is None
+        await pool.close()
+    run(go())
+    assert FakeChild.started == ["a"]

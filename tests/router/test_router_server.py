@@ -82,6 +82,11 @@ def chat(srv: ServerProcess, model: str, **kw) -> httpx.Response:
     return srv.client().post("/v1/chat/completions", json=body)
 
 
+def test_router_props(router):
+    props = router.client().get("/props").json()  # no ?model=: the router's own, as llama-server's router
+    assert props["role"] == "router" and props["max_instances"] == 2 and props["models_autoload"] is True
+
+
 def test_lists_every_model_with_status_and_why(router):
     data = router.client().get("/v1/models").json()["data"]
     assert {m["id"] for m in data} == {"tiny-a:latest", "tiny-b:1b", "gone:1b", "cut:1b", "garbage:1b"}

@@ -8,6 +8,7 @@ exist; a name that looks like a file path is 400: the router serves what it disc
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -20,6 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..server.apis.anthropic.serving import error_body as anthropic_error
+from ..server.apis.llama.props import BUILD_INFO
 from ..server.apis.ollama.models import OLLAMA_VERSION
 from ..server.apis.ollama.serving import error_body as ollama_error
 from ..server.http.body import read_json, read_json_body
@@ -31,6 +33,7 @@ from .pool import Model, Pool
 from .show import show_unloaded
 
 log = logging.getLogger("specserve.router")
+DISCONNECT_POLL_S = 0.25  # while a request waits for its model: how often the router looks whether its client left
 _NOT_HERE = ("this router serves the GGUF models it discovered (--models-dir, --models-from): it does not pull, "
              "push, create, copy or delete models; use the tool that keeps them (ollama pull, ...)")
 
@@ -156,6 +159,15 @@ async def ps(request: Request) -> Response:
     return JSONResponse({"models": [listing.ollama_entry(m, running=True) for m in _router(request).pool.loaded()]})
 
 
+async def props(request: Request) -> Response:
+    """GET /props: with ?model=, that model's (forwarded); without, the router's own, as llama-server's router."""
+    if request.query_params.get("model"):
+        return await route(request)
+    pool = _router(request).pool
+    return JSONResponse({"role": "router", "max_instances": pool.max_loaded, "models_autoload": pool.autoload,
+                         "build_info": BUILD_INFO, "models": len(pool.models), "loaded": len(pool.loaded())})
+
+
 async def version(request: Request) -> Response:
     from .. import __version__
 
@@ -170,6 +182,22 @@ def _unloads(body: dict) -> bool:
     """Ollama's way to unload: /api/generate or /api/chat with keep_alive 0 and nothing to answer."""
     keep_alive = body.get("keep_alive")
     return keep_alive in (0, "0", "0s", "0m") and not body.get("prompt") and not body.get("messages")
+
+
+async def _ensure_while_connected(request: Request, pool: Pool, model: Model, autoload: bool | None):
+    """pool.ensure, given up (None) if the client goes away meanwhile: a load nobody waits for any more
+    takes no model's place (llama-server's router does the same)."""
+    task = asyncio.ensure_future(pool.ensure(model, autoload, hold=True))
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ApiError):
+                await task
+                pool.release(model)  # it was done before the cancel reached it: held for nobody
+            return None
 
 
 async def route(request: Request) -> Response:
@@ -193,15 +221,15 @@ async def route(request: Request) -> Response:
                                  "done_reason": "unload"})
     model = r.model(name)
     autoload = request.query_params.get("autoload")
-    child = await r.pool.ensure(model, None if autoload is None else autoload.lower() in ("1", "true", "yes"))
-    model.in_flight += 1
+    child = await _ensure_while_connected(request, r.pool, model,
+                                          None if autoload is None else autoload.lower() in ("1", "true", "yes"))
+    if child is None:  # the client left while its model was loading or waiting for a place
+        return Response(status_code=499)
     r.drain.active += 1
 
     def done() -> None:
-        model.in_flight -= 1
-        model.last_used = time.monotonic()
         r.drain.active -= 1
-        r.pool.changed()
+        r.pool.release(model)
 
     return await proxy.forward(r.http, child, request, body, done)
 
@@ -231,7 +259,7 @@ def create_router_app(pool: Pool, settings, at_start: list[str] = (), rediscover
               Route("/models", models, methods=["GET"]), Route("/v1/models", models, methods=["GET"]),
               Route("/models/load", load, methods=["POST"]), Route("/models/unload", unload, methods=["POST"]),
               Route("/api/tags", tags, methods=["GET"]), Route("/api/ps", ps, methods=["GET"]),
-              Route("/api/version", version, methods=["GET"]),
+              Route("/api/version", version, methods=["GET"]), Route("/props", props, methods=["GET"]),
               *(Route(p, not_here, methods=["POST", "DELETE"]) for p in
                 ("/api/pull", "/api/push", "/api/create", "/api/copy", "/api/delete", "/api/blobs/{digest}")),
               Route("/{path:path}", route, methods=methods)]

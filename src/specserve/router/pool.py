@@ -31,6 +31,10 @@ LOAD_TIMEOUT_S = 300.0
 PLACE_WAIT_S = 60.0  # a load waits this long for a place among --models-max before 429
 
 
+class _NoOneWaits(Exception):
+    """A load whose requests all went away before it had a place: it unloads nothing for nobody."""
+
+
 @dataclass
 class Model:
     """A discovered model and its child, if it has one. `args` is the child's command line after `serve`."""
@@ -94,12 +98,16 @@ class Pool:
     def loaded(self) -> list[Model]:
         return [m for m in self.models.values() if m.state == "loaded"]
 
-    async def ensure(self, model: Model, autoload: bool | None = None, retry: bool = False) -> Child:
-        """The model's child, ready; loaded first where it is not (all callers share one load).
-        ApiError: 422 a model that failed, 400 an unloaded one with autoload off, 429 no place."""
+    async def ensure(self, model: Model, autoload: bool | None = None, retry: bool = False,
+                     hold: bool = False) -> Child:
+        """The model's child, ready; loaded first where it is not (all callers share one load). `hold`: count
+        a request in flight on it from the moment it is returned (the caller calls `release` at its end), so
+        that no load unloads it in between. ApiError: 422 a model that failed, 400 an unloaded one with
+        autoload off, 429 no place."""
         model.last_used = time.monotonic()
         for _ in range(3):  # loaded, then unloaded before this request had it (POST /models/unload): again
             if model.state == "loaded" and model.child is not None and model.child.alive:
+                model.in_flight += hold
                 return model.child
             if model.found.error:
                 raise ApiError(422, f"model '{model.name}' cannot be served: {model.found.error}", "model",
@@ -125,7 +133,11 @@ class Pool:
         try:
             await self._estimate(model)
             async with self._places:
-                await self._make_room(model)
+                try:
+                    await self._make_room(model)
+                except _NoOneWaits:
+                    log.info("model %s: not loaded, no request waits for it any more", model.name)
+                    return
                 model.state = "loading"
             log.info("model %s: loading (%s)", model.name, " ".join(model.args))
             try:
@@ -172,6 +184,8 @@ class Pool:
         a model loading or answering, wait (PLACE_WAIT_S at most, then 429) for one to finish."""
         deadline = time.monotonic() + self.place_wait
         while True:
+            if not model.waiting:  # its requests went away while it waited for a place: it takes none
+                raise _NoOneWaits
             busy = [m for m in self.models.values() if m is not model and m.state in ("loaded", "loading")]
             used = sum(m.memory or 0 for m in busy)
             if len(busy) < self.max_loaded and (self.budget is None or used + (model.memory or 0) <= self.budget):
@@ -209,6 +223,12 @@ class Pool:
             raise ApiError(422, f"model '{model.name}' needs about {model.memory_note}, more than the router's "
                                 f"memory budget of {fmt_bytes(self.budget)} (--models-memory) on its own",
                            "model", "model_too_large")
+
+    def release(self, model: Model) -> None:
+        """A request held by `ensure(hold=True)` has ended."""
+        model.in_flight -= 1
+        model.last_used = time.monotonic()
+        self.changed()
 
     def changed(self) -> None:
         """A request ended, or a model was loaded or unloaded: a load waiting for a place looks again."""
