@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -347,3 +348,20 @@ def test_tags_details_as_the_loaded_model_gives_them(router):
     shown = router.client().post("/api/show", json={"model": "tiny-a"}).json()  # loaded: its child's answer
     assert listed["tiny-a:latest"]["details"] == running["tiny-a:latest"]["details"] == shown["details"]
     assert shown["details"]["quantization_level"] == "F32"
+
+
+def test_client_leaving_while_queued_costs_no_model_its_place(store, tmp_path):
+    srv = start(store, tmp_path, "--models-max", "1")
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(chat, srv, "tiny-a")  # tiny-a loading: its place is taken
+            assert wait_for(lambda: status(srv, "tiny-a:latest")["value"] == "loading", 10)
+            with pytest.raises(httpx.ReadTimeout):  # tiny-b waits for a place, and its client gives up
+                httpx.post(srv.url + "/v1/chat/completions", headers=srv.headers, timeout=0.5, json={
+                    "model": "tiny-b:1b", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2})
+            assert first.result().status_code == 200
+        time.sleep(1.5)  # had tiny-b's request still been waiting, tiny-a, now idle, would have gone for it
+        assert status(srv, "tiny-a:latest")["value"] == "loaded"
+        assert status(srv, "tiny-b:1b")["value"] == "unloaded"
+    finally:
+        srv.stop()
