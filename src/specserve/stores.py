@@ -134,15 +134,16 @@ def ollama_name(registry: str, namespace: str, model: str, tag: str) -> str:
 
 
 def _ollama_model(name: str, manifest: Path, blobs: Path) -> Found:
+    shown = "/".join(manifest.parts[-4:])  # REGISTRY/NAMESPACE/MODEL/TAG under manifests/
     try:
         layers = json.loads(manifest.read_text())["layers"]
         layer = next(x for x in layers if x.get("mediaType") == OLLAMA_MODEL_LAYER)
         digest, size = str(layer["digest"]), int(layer["size"])
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, StopIteration):
-        return Found(name, None, "ollama", 0, f"manifest {manifest} is not an Ollama manifest with a model layer")
+        return Found(name, None, "ollama", 0, f"manifest {shown} is not an Ollama manifest with a model layer")
     algorithm, _, hexdigest = digest.partition(":")
     if algorithm != "sha256" or not re.fullmatch(r"[0-9a-f]{64}", hexdigest):
-        return Found(name, None, "ollama", 0, f"manifest {manifest}: model layer digest {digest!r} is not sha256:HEX")
+        return Found(name, None, "ollama", 0, f"manifest {shown}: model layer digest {digest!r} is not sha256:HEX")
     blob = blobs / f"sha256-{hexdigest}"
     if not blob.is_file():
         return Found(name, blob, "ollama", size, f"blob {blob.name} named by the manifest is missing from {blobs}")

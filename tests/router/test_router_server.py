@@ -169,6 +169,14 @@ def test_path_like_names_refused(router, name):
     assert r.status_code == 400 and "looks like a file path" in r.json()["error"]["message"]
 
 
+def test_no_host_folder_in_what_clients_are_told(router, store):
+    assert chat(router, "garbage:1b").status_code == 422
+    assert chat(router, "tiny-a").status_code == 200  # loaded: its status shows its command line
+    told = [chat(router, n).text for n in ("gone:1b", "cut:1b", "garbage:1b")] + [router.client().get("/models").text]
+    assert "sha256-" in told[0] and "blobs" in told[0]  # the file is named...
+    assert all(str(store.parent) not in t and "/tmp" not in t for t in told)  # ...never where it lies
+
+
 def test_broken_models_fail_alone(router):
     for name in ("gone:1b", "cut:1b"):  # found broken: never started
         r = chat(router, name)
@@ -300,7 +308,7 @@ def test_models_dir_and_preset(tmp_path):
     try:
         assert wait_for(lambda: status(srv, "tiny")["value"] == "loaded", 60)  # load-on-startup
         entry = next(m for m in srv.client().get("/models").json()["data"] if m["id"] == "tiny")
-        assert entry["draft"] == str(draft) and "-md" in entry["status"]["args"]
+        assert entry["draft"] == draft.name and "-md" in entry["status"]["args"]  # named, not where it lies
         r = chat(srv, "tiny", max_tokens=8)
         assert r.status_code == 200 and r.json()["usage"]["speculative"]["mode"] == "auto"
         assert chat(srv, "extra").status_code == 200

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 from ..gguf_meta import GGUFError, read_metadata
 from ..server.apis.ollama.models import details
-from .pool import Model
+from .pool import Model, redact
 
 
 
@@ -26,7 +26,7 @@ def now() -> str:
 
 def openai_entry(model: Model, created: float) -> dict:
     entry = {"id": model.name, "object": "model", "created": int(created), "owned_by": "specserve",
-             "store": model.found.store, "draft": model.draft, "status": model.status()}
+             "store": model.found.store, "draft": model.draft and redact(model.draft), "status": model.status()}
     if model.memory is not None:  # estimated at its first load under --models-memory
         entry["memory"] = {"bytes": model.memory, "estimate": model.memory_note}
     return entry

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -29,6 +30,15 @@ from .child import STOP_TIMEOUT_S, Child, ChildFailed
 log = logging.getLogger("specserve.router")
 LOAD_TIMEOUT_S = 300.0
 PLACE_WAIT_S = 60.0  # a load waits this long for a place among --models-max before 429
+
+
+_PATH = re.compile(r"(?<![\w.:-])(?:~|\.{1,2})?(?:/[^\s/'\"():,]+)+/([^\s/'\"():,]+)")  # a path, from its start
+
+
+def redact(text: str) -> str:
+    """`text` with each file path cut to its last part: what clients are told names files, never the
+    host's folders (the log keeps them whole)."""
+    return _PATH.sub(r"\1", text)
 
 
 class _NoOneWaits(Exception):
@@ -61,8 +71,8 @@ class Model:
         """llama-server's `status` object (value loaded, loading or unloaded; failed with exit_code), and why."""
         out: dict = {"value": self.state}
         if self.state != "unloaded":
-            out["args"] = ["specserve", "serve", *self.args]
-        reason = self.found.error or self.failure
+            out["args"] = ["specserve", "serve", *map(redact, self.args)]  # files by name, as everywhere
+        reason = redact(self.found.error or self.failure or "")
         if reason:
             out.update(failed=True, reason=reason)
             if self.exit_code is not None:
@@ -110,7 +120,7 @@ class Pool:
                 model.in_flight += hold
                 return model.child
             if model.found.error:
-                raise ApiError(422, f"model '{model.name}' cannot be served: {model.found.error}", "model",
+                raise ApiError(422, f"model '{model.name}' cannot be served: {redact(model.found.error)}", "model",
                                "model_failed")
             if model.loading is None:
                 if not (self.autoload if autoload is None else autoload):
@@ -118,8 +128,8 @@ class Pool:
                                         "when asked (--no-models-autoload): POST /models/load {\"model\": NAME} "
                                         "first", "model", "model_not_loaded")
                 if model.failed_loading and not retry:
-                    raise ApiError(422, f"model '{model.name}' failed to load: {model.failure} (POST /models/load "
-                                        "tries again)", "model", "model_failed")
+                    raise ApiError(422, f"model '{model.name}' failed to load: {redact(model.failure)} "
+                                        "(POST /models/load tries again)", "model", "model_failed")
                 model.loading = asyncio.create_task(self._load(model))
             model.waiting += 1  # a model with requests waiting for it is not unloaded to make room
             try:
@@ -146,7 +156,7 @@ class Pool:
                 model.state, model.failure, model.exit_code, model.failed_loading = "unloaded", e.reason, \
                     e.exit_code, True
                 log.error("model %s failed to load: %s", model.name, e.reason)
-                raise ApiError(422, f"model '{model.name}' failed to load: {e.reason}", "model",
+                raise ApiError(422, f"model '{model.name}' failed to load: {redact(e.reason)}", "model",
                                "model_failed") from None
             except BaseException:
                 model.state = "unloaded"
