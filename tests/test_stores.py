@@ -155,3 +155,19 @@ def test_packaged_store_lists_pulled_models(tmp_path, monkeypatch):
     monkeypatch.setattr(models, "_looks_present", lambda s, p: p.is_file())
     assert [(f.name, f.store) for f in stores.discover(stores=["packaged"], env={}, home=tmp_path)] == \
         [("gemma", "packaged")]
+
+
+def test_llama_cpp_cache_named_by_its_manifests(tmp_path):
+    import json
+
+    cache = tmp_path / "llama.cpp"
+    cache.mkdir()
+    (cache / "manifest=ggml-org=gemma-3-4b-it-GGUF=Q4_K_M.json").write_text(
+        json.dumps({"ggufFile": {"rfilename": "gemma-3-4b-it-Q4_K_M.gguf"}}))
+    (cache / "ggml-org_gemma-3-4b-it-GGUF_gemma-3-4b-it-Q4_K_M.gguf").write_bytes(fake_gguf())
+    (cache / "manifest=ggml-org=gone-GGUF=Q8_0.json").write_text(json.dumps({"ggufFile": {"rfilename": "g.gguf"}}))
+    (cache / "loose.gguf").write_bytes(fake_gguf())
+    found = by_name(stores.discover(stores=["llama.cpp"], env={"LLAMA_CACHE": str(cache)}, home=tmp_path))
+    assert sorted(found) == ["ggml-org/gemma-3-4b-it-GGUF:Q4_K_M", "ggml-org/gone-GGUF:Q8_0", "loose"]
+    assert found["ggml-org/gemma-3-4b-it-GGUF:Q4_K_M"].error is None
+    assert "is not in the cache" in found["ggml-org/gone-GGUF:Q8_0"].error

@@ -14,7 +14,8 @@
   (`PUBLISHER/REPO/STEM` where the folder holds several models).
 - `hf`: the Hugging Face hub cache (`$HF_HUB_CACHE`, `$HF_HOME/hub` or `~/.cache/huggingface/hub`),
   `models--ORG--REPO/snapshots/REV/**.gguf`: `ORG/REPO` (`ORG/REPO:STEM` for several).
-- `llama.cpp`: `$LLAMA_CACHE` or `~/.cache/llama.cpp`, read as a models dir (and as a hub cache where it is one).
+- `llama.cpp`: `$LLAMA_CACHE` or `~/.cache/llama.cpp`: its -hf downloads named `USER/MODEL:TAG` by their
+  `manifest=USER=MODEL=TAG.json`, other GGUFs as in a models dir (and a hub cache where it holds one).
 - `packaged`: specserve's own pulled models (`specserve models list`).
 
 A model that cannot be served as found (a manifest naming a missing or truncated blob, a split part
@@ -202,9 +203,31 @@ def scan_hf(root: Path, store: str = "hf") -> list[Found]:
     return found
 
 
+def _llama_cpp_manifests(root: Path) -> list[Found]:
+    """llama.cpp's -hf downloads: `manifest=USER=MODEL=TAG.json` (the hub's answer, naming its `ggufFile`) beside
+    the file `USER_MODEL_RFILENAME.gguf`; named `USER/MODEL:TAG`, as llama-server's router names them."""
+    found = []
+    for manifest in sorted(root.glob("manifest=*=*=*.json")):
+        _, user, model, tag = manifest.name[:-len(".json")].split("=", 3)
+        name = f"{user}/{model}:{tag}"
+        try:
+            rfilename = json.loads(manifest.read_text())["ggufFile"]["rfilename"]
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+            found.append(Found(name, None, "llama.cpp", 0, f"{manifest.name} names no ggufFile"))
+            continue
+        path = root / f"{user}/{model}_{rfilename}".replace("/", "_")
+        found.append(_checked(name, path, "llama.cpp") if path.is_file() else
+                     Found(name, path, "llama.cpp", 0, f"{path.name}, named by {manifest.name}, is not in the cache"))
+    return found
+
+
 def scan_llama_cpp(root: Path) -> list[Found]:
-    """llama.cpp's cache (-hf downloads): flat files, as a models dir, and a hub cache where it holds one."""
-    return scan_models_dir(root, "llama.cpp") + scan_hf(root, "llama.cpp")
+    """llama.cpp's cache: its -hf downloads by their manifests, other GGUFs as a models dir, and a hub cache where
+    it holds one."""
+    named = _llama_cpp_manifests(root)
+    claimed = {f.path.name[:-len(".gguf")] for f in named if f.path is not None}
+    rest = [f for f in scan_models_dir(root, "llama.cpp") if f.name not in claimed]
+    return named + rest + scan_hf(root, "llama.cpp")
 
 
 def scan_packaged() -> list[Found]:
