@@ -86,6 +86,8 @@ def chat(srv: ServerProcess, model: str, **kw) -> httpx.Response:
 def test_router_props(router):
     props = router.client().get("/props").json()  # no ?model=: the router's own, as llama-server's router
     assert props["role"] == "router" and props["max_instances"] == 2 and props["models_autoload"] is True
+    root = router.client().get("/")  # Ollama's clients probe / for a 200
+    assert root.status_code == 200 and "router is running" in root.text
 
 
 def test_lists_every_model_with_status_and_why(router):

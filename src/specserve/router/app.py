@@ -17,7 +17,7 @@ import anyio
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from ..server.apis.anthropic.serving import error_body as anthropic_error
@@ -159,6 +159,13 @@ async def ps(request: Request) -> Response:
     return JSONResponse({"models": [listing.ollama_entry(m, running=True) for m in _router(request).pool.loaded()]})
 
 
+async def root(request: Request) -> Response:
+    """GET /: what answers here (clients of Ollama's API probe / for a 200, as Ollama's 'Ollama is running')."""
+    pool = _router(request).pool
+    return PlainTextResponse(f"specserve router is running: {len(pool.models)} models, {len(pool.loaded())} "
+                             "loaded (GET /v1/models lists them)\n")
+
+
 async def props(request: Request) -> Response:
     """GET /props: with ?model=, that model's (forwarded); without, the router's own, as llama-server's router."""
     if request.query_params.get("model"):
@@ -255,7 +262,8 @@ def create_router_app(pool: Pool, settings, at_start: list[str] = (), rediscover
             await router.http.aclose()
 
     methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"]
-    routes = [Route("/health", health, methods=["GET"]), Route("/v1/health", health, methods=["GET"]),
+    routes = [Route("/", root, methods=["GET", "HEAD"]),
+              Route("/health", health, methods=["GET"]), Route("/v1/health", health, methods=["GET"]),
               Route("/models", models, methods=["GET"]), Route("/v1/models", models, methods=["GET"]),
               Route("/models/load", load, methods=["POST"]), Route("/models/unload", unload, methods=["POST"]),
               Route("/api/tags", tags, methods=["GET"]), Route("/api/ps", ps, methods=["GET"]),
