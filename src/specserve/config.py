@@ -270,6 +270,8 @@ class ModelConfig:
     draft_ctx: int = DRAFT_CTX_DEFAULT
     n_ubatch: int = UBATCH_DEFAULT  # -ub: the target's micro-batch (its compute buffer); see default_ubatch
     n_ubatch_draft: int = UBATCH_DRAFT_DEFAULT  # -ubd: the draft's
+    # --exact: the target's passes of any size round as one-token passes do (backends/exact.py)
+    exact: bool = False
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -69,7 +69,7 @@ class Engine:
 
     @classmethod
     def load(cls, cfg: ModelConfig) -> "Engine":
-        target = load_model(cfg.target_path, cfg.n_gpu_layers, cfg.n_threads)
+        target = load_model(cfg.target_path, cfg.n_gpu_layers, cfg.n_threads, exact=cfg.exact)
         try:
             draft = load_model(cfg.draft_path, cfg.n_gpu_layers_draft, cfg.n_threads, flag="-ngld") \
                 if cfg.draft_path else None

@@ -153,7 +153,7 @@ def _load(args, target_path: str, draft_paths: dict[str, str]):
 
     loaded = []
     try:
-        target = load_model(target_path, args.n_gpu_layers, args.threads)
+        target = load_model(target_path, args.n_gpu_layers, args.threads, exact=args.exact)
         loaded.append(target)
         drafts, by_path = {}, {}
         for name, path in draft_paths.items():
@@ -278,7 +278,7 @@ def _serve(args, target_path: str, draft_paths: dict[str, str]):
     print(f"starting specserve serve -np {args.parallel} for the served configurations ...", file=sys.stderr)
     return ServedModels(target_path, draft_paths, args.ctx_size, args.threads, args.parallel,
                         auto_profile=not args.no_auto_profile, windows=draft_windows(args, draft_paths),
-                        n_gpu_layers=(args.n_gpu_layers, args.n_gpu_layers_draft))
+                        n_gpu_layers=(args.n_gpu_layers, args.n_gpu_layers_draft), exact=args.exact)
 
 
 def _write(path: str, write) -> None:

@@ -41,6 +41,11 @@ def add_model_args(p: argparse.ArgumentParser, draft: bool = True, ubatch: bool 
     g.add_argument("-t", "--threads", type=int, default=None, metavar="N", help="CPU threads (default: all cores)")
     if ubatch:
         add_ubatch_args(g, draft)
+    g.add_argument("--exact", action="store_true",
+                   help="the target's verification passes round bit for bit as its one-token steps (flash "
+                        "attention, micro-batches of at most 63, no repacked weights; checked on the loaded model "
+                        "at start): speculation then never changes a greedy answer, on quantized weights too, at "
+                        "the cost docs/exactness.md measures")
 
 
 def add_ubatch_args(g, draft: bool = True) -> None:
@@ -163,6 +168,7 @@ def model_config(args) -> ModelConfig:
                    draft_ctx=getattr(args, "draft_ctx", DRAFT_CTX_DEFAULT),
                    n_ubatch=_ubatch(args),
                    n_ubatch_draft=getattr(args, "ubatch_size_draft", UBATCH_DRAFT_DEFAULT),
+                   exact=getattr(args, "exact", False),
                    auto_profile=not getattr(args, "no_auto_profile", False))
 
 
@@ -203,6 +209,11 @@ def load_engine(cfg: ModelConfig, quiet: bool = False):
         raise CliError(str(e)) from None
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
+    check = getattr(engine.target, "exact_check", None)
+    if check is not None and not check.exact:
+        print(f"warning: --exact: {check.detail}", file=sys.stderr)
+    elif check is not None and not quiet:
+        print(f"exact: {check.detail}", file=sys.stderr)
     if not quiet:
         from ..memory import loaded_summary
 

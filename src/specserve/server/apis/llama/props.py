@@ -118,7 +118,14 @@ async def props(request: Request) -> Response:
         "chat_template": target.metadata.get("tokenizer.chat_template") or "",
         "bos_token": text(v.bos), "eos_token": text(v.eos),
         "build_info": BUILD_INFO, "is_sleeping": state.sleeper is not None and state.sleeper.asleep,
+        "exact": _exact(target),
     })
+
+
+def _exact(target) -> dict | None:
+    """--exact's start-up check (backends/exact.py): whether passes of any size round as one-token steps here."""
+    check = getattr(target, "exact_check", None)
+    return None if check is None else {"exact": check.exact, "pad_single": check.pad_single, "detail": check.detail}
 
 
 async def props_change(request: Request) -> Response:
