@@ -31,13 +31,12 @@ EXACT_UBATCH = 63  # flash attention computes each query row alone below GGML_FA
 TILED_ENV = "GGML_CPU_TILED_MM"
 
 
-def prepare_process() -> str | None:
+def prepare_process(passes_ran: bool) -> str | None:
     """Keep K-quant products on one kernel at every pass size in this process. llama.cpp reads the switch once,
-    at the first K-quant product, so this runs before any model computes. Returns why it may be too late, or
-    None."""
+    at the first K-quant product, so this runs before any model computes (passes_ran: some did). Returns why it
+    may be too late, or None."""
     os.environ.setdefault(TILED_ENV, "0")
-    from .llama_native import DecodeThreads
-    if DecodeThreads.live():
+    if passes_ran:
         return (f"passes ran in this process before exact mode was chosen: llama.cpp may have read {TILED_ENV} "
                 "already (the start-up check says whether it holds)")
     return None

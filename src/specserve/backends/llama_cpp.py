@@ -56,7 +56,7 @@ class LlamaCppModel(Model):
         self.path = path
         self.exact, self.pad_single, self.exact_check = exact, False, None
         if exact:
-            late = exact_mod.prepare_process()
+            late = exact_mod.prepare_process(bool(DecodeThreads.live()))
             if late:
                 logging.getLogger("specserve").warning("--exact: %s", late)
         self.n_gpu_layers = n_gpu_layers
