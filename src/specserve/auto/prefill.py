@@ -70,7 +70,7 @@ class Prefill:
             return 1.0
         if self.repeating():  # the same request again: its earlier answer is copied, not drafted
             return _UNCOVERED_MIN
-        prior = self.ctl.history.share_of_lookups(self.setup.regime)
+        prior = self.ctl.history.share_of_lookups(self.setup.kind)
         share = (self.progress.covered + _SHARE_W * prior) / (self.progress.generated + _SHARE_W)
         return max(1.0 - share, _UNCOVERED_MIN)
 
@@ -135,9 +135,9 @@ def spread_gain(part: Prefill, name: str, V, tokens: float) -> float:
     surely as 40 alike requests, declined every prefill, and so never drafted to learn better.
     """
     ctl, setup = part.ctl, part.setup
-    q = ctl.priors.prior(name, 0, setup.regime)
+    q = ctl.priors.prior(name, 0, setup.kind)
     m = q[0] / q[1]
-    sp = ctl.priors.spread.get((name, 0, setup.regime))
+    sp = ctl.priors.spread.get((name, 0, setup.kind))
     w = sp.weight(m) if sp is not None else PRIOR_W
     sd = math.sqrt(m * (1.0 - m) * (1.0 / (w + 1.0) + 1.0 / (q[1] + 1.0)))
     cost, dlv, cap = tuple(ctl.costs.draft_coef(name, V)), part.est.dlv[name].rates(q[2] / q[3]), setup.caps[name]

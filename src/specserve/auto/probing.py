@@ -117,7 +117,7 @@ class Probes:
         left = self.explore_left.get(name, 0.0)
         if left <= 0.0:
             return 0.0
-        judged = self.ctl.priors.prior(name, 0, self.setup.regime)[1]  # with the prior's own pseudo-trials
+        judged = self.ctl.priors.prior(name, 0, self.setup.kind)[1]  # with the prior's own pseudo-trials
         own = self.est.acc[name].t  # this request's own judged tokens (decayed): what it has already seen
         return left * max(0.0, 1.0 - judged / EXPLORE_N) * max(0.0, 1.0 - own / EXPLORE_OWN) * V[1]
 
