@@ -13,11 +13,10 @@ two 64-token passes that copy a 128-token answer).
 """
 from __future__ import annotations
 
-import math
 from typing import Callable
 
-from . import planner
-from .acceptance import PRIOR_W, REPEAT
+from . import hot
+from .acceptance import REPEAT
 from .context import Context
 from .estimates import bucket
 from .names import FREE
@@ -135,16 +134,10 @@ def spread_gain(part: Prefill, name: str, V, tokens: float) -> float:
     surely as 40 alike requests, declined every prefill, and so never drafted to learn better.
     """
     ctl, setup = part.ctl, part.setup
-    q = ctl.priors.prior(name, 0, setup.kind)
-    m = q[0] / q[1]
-    sp = ctl.priors.spread.get((name, 0, setup.kind))
-    w = sp.weight(m) if sp is not None else PRIOR_W
-    sd = math.sqrt(m * (1.0 - m) * (1.0 / (w + 1.0) + 1.0 / (q[1] + 1.0)))
-    cost, dlv, cap = tuple(ctl.costs.draft_coef(name, V)), part.est.dlv[name].rates(q[2] / q[3]), setup.caps[name]
+    m, sd = hot.level(ctl, name, setup.kind)
     total = 0.0
     for x in (m - sd, m, m + sd):
-        acc = [min(max(x, 0.0), 0.99)] * cap
-        p = planner.best_length(planner.Option(name, acc, cost, cap, setup.kmin[name], dlv), V)
+        p = hot.plan_at(ctl, setup, part.est, name, V, x)
         if p.k and p.rate * V[1] > 1.0:
             total += tokens * (V[1] - 1.0 / p.rate)
         elif p.k:

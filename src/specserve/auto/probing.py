@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Callable, Protocol
 
-from . import planner
+from . import hot, planner
 from .context import Context
 from .names import FREE
 from .pacing import PROBE_MIN
@@ -67,6 +67,7 @@ class Probes:
         self.cost: dict[str, float] = {}  # seconds a probe of the drafter was last expected to lose
         # plain passes' worth this request may still lose probing a draft model the engine knows little of
         self.explore_left = {n: explore for n in names if n not in FREE}
+        self._may_pay: tuple = (None, True)  # (key, hot.may_pay): may_pay's last answer
 
     def due(self, name: str, V, best_rate: float) -> planner.Plan | None:
         """The plan of a short probe of `name`, if one is due now."""
@@ -79,7 +80,7 @@ class Probes:
             return None
         earned = _EPS * (self.progress.clock - self.since[name])
         budget = earned + self.explore(name, V)
-        k, fit = self.setup.kmin[name], ctl.costs.draft.get(name)
+        k, fit = self.probe_k(name, V), ctl.costs.draft.get(name)
         # what catching up costs is unknown until lags vary: look while the lag is short and cheap
         # (never while its cache lacks this request's prompt: that catch-up is what makes a probe costly)
         early = (name not in FREE and name not in self.lags.fresh and fit is not None and not fit.lag_known()
@@ -104,6 +105,18 @@ class Probes:
                 self.explore_left[name] -= (cost - earned) / V[1]
         return self.plan_for(name, V, kmin=k, kmax=k)
 
+    def probe_k(self, name: str, V) -> int:
+        """Tokens a probe of `name` drafts: its least (kmin), or sampling hot, the fewest that could beat
+        plain decoding if all were kept (hot.py: a 2-token pass at 1.7 plain ones makes 1-token probes
+        that show nothing the plan could use)."""
+        k = self.setup.kmin[name]
+        if self.setup.regime < hot.HOT or name in FREE:
+            return k
+        for j in range(k, self.setup.caps[name] + 1):
+            if self.plan_for(name, V, kmin=j, kmax=j, found=True, ceiling=True).rate * V[1] > 1.0:
+                return j
+        return k
+
     def could_pay(self, name: str, V, rate: float | None = None) -> bool:
         """Whether the drafter would beat `rate` (default: plain decoding's) if every token it drafted
         were accepted."""
@@ -117,9 +130,19 @@ class Probes:
         left = self.explore_left.get(name, 0.0)
         if left <= 0.0:
             return 0.0
+        if self.setup.regime >= hot.HOT and not self.may_pay(name, V):
+            self.explore_left[name] = 0.0  # sampling hot, what the engine saw of the kind rules it out (hot.py)
+            return 0.0
         judged = self.ctl.priors.prior(name, 0, self.setup.kind)[1]  # with the prior's own pseudo-trials
         own = self.est.acc[name].t  # this request's own judged tokens (decayed): what it has already seen
         return left * max(0.0, 1.0 - judged / EXPLORE_N) * max(0.0, 1.0 - own / EXPLORE_OWN) * V[1]
+
+    def may_pay(self, name: str, V) -> bool:
+        """hot.may_pay, once for each V and pooled count of the drafter at the kind."""
+        key = (name, id(V), *self.ctl.priors.prior(name, 0, self.setup.kind)[:2])
+        if self._may_pay[0] != key:
+            self._may_pay = (key, hot.may_pay(self.ctl, self.setup, self.est, name, V))
+        return self._may_pay[1]
 
     def drafted(self, name: str, displaced: bool = True) -> None:
         """The drafter drafted this step (`displaced`: not a probe that found nothing to draft)."""
@@ -143,5 +166,7 @@ class Probes:
             done = self.follow_up[1] if self.follow_up and self.follow_up[0] == probed else 0
             # all accepted: followed up at once, outside the budget, a few times at most
             good = acc == n and done < FOLLOW_UPS and self.could_pay(probed, V)
+            if good and self.setup.regime >= hot.HOT and probed not in FREE:
+                good = self.may_pay(probed, V)  # sampling hot, kept tokens are news only where it may pay
             self.ctl.learn_probe(probed, good or self.best(V)[0] == probed)
             self.follow_up = (probed, done + 1) if good else None
