@@ -24,7 +24,7 @@ from typing import Callable, Protocol
 
 from . import hot, planner
 from .context import Context
-from .names import FREE
+from .names import FREE, HYBRID_LOOKUPS as LOOKUPS
 from .pacing import PROBE_MIN
 
 _EPS = 0.01  # share of decode time that probes may lose
@@ -74,13 +74,16 @@ class Probes:
         ctl, offers = self.ctl, self.progress.offers
         if name in offers and not offers[name][0]:
             return None  # nothing to probe with
-        if name in ctl.pacing.shadowed:
-            return None  # judged at every step where it matches, unasked: nothing a probe would add
+        if name in ctl.pacing.shadowed or name in LOOKUPS and ctl.pacing.shadowed:
+            # judged at every step where it matches, unasked: nothing a probe would add. Where the engine
+            # judges one lookup so, it judges them all (a suffix matching only a story's opening had been
+            # probed at each story's first step, a 2-token pass at 1.7 plain ones for its 1 token)
+            return None
         if self.progress.step - self.used_step[name] < ctl.pacing.probe_interval(name):
             return None
         earned = _EPS * (self.progress.clock - self.since[name])
         budget = earned + self.explore(name, V)
-        k, fit = self.probe_k(name, V), ctl.costs.draft.get(name)
+        fit = ctl.costs.draft.get(name)
         # what catching up costs is unknown until lags vary: look while the lag is short and cheap
         # (never while its cache lacks this request's prompt: that catch-up is what makes a probe costly)
         early = (name not in FREE and name not in self.lags.fresh and fit is not None and not fit.lag_known()
@@ -90,9 +93,11 @@ class Probes:
                 # not where it would lose to the plan in hand even keeping every token it drafts (a lookup
                 # copying 64 tokens a pass): nothing it shows would change this step's choice
                 return None
+            k = self.probe_k(name, V)
         else:
             if budget < self.cost.get(name, 0.0):
                 return None  # below the cost last computed (a lagging cache only adds to it)
+            k = self.probe_k(name, V)
             # seconds a probe that drafts loses against the best choice making its expected tokens
             p = self.plan_for(name, V, kmin=k, kmax=k, found=True)
             cost = self.lags.catchup(name, V) + p.seconds - p.tokens / best_rate
