@@ -68,6 +68,7 @@ class Probes:
         # plain passes' worth this request may still lose probing a draft model the engine knows little of
         self.explore_left = {n: explore for n in names if n not in FREE}
         self._may_pay: tuple = (None, True)  # (key, hot.may_pay): may_pay's last answer
+        self.owed: set[str] = set()  # drafters that took the prompt up front on a bet, not yet judged: probed
 
     def due(self, name: str, V, best_rate: float) -> planner.Plan | None:
         """The plan of a short probe of `name`, if one is due now."""
@@ -81,6 +82,9 @@ class Probes:
             return None
         if self.progress.step - self.used_step[name] < ctl.pacing.probe_interval(name):
             return None
+        if name in self.owed:
+            self.owed.discard(name)  # once: what it shows is then the request's own evidence
+            return self.plan_for(name, V, kmin=self.probe_k(name, V), kmax=self.probe_k(name, V))
         earned = _EPS * (self.progress.clock - self.since[name])
         budget = earned + self.explore(name, V)
         fit = ctl.costs.draft.get(name)

@@ -31,6 +31,7 @@ from . import planner
 from .acceptance import OPENING, ConfidenceMap
 from .context import Context
 from .estimates import bucket
+from .hot import HOT
 from .learning import Learner
 from .names import FORCED, FREE, HYBRID, HYBRID_LOOKUPS, MODEL
 from .plans import PlanCache
@@ -228,7 +229,10 @@ class AutoPolicy:
 
     def prefill(self, name: str, n_missing: int, max_tokens: int) -> bool:
         """Whether a model drafter should take the prompt before the first step (prefill.py)."""
-        return self.prefills.prefill(name, n_missing, max_tokens)
+        took = self.prefills.prefill(name, n_missing, max_tokens)
+        if took and self.setup.regime >= HOT:
+            self.probes.owed.add(name)  # the prompt was taken on what the drafter may keep: find out (hot.py)
+        return took
 
     def prefilled(self, name: str, n_tokens: int, seconds: float) -> None:
         self.prefills.prefilled(name, n_tokens, seconds)
