@@ -2,8 +2,8 @@
 
 Engine-level, shared by the requests (controller.py holds it), kept across processes: decayed counts of
 requests and their tokens (a request's horizon: prefill.Prefill.horizon), the last requests' lengths
-(the horizon a prefill is judged over) and, per temperature regime, the share of the tokens made that a
-lookup drafted and kept or would have (what a draft model's prompt catch-up is left: Prefill.uncovered).
+(the horizon a prefill is judged over) and, per kind of work (kinds.py), the share of the tokens made
+that a lookup drafted and kept or would have (what a draft model's prompt catch-up is left: Prefill.uncovered).
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ target's speed, which a short answer never wins back. It saves only on the token
 do not copy for free (a summary's, a code edit's): that catch-up, up front or at its first
 step, is weighed over the share of the request's tokens the lookups are not expected to cover
 (Prefill.uncovered), learnt per request from what they kept or would have kept, from the engine's
-share at the regime. The same request again leaves nothing to it: the suffix drafter copies the
+share for its kind. The same request again leaves nothing to it: the suffix drafter copies the
 earlier answer (taking a 400-token prompt would cost the reference pair's 0.5B about as long as the
 two 64-token passes that copy a 128-token answer).
 """
@@ -58,7 +58,7 @@ class Prefill:
     def uncovered(self) -> float:
         """The share of this request's tokens that its lookups are not expected to cover: where a
         draft model can save anything. What they covered so far (drafted and kept, or would have:
-        Outcome.shadow), from the share they covered in recent requests at this regime.
+        Outcome.shadow), from the share they covered in recent requests of this kind.
 
         A draft model's prompt catch-up is paid once and repaid only by the tokens it drafts.
         Judged over every token to come, as if each would otherwise cost a plain pass, a long
