@@ -52,6 +52,7 @@ class Priors:
         self.spread: dict[tuple, Spread] = {}  # (drafter, order, kind) -> how much requests differ there
         # (drafter, order, regime) -> how far a request's rate stood from the other kinds' pooled one there
         self.cross: dict[tuple, Spread] = {}
+        self._index: tuple = (None, {})  # ((id, len) of pooled, (drafter, order, regime) -> kinds): _kinds
         self.shape: dict[tuple, Shape] = {}  # (drafter, match bucket, kind) -> acceptance by draft position
         self.confidence: dict[tuple, ConfidenceMap] = {}  # (drafter, regime) -> acceptance by top probability
         # (drafter, regime) -> its acceptance by the target's top probability where a draft token was judged
@@ -81,11 +82,22 @@ class Priors:
 
     def others(self, name: str, order: int, kind: str) -> tuple[float, float] | None:
         """(pooled rate, trials) of the other kinds at kind's regime, once they hold _CROSS_MIN trials."""
-        regime, hit, tried = regime_of(kind), 0.0, 0.0
-        for (n, o, k), p in self.pooled.items():
-            if n == name and o == order and k != kind and regime_of(k) == regime:
+        hit = tried = 0.0
+        for k in self._kinds(name, order, regime_of(kind)):
+            if k != kind:
+                p = self.pooled[(name, order, k)]
                 hit, tried = hit + p[0], tried + p[1]
         return (hit / tried, tried) if tried >= _CROSS_MIN else None
+
+    def _kinds(self, name: str, order: int, regime: float) -> list:
+        """The kinds with pooled counts of (drafter, order) at a regime: an index of `pooled`, remade when
+        entries were added (a server's kinds are many, and a request's end asks once per bucket)."""
+        if self._index[0] != (id(self.pooled), len(self.pooled)):
+            index: dict[tuple, list] = {}
+            for n, o, k in self.pooled:
+                index.setdefault((n, o, regime_of(k)), []).append(k)
+            self._index = ((id(self.pooled), len(self.pooled)), index)
+        return self._index[1].get((name, order, regime), [])
 
     def cross_weight(self, name: str, order: int, regime: float, mean: float) -> float:
         """Pseudo-trials the other kinds' pooled rate is worth to a kind not yet seen: as much as it has
