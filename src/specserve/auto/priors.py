@@ -17,7 +17,7 @@ acceptance at the priors' until requests have shown that what the main job kept 
 """
 from __future__ import annotations
 
-from .acceptance import _SPREAD_MIN_N, ORDER_PRIOR, PRIOR_W, PRIORS, ConfidenceMap, Shape, Spread
+from .acceptance import ORDER_PRIOR, PRIOR_W, PRIORS, SPREAD_MIN_N, ConfidenceMap, Shape, Spread
 from .kinds import kind_key, regime_of
 from .names import FREE
 
@@ -103,7 +103,7 @@ class Priors:
         """Pseudo-trials the other kinds' pooled rate is worth to a kind not yet seen: as much as it has
         predicted requests of a kind (Spread), nothing before 3 requests have said."""
         sp = self.cross.get((name, order, regime))
-        return sp.weight(mean) if sp is not None and sp.n >= _SPREAD_MIN_N else 0.0
+        return sp.weight(mean) if sp is not None and sp.n >= SPREAD_MIN_N else 0.0
 
     def prior_weight(self, name: str, order: int, kind: float | str, mean: float) -> float:
         """Pseudo-trials the pooled rate `mean` of (drafter, order, kind) is worth to a request:
