@@ -7,19 +7,22 @@ and spent its exploring allowance on 1-token probes in every story (0.963-0.976x
 the replay). At a hot regime, therefore:
 
 - a request explores it beyond the 1% budget only while the kind's pooled rate, one spread above
-  (`optimistic`), would pay: what the engine has seen of the kind rules it out, or does not;
+  (`may_pay`), would pay: what the engine has seen of the kind rules it out, or does not;
 - a probe's success is followed up at once only while that optimistic level pays;
 - a probe drafts at least the tokens that could pay if all were kept (probing.Probes.probe_k): a
   1-token draft whose 2-token pass costs more than the 2 tokens it makes at best shows nothing
-  the plan could use.
+  the plan could use;
+- a draft model that took the prompt up front on the spread's bet (prefill.spread_gain) is probed at
+  the request's first step (probing.Probes.owed): the catch-up buys the answer it was taken for.
 
-The lookups are untouched: their drafts are judged at every step for free (estimates.learn_shadow).
+The lookups are never probed once the engine judges them unasked (probing.Probes.due): their drafts
+are judged at every step where they match, for free (estimates.learn_shadow).
 
 Replayed (6 stories at 0.8 on this CPU's costs, 12 seeds, tests/auto/replay.py), x the target alone:
-the draft keeping 0.67, 0.973 before, 0.978 after; keeping 0.9 (where it pays), 1.070 before, 1.080
+the draft keeping 0.67, 0.973 before, 0.980 after; keeping 0.9 (where it pays), 1.070 before, 1.086
 after. Taking the prompt up front only where the pooled rate itself pays (not over its spread) made
-the 0.67 stories 0.981 and cost the 0.9 ones 2% (1.057): not kept. The remaining loss is the first
-story's exploring (about 4%) and the 1% budget's probes, each paying the prompt's catch-up.
+the 0.67 stories 0.981-0.984 and cost the 0.9 ones 1-2%: not kept. The remaining loss is the first
+story's exploring (about 5%) and the 1% budget's re-checks, each paying the prompt's catch-up.
 """
 from __future__ import annotations
 
