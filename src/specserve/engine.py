@@ -10,6 +10,7 @@ drafters in a slot unless the engine is given another factory.
 from __future__ import annotations
 
 import logging
+from typing import Sequence
 
 from .backends import Model, load_model
 from .backends.timing import token_seconds
@@ -111,7 +112,8 @@ class Engine:
             self._uncalibrated = False
             self.controller.calibrate("draft", *token_seconds(self.draft, self.target))
 
-    def policy_for(self, spec: SpecParams, temperature: float = 0.0, grammar: bool = False) -> Policy:
+    def policy_for(self, spec: SpecParams, temperature: float = 0.0, grammar: bool = False,
+                   prompt: Sequence[int] | None = None) -> Policy:
         if spec.mode == "none" or spec.draft_max == 0:
             return FixedPolicy(None, 0)
         if not self.can_speculate:
@@ -128,7 +130,7 @@ class Engine:
         if spec.mode == "suffix":
             return FixedPolicy("suffix", spec.suffix_max)
         self.calibrate()
-        return self.controller.policy(spec, self.drafter_names + [FORCED] * grammar, temperature)
+        return self.controller.policy(spec, self.drafter_names + [FORCED] * grammar, temperature, prompt)
 
     def check_grammar(self, grammar: str) -> None:
         """Raise GrammarError if `grammar` cannot constrain this target (its vocabulary included)."""

@@ -74,7 +74,7 @@ class Replay:
         self.n_run += 1
         rng = np.random.default_rng([self.seed, self.n_run])
         u = rng.random(len(text.prompt) + len(text.answer) + 2 * SHADOW_MAX)
-        policy = self.ctl.policy(spec, list(self.names), text.temperature)
+        policy = self.ctl.policy(spec, list(self.names), text.temperature, text.prompt)
         lookups = {"ngram": NgramDrafter(spec.ngram_min, spec.ngram_max),
                    "suffix": SuffixDrafter(self.store, cap=spec.suffix_max)}
         lookups = {n: d for n, d in lookups.items() if n in self.names}

@@ -99,7 +99,8 @@ def hybrid_engine(engine, monkeypatch, head: int, k: int) -> None:
         return out
 
     engine.make_drafters = drafters
-    monkeypatch.setattr(engine, "policy_for", lambda spec, temperature=0.0, grammar=False: FixedPolicy("hybrid", k))
+    monkeypatch.setattr(engine, "policy_for",
+                        lambda spec, temperature=0.0, grammar=False, prompt=None: FixedPolicy("hybrid", k))
 
 
 def test_greedy_hybrid_equals_target_alone(engine, monkeypatch, tiny_models):

@@ -7,17 +7,16 @@ target's speed, which a short answer never wins back. It saves only on the token
 do not copy for free (a summary's, a code edit's): that catch-up, up front or at its first
 step, is weighed over the share of the request's tokens the lookups are not expected to cover
 (Prefill.uncovered), learnt per request from what they kept or would have kept, from the engine's
-share at the regime. The same request again leaves nothing to it: the suffix drafter copies the
+share for its kind. The same request again leaves nothing to it: the suffix drafter copies the
 earlier answer (taking a 400-token prompt would cost the reference pair's 0.5B about as long as the
 two 64-token passes that copy a 128-token answer).
 """
 from __future__ import annotations
 
-import math
 from typing import Callable
 
-from . import planner
-from .acceptance import PRIOR_W, REPEAT
+from . import hot
+from .acceptance import REPEAT
 from .context import Context
 from .estimates import bucket
 from .names import FREE
@@ -59,7 +58,7 @@ class Prefill:
     def uncovered(self) -> float:
         """The share of this request's tokens that its lookups are not expected to cover: where a
         draft model can save anything. What they covered so far (drafted and kept, or would have:
-        Outcome.shadow), from the share they covered in recent requests at this regime.
+        Outcome.shadow), from the share they covered in recent requests of this kind.
 
         A draft model's prompt catch-up is paid once and repaid only by the tokens it drafts.
         Judged over every token to come, as if each would otherwise cost a plain pass, a long
@@ -70,7 +69,7 @@ class Prefill:
             return 1.0
         if self.repeating():  # the same request again: its earlier answer is copied, not drafted
             return _UNCOVERED_MIN
-        prior = self.ctl.history.share_of_lookups(self.setup.regime)
+        prior = self.ctl.history.share_of_lookups(self.setup.kind)
         share = (self.progress.covered + _SHARE_W * prior) / (self.progress.generated + _SHARE_W)
         return max(1.0 - share, _UNCOVERED_MIN)
 
@@ -135,16 +134,10 @@ def spread_gain(part: Prefill, name: str, V, tokens: float) -> float:
     surely as 40 alike requests, declined every prefill, and so never drafted to learn better.
     """
     ctl, setup = part.ctl, part.setup
-    q = ctl.priors.prior(name, 0, setup.regime)
-    m = q[0] / q[1]
-    sp = ctl.priors.spread.get((name, 0, setup.regime))
-    w = sp.weight(m) if sp is not None else PRIOR_W
-    sd = math.sqrt(m * (1.0 - m) * (1.0 / (w + 1.0) + 1.0 / (q[1] + 1.0)))
-    cost, dlv, cap = tuple(ctl.costs.draft_coef(name, V)), part.est.dlv[name].rates(q[2] / q[3]), setup.caps[name]
+    m, sd = hot.level(ctl, name, setup.kind)
     total = 0.0
     for x in (m - sd, m, m + sd):
-        acc = [min(max(x, 0.0), 0.99)] * cap
-        p = planner.best_length(planner.Option(name, acc, cost, cap, setup.kmin[name], dlv), V)
+        p = hot.plan_at(ctl, setup, part.est, name, V, x)
         if p.k and p.rate * V[1] > 1.0:
             total += tokens * (V[1] - 1.0 / p.rate)
         elif p.k:

@@ -6,9 +6,11 @@ Both are read by the policy's parts (estimates.py, lags.py, probing.py, prefill.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from ..config import SpecParams
-from .names import FREE, HYBRID, HYBRID_LOOKUPS, MODEL
+from .kinds import kind_of
+from .names import FORCED, FREE, HYBRID, HYBRID_LOOKUPS, MODEL
 
 
 @dataclass(frozen=True)
@@ -21,17 +23,22 @@ class Setup:
     cap: int  # the most any draft holds, a hybrid's too
     kmin: dict[str, int]  # the fewest tokens each is asked for
     regime: float  # pooled priors per 0.25 of temperature
+    kind: float | str  # the kind of work it is (kinds.py), which keys the acceptance it learns and plans from
 
     @classmethod
-    def of(cls, spec: SpecParams, names: list[str], temperature: float) -> "Setup":
+    def of(cls, spec: SpecParams, names: list[str], temperature: float,
+           prompt: Sequence[int] | None = None) -> "Setup":
+        """prompt: the request's tokens, which with its temperature and grammar make its kind (None: the
+        regime alone)."""
         own = [n for n in names if n != HYBRID]
         # a model drafter stops at --draft-max; a lookup drafter at its own, longer cap (which a
         # --draft-max the user set lowers: SpecParams.suffix_max)
         lookup_cap = spec.suffix_max or spec.draft_max
         caps = {n: lookup_cap if n in FREE else spec.draft_max for n in own}
+        regime = min(round(temperature * 4) / 4, 2.0)
         return cls(names=own, hybrid=HYBRID in names and MODEL in names and any(n in names for n in HYBRID_LOOKUPS),
                    caps=caps, cap=max(caps.values(), default=spec.draft_max),
-                   regime=min(round(temperature * 4) / 4, 2.0),
+                   regime=regime, kind=kind_of(regime, prompt, FORCED in names),
                    # the draft model returns nothing below --draft-min under greedy: never ask for fewer
                    kmin={n: max(1, spec.draft_min) if n == MODEL else 1 for n in own})
 
