@@ -113,3 +113,16 @@ def test_candidate_paths_from_folders_without_the_target(folder, tmp_path):
     names = [p.rsplit("/", 1)[1] for p in paths]
     assert "target.gguf" not in names and "small.gguf" in names and len(names) == len(set(names))
     assert "big-00001-of-00002.gguf" in names and "big-00002-of-00002.gguf" not in names
+
+
+def test_bench_md_auto_names_the_chosen_draft(folder, tmp_path, monkeypatch):
+    import argparse
+
+    from specserve.cli.bench import _auto_drafts
+
+    monkeypatch.setenv("SPECSERVE_HOME", str(tmp_path))  # no packaged model is a candidate
+    args = argparse.Namespace(ctx_size=512, threads=1, draft_ctx=[256], ubatch_size_draft=16, n_gpu_layers=0,
+                              draft_candidates=[])
+    target = str(folder / "target.gguf")
+    assert _auto_drafts(args, target, ["auto"]) == [str(folder / "small.gguf")]
+    assert _auto_drafts(args, target, ["none", "x.gguf"]) == ["x.gguf"]

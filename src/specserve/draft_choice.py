@@ -65,7 +65,7 @@ class DraftChoice:
     ranked: tuple[Candidate, ...] = ()
     excluded: tuple[Candidate, ...] = ()
     reason: str = ""
-    mode: str = "auto"  # "auto", or "none" (-md none: no draft asked for)
+    mode: str = "auto"  # "auto"; "none": -md none or no -md; "given": -md FILE
 
     @property
     def draft_path(self) -> str | None:
@@ -78,6 +78,17 @@ class DraftChoice:
                 "candidates": [c.as_dict() for c in self.ranked],
                 "excluded": [c.as_dict() for c in self.excluded]}
 
+    def public(self) -> dict:
+        """as_dict for a client: file names, never paths (a path tells a client about the host's folders)."""
+        def one(c: Candidate) -> dict:
+            d = c.as_dict()
+            d["file"] = Path(d.pop("path")).name
+            return d
+
+        return {"mode": self.mode, "chosen": self.chosen.name if self.chosen else None,
+                "file": Path(self.chosen.path).name if self.chosen else None, "reason": self.reason,
+                "candidates": [one(c) for c in self.ranked], "excluded": [one(c) for c in self.excluded]}
+
     def lines(self) -> list[str]:
         """What `-md auto` prints at start: the choice, then each candidate's reason."""
         out = [f"draft: {self.reason}"]
@@ -86,8 +97,21 @@ class DraftChoice:
         return out
 
 
-def none_choice(target: str, reason: str = "no draft model (-md none)") -> DraftChoice:
+def none_choice(target: str, reason: str = "none: no draft model (-md none)") -> DraftChoice:
     return DraftChoice(target, None, reason=reason, mode="none")
+
+
+def of_engine(engine) -> dict:
+    """The `draft_choice` object the APIs show: -md auto's choice, or what -md gave (or did not)."""
+    choice = getattr(engine, "draft_choice", None)
+    if choice is None:
+        target = engine.target.path
+        if engine.draft is None:
+            choice = none_choice(target, "none: no draft model given (-md)")
+        else:
+            given = Candidate(display_name(engine.draft.path), engine.draft.path, reason="given with -md")
+            choice = DraftChoice(target, given, (given,), reason=f"{given.name}: given with -md", mode="given")
+    return choice.public()
 
 
 def candidate_paths(target: str | os.PathLike, dirs: Iterable[str | os.PathLike] = (),
@@ -290,6 +314,7 @@ def _with(c: Candidate, **kw) -> Candidate:
 
 
 def _out(c: Candidate, why: str) -> Candidate:
+    why = why.replace(c.path, Path(c.path).name)  # llama.cpp's and the header reader's messages name the path
     return _with(c, excluded=why, reason=f"{c.name}: excluded, {why}")
 
 

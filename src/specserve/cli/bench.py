@@ -14,7 +14,8 @@ import resource
 import sys
 
 from ..config import DEFAULT_VERIFY, DRAFT_CTX_DEFAULT, DRAFT_CTX_MIN, VERIFY_METHODS
-from .common import CliError, add_model_args, check_offload, draft_windows, gpu_layers
+from .common import DRAFT_WORDS, CliError, add_draft_candidates_arg, add_model_args, auto_draft, check_offload, \
+    draft_windows, gpu_layers
 
 _SPECS = ("draft", "ngram", "suffix", "auto", "auto-fresh", "none")
 _DEFAULT_SPECS = ("draft", "ngram", "suffix", "auto", "none")
@@ -47,7 +48,8 @@ def add_parser(sub) -> None:
     d = p.add_argument_group("draft models")
     d.add_argument("-md", "--model-draft", nargs="+", action="extend", default=[], metavar="DRAFT",
                    help="draft model(s), GGUF path or packaged name; several to compare them "
-                        "(default with no -m: the --pair's draft)")
+                        "(default with no -m: the --pair's draft); auto: the one -md auto chooses")
+    add_draft_candidates_arg(d)
     d.add_argument("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", dest="n_gpu_layers_draft", type=gpu_layers,
                    default=0, metavar="N", help="draft layers on the GPU (default 0; all)")
     d.add_argument("--draft-ctx", "-cd", type=_comma_list(int), default=[DRAFT_CTX_DEFAULT], metavar="LIST",
@@ -138,12 +140,29 @@ def _model_paths(args) -> tuple[str, dict[str, str]]:
             drafts = args.model_draft or [pair_draft]
         else:
             target, drafts = models.resolve(args.model), args.model_draft
+        drafts = _auto_drafts(args, str(target), drafts)
         paths = {d: str(models.resolve(d)) for d in dict.fromkeys(drafts)}
     except (FileNotFoundError, LookupError, RuntimeError, ValueError) as e:
         raise CliError(str(e)) from None
     if len(args.draft_ctx) > 1:  # each draft model at each window: a draft of its own for the bench
         paths = {f"{d}@ctx{w}": p for d, p in paths.items() for w in dict.fromkeys(args.draft_ctx)}
     return str(target), paths
+
+
+def _auto_drafts(args, target: str, drafts: list[str]) -> list[str]:
+    """-md auto: the draft draft_choice.py chooses for the target (printed with its reason); none: dropped."""
+    from .. import models
+
+    if not any(d in DRAFT_WORDS for d in drafts):
+        return drafts
+    out = [d for d in drafts if d not in DRAFT_WORDS]
+    if "auto" in drafts:
+        choice = auto_draft(args, target)
+        print("\n".join(choice.lines()), file=sys.stderr)
+        if choice.chosen is not None:  # named as the user would name it: a packaged name, else its path
+            packaged = any(m.name == choice.chosen.name for m in models.MODELS)
+            out.append(choice.chosen.name if packaged else choice.draft_path)
+    return out
 
 
 def _load(args, target_path: str, draft_paths: dict[str, str]):

@@ -8,6 +8,8 @@ from ..config import DEFAULT_VERIFY, DRAFT_CTX_DEFAULT, SPEC_MODES, UBATCH_DEFAU
     UBATCH_GPU_DEFAULT, VERIFY_METHODS, ModelConfig, SamplingParams, SpecParams, default_ubatch, draft_max_caps_suffix
 from ..models import PAIRS
 
+DRAFT_WORDS = ("auto", "none")  # -md's values that name no file
+
 
 class CliError(Exception):
     """A user-facing failure: printed as one line, exit status `code`."""
@@ -24,7 +26,10 @@ def add_model_args(p: argparse.ArgumentParser, draft: bool = True, ubatch: bool 
                    "(default: the --pair's target)")
     if draft:
         g.add_argument("-md", "--model-draft", metavar="DRAFT", help="draft GGUF path or packaged name "
-                       "(default with no -m: the --pair's draft)")
+                       "(default with no -m: the --pair's draft); auto: the cheapest model at hand whose "
+                       "vocabulary pairs with the target (the packaged ones, --draft-candidates, the target's "
+                       "folder), printed with its reason; none: no draft model")
+        add_draft_candidates_arg(g)
     g.add_argument("--pair", choices=tuple(PAIRS), default="qwen",
                    help="packaged target/draft pair used where -m/-md are not given: qwen = Qwen2.5-Coder 1.5B "
                         "F16 target + 0.5B draft, the reference pair (default); smollm2 = SmolLM2-135M F16 "
@@ -59,6 +64,11 @@ def add_ubatch_args(g, draft: bool = True) -> None:
                        f"{UBATCH_DRAFT_DEFAULT}: the draft's steps fit in one pass and its prompt prefill keeps its "
                        "speed (as fast as at 512 on a CPU, about 107 tokens per CPU-second; 0.70-0.87x of that at "
                        "16) with a buffer 8x smaller than 512's (docs/models.md)")
+
+
+def add_draft_candidates_arg(g) -> None:
+    g.add_argument("--draft-candidates", action="append", default=[], metavar="DIR",
+                   help="with -md auto: a folder whose GGUF files may draft too (repeatable)")
 
 
 def gpu_layers(text: str) -> int:
@@ -153,10 +163,17 @@ def model_config(args) -> ModelConfig:
                 draft = models.ensure(pair_draft)
         else:
             target = models.resolve(target)
-        if draft is not None:
+        if draft is not None and draft not in DRAFT_WORDS:
             draft = models.resolve(draft)
     except (FileNotFoundError, LookupError, RuntimeError) as e:
         raise CliError(str(e)) from None
+    if draft in DRAFT_WORDS:  # -md auto / none: what was chosen and why, shown at start and by the server
+        from ..draft_choice import none_choice
+
+        args.draft_choice = auto_draft(args, str(target)) if draft == "auto" else none_choice(str(target))
+        if draft == "auto":
+            print("\n".join(args.draft_choice.lines()), file=sys.stderr)
+        draft = args.draft_choice.draft_path
     return _config(ModelConfig, target_path=str(target), draft_path=str(draft) if draft else None,
                    n_ctx=args.ctx_size, n_gpu_layers=args.n_gpu_layers,
                    n_gpu_layers_draft=getattr(args, "n_gpu_layers_draft", 0), n_threads=args.threads,
@@ -164,6 +181,24 @@ def model_config(args) -> ModelConfig:
                    n_ubatch=_ubatch(args),
                    n_ubatch_draft=getattr(args, "ubatch_size_draft", UBATCH_DRAFT_DEFAULT),
                    auto_profile=not getattr(args, "no_auto_profile", False))
+
+
+def auto_draft(args, target: str):
+    """`-md auto`: the best draft for `target` among the packaged models, --draft-candidates and the target's
+    folder (draft_choice.py), with the target and the draft's memory counted against this machine's RAM."""
+    from ..draft_choice import candidate_paths, choose_draft
+    from ..memory import ModelShape, estimate, physical_memory
+
+    try:
+        candidates = candidate_paths(target, getattr(args, "draft_candidates", None) or ())
+        target_memory = estimate(ModelShape.from_gguf(target), args.ctx_size, n_ubatch=_ubatch(args)).total
+        window = getattr(args, "draft_ctx", DRAFT_CTX_DEFAULT)
+        return choose_draft(target, candidates, n_ctx=args.ctx_size,
+                            draft_ctx=window[0] if isinstance(window, list) else window,  # bench's: a list
+                            n_ubatch_draft=getattr(args, "ubatch_size_draft", UBATCH_DRAFT_DEFAULT),
+                            n_threads=args.threads, budget=physical_memory(), target_memory=target_memory)
+    except (OSError, ValueError) as e:
+        raise CliError(f"-md auto: cannot read the target {target}: {e}") from None
 
 
 def _ubatch(args) -> int:

@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from .... import __version__
+from ....draft_choice import of_engine
 from ....fim import fim_tokens
 from ....gguf_meta import GGUFError, read_header, tensor_infos
 from ...core.reasoning import template_tags
@@ -116,7 +117,8 @@ async def ps(request: Request) -> Response:
     return JSONResponse({"models": [{"name": name, "model": name, "size": size, "digest": digest, "details": info,
                                      # size_vram: not measured here (0), whatever -ngl offloads
                                      "expires_at": "9999-12-31T23:59:59Z", "size_vram": 0,
-                                     "context_length": state.engine.n_ctx} for name in _names(state)[:1]]})
+                                     "context_length": state.engine.n_ctx,
+                                     "draft_choice": of_engine(state.engine)} for name in _names(state)[:1]]})
 
 
 async def version(request: Request) -> Response:
@@ -171,7 +173,8 @@ async def show(request: Request) -> Response:
     return JSONResponse({"modelfile": f"# served by specserve\nFROM {Path(target.path).name}\n",
                          "parameters": parameters, "template": target.metadata.get(_TEMPLATE_KEY) or "",
                          "details": details(target), "model_info": model_info(target),
-                         "capabilities": capabilities(target), "modified_at": modified})
+                         "capabilities": capabilities(target), "modified_at": modified,
+                         "draft_choice": of_engine(state.engine)})
 
 
 async def not_here(request: Request) -> Response:
