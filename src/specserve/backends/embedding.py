@@ -1,0 +1,106 @@
+"""Embeddings of a loaded model: one pooled vector per input, from a llama.cpp context of its own.
+
+The context is created on first use, on the target's weights (no second copy), with embeddings on and
+the pooling the GGUF asks for (`<arch>.pooling_type`: an embedding model's mean, CLS or last token); a
+causal language model, whose GGUF names none, is pooled by the mean of its last hidden states, as
+Ollama and llama-server's `--pooling mean` do. Generation's contexts are untouched. Its caller runs it
+on the thread that runs every other pass (the server's engine thread), never beside them.
+
+One input is one decode: llama.cpp pools over a micro-batch, so the micro-batch holds a whole input,
+and the context is at most `MAX_TOKENS` tokens (its compute buffer grows with it). Vectors come back
+as llama.cpp gives them; normalizing is each API's business (`normalize`).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+import llama_cpp as C
+
+from .llama_native import DecodeThreads, NativeContext, NativeModel, mib_sum
+
+MAX_TOKENS = 2048  # the longest input embedded whole (the context's size and micro-batch)
+POOLING_NAMES = {C.LLAMA_POOLING_TYPE_NONE: "none", C.LLAMA_POOLING_TYPE_MEAN: "mean",
+                 C.LLAMA_POOLING_TYPE_CLS: "cls", C.LLAMA_POOLING_TYPE_LAST: "last",
+                 C.LLAMA_POOLING_TYPE_RANK: "rank"}
+
+
+def pooling_of(metadata: dict) -> int:
+    """llama.cpp's pooling type for a model: what its GGUF says, mean where it says none or nothing (a
+    causal LM). A reranker's (rank) scores pairs; it embeds nothing: ValueError."""
+    arch = metadata.get("general.architecture", "")
+    raw = metadata.get(f"{arch}.pooling_type")
+    kind = int(raw) if raw is not None and str(raw).lstrip("-").isdigit() else C.LLAMA_POOLING_TYPE_NONE
+    if kind == C.LLAMA_POOLING_TYPE_RANK:
+        raise ValueError("this model is a reranker (pooling rank): it scores pairs and computes no embeddings")
+    return kind if kind in POOLING_NAMES and kind != C.LLAMA_POOLING_TYPE_NONE else C.LLAMA_POOLING_TYPE_MEAN
+
+
+def normalize(v: np.ndarray) -> np.ndarray:
+    """v / ||v||_2 (a zero vector stays zero), as Ollama's /api/embed and llama-server's do."""
+    norm = float(np.linalg.norm(v))
+    return v / norm if norm > 0 else v
+
+
+class EmbeddingContext(NativeContext):
+    """A context with embeddings on, pooled, one sequence; decodes one input at a time."""
+
+    def __init__(self, model: NativeModel, n_tokens: int, pooling: int):
+        self.model, self.n_tokens, self.pooling = model, n_tokens, pooling
+        self._ctx = None
+        self._open(n_tokens)
+
+    def _open(self, n: int) -> None:
+        self._open_native(self.model, n, n, 1, f"{n} tokens for embeddings", n, pooling=self.pooling)
+        self.n_embd = C.llama_model_n_embd(self.model.handle)
+        self.bytes = mib_sum(r"(?:KV|compute) buffer size", self.load_log)
+
+    def embed(self, tokens: Sequence[int]) -> np.ndarray:
+        """[n_embd] float32: the pooled embedding of `tokens` (1 to n_tokens of them)."""
+        n = len(tokens)
+        if not 0 < n <= self.n_tokens:
+            raise ValueError(f"an input of {n} tokens: embeddings take 1 to {self.n_tokens}")
+        C.llama_memory_clear(self._mem, True)
+        b = self._batch
+        for i, t in enumerate(tokens):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.seq_id[i][0], b.logits[i] = t, i, 1, 0, True
+        b.n_tokens = n
+        DecodeThreads.note()
+        rc = C.llama_decode(self._ctx, b)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed with status {rc} on an input of {n} tokens")
+        ptr = C.llama_get_embeddings_seq(self._ctx, 0)
+        if not ptr:
+            raise RuntimeError("llama.cpp gave no pooled embedding")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_embd,)).copy()
+
+
+class Embedder:
+    """A model's embeddings, its context created on first use and closed with `close` (before the model's
+    weights are freed: a sleeping server closes it first, and the next input opens it again)."""
+
+    def __init__(self, model, max_tokens: int):
+        self.model = model
+        self.max_tokens = max(1, min(max_tokens, MAX_TOKENS, getattr(model, "n_ctx_train", 0) or MAX_TOKENS))
+        self.pooling = pooling_of(model.metadata)  # ValueError for a reranker, said at the first request
+        self._ctx: EmbeddingContext | None = None
+
+    @property
+    def pooling_name(self) -> str:
+        return POOLING_NAMES[self.pooling]
+
+    def embed(self, inputs: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """One pooled, unnormalized vector per input (each 1 to max_tokens tokens)."""
+        if self._ctx is None:
+            self._ctx = EmbeddingContext(self.model, self.max_tokens, self.pooling)
+        return [self._ctx.embed(tokens) for tokens in inputs]
+
+    @property
+    def context_bytes(self) -> int:
+        return self._ctx.bytes if self._ctx is not None else 0
+
+    def close(self) -> None:
+        if self._ctx is not None:
+            self._ctx.close()
+            self._ctx = None
