@@ -37,10 +37,15 @@ def pooling_of(metadata: dict) -> int:
     return kind if kind in POOLING_NAMES and kind != C.LLAMA_POOLING_TYPE_NONE else C.LLAMA_POOLING_TYPE_MEAN
 
 
-def normalize(v: np.ndarray) -> np.ndarray:
-    """v / ||v||_2 (a zero vector stays zero), as Ollama's /api/embed and llama-server's do."""
-    norm = float(np.linalg.norm(v))
-    return v / norm if norm > 0 else v
+def normalize(v: np.ndarray, p: int = 2) -> np.ndarray:
+    """v scaled as llama.cpp's common_embd_normalize (llama-server's `embd_normalize`): p = 2, Euclidean
+    (v / ||v||_2, what Ollama's /api/embed and OpenAI's answers are); -1 none; 0 max-absolute scaled to
+    int16's range; 1 taxicab; p > 2 the p-norm. A zero vector stays zero."""
+    a = np.abs(v.astype(np.float64))
+    total = {-1: 1.0, 0: a.max(initial=0.0) / 32760.0, 1: a.sum(), 2: float(np.sqrt((a * a).sum()))}.get(p)
+    if total is None:
+        total = float((a ** p).sum() ** (1.0 / p))
+    return (v * (1.0 / total if total > 0 else 0.0)).astype(np.float32)
 
 
 class EmbeddingContext(NativeContext):

@@ -314,5 +314,6 @@ def run(args) -> int:
     finally:
         if app is not None:
             app.state.server.scheduler.close()  # the engine thread must stop before the models are freed
+            app.state.server.close_embedder()
         engine.close()
     return 0

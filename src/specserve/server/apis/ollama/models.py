@@ -1,5 +1,5 @@
 """Ollama's model endpoints over the one served model: GET /api/tags, POST /api/show, GET /api/ps,
-GET /api/version; and what this server does not do (pull, push, create, copy, delete, embed): 501 with
+GET /api/version; and what this server does not do (pull, push, create, copy, delete): 501 with
 Ollama's `{"error": ...}` saying why.
 
 The details come from the GGUF header the server read at start (format gguf, family: the architecture,
@@ -43,8 +43,7 @@ _FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9
 _NOT_HERE = ("this server serves the local GGUF file it was started with (specserve serve -m FILE): it does not "
              "pull, push, create, copy or delete models")
 _UNSUPPORTED = {"/api/pull": ("POST",), "/api/push": ("POST",), "/api/create": ("POST",),
-                "/api/copy": ("POST",), "/api/delete": ("DELETE",),
-                "/api/embed": ("POST",), "/api/embeddings": ("POST",)}
+                "/api/copy": ("POST",), "/api/delete": ("DELETE",)}
 
 
 def routes() -> list[Endpoint]:
@@ -179,5 +178,4 @@ async def show(request: Request) -> Response:
 
 async def not_here(request: Request) -> Response:
     what = request.url.path.removeprefix("/api/").split("/")[0]
-    why = "it generates text and computes no embeddings" if what.startswith("embed") else _NOT_HERE
-    raise ApiError(501, f"/api/{what} is not supported: {why}", code="not_supported")
+    raise ApiError(501, f"/api/{what} is not supported: {_NOT_HERE}", code="not_supported")
