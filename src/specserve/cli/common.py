@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..config import DEFAULT_VERIFY, DRAFT_CTX_DEFAULT, SPEC_MODES, UBATCH_DEFAULT, UBATCH_DRAFT_DEFAULT, \
@@ -185,7 +186,9 @@ def model_config(args) -> ModelConfig:
 
 def auto_draft(args, target: str):
     """`-md auto`: the best draft for `target` among the packaged models, --draft-candidates and the target's
-    folder (draft_choice.py), with the target and the draft's memory counted against this machine's RAM."""
+    folder (draft_choice.py), with the target and the draft's memory counted against this machine's RAM; the
+    one `bench --drafts auto` pinned for it first (draft_pins.py)."""
+    from .. import draft_pins
     from ..draft_choice import candidate_paths, choose_draft
     from ..memory import ModelShape, estimate, physical_memory
 
@@ -196,7 +199,8 @@ def auto_draft(args, target: str):
         return choose_draft(target, candidates, n_ctx=args.ctx_size,
                             draft_ctx=window[0] if isinstance(window, list) else window,  # bench's: a list
                             n_ubatch_draft=getattr(args, "ubatch_size_draft", UBATCH_DRAFT_DEFAULT),
-                            n_threads=args.threads, budget=physical_memory(), target_memory=target_memory)
+                            n_threads=args.threads, budget=physical_memory(), target_memory=target_memory,
+                            pinned=draft_pins.pinned(target, args.threads or max(1, os.cpu_count() or 1)))
     except (OSError, ValueError) as e:
         raise CliError(f"-md auto: cannot read the target {target}: {e}") from None
 
