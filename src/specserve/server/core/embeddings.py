@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import anyio
 import numpy as np
@@ -19,6 +20,7 @@ from ...backends.embedding import Embedder
 from ..http.errors import ApiError, bad_request
 from .scheduler import draining
 
+Tokenize = Callable[[object, str], list[int]]  # (an input, the field it came in) -> its tokens
 
 @dataclass(frozen=True)
 class Embedded:
@@ -37,16 +39,13 @@ def embedder_of(state) -> Embedder:
     return state.embedder
 
 
-def tokenized(state, inputs: list, truncate: bool, param: str) -> list[list[int]]:
-    """Each input (a string, or token ids, or a mix as llama-server takes them) as tokens, with the model's
-    special tokens (BOS where it adds one) and control tokens read from the text. Past the embedder's
-    length: cut there (`truncate`), else 400."""
-    from ..apis.llama.templates import tokenize_mixed
-
+def tokenized(state, inputs: list, tokenize: Tokenize, truncate: bool, param: str) -> list[list[int]]:
+    """Each input as `tokenize` makes its tokens (the API's reading: a string, token ids, or a mix as
+    llama-server takes them). Past the embedder's length: cut there (`truncate`), else 400."""
     embedder = embedder_of(state)
     out = []
     for i, item in enumerate(inputs):
-        tokens = tokenize_mixed(state.engine.target, item, True, True, f"{param}[{i}]")
+        tokens = tokenize(item, f"{param}[{i}]")
         if not tokens:
             raise bad_request(f"{param}[{i}] is empty: there is nothing to embed", f"{param}[{i}]")
         if len(tokens) > embedder.max_tokens:
@@ -58,15 +57,28 @@ def tokenized(state, inputs: list, truncate: bool, param: str) -> list[list[int]
     return out
 
 
-async def embed(state, inputs: list, truncate: bool = False, param: str = "input") -> Embedded:
-    """The inputs' embeddings, computed on the engine thread (ApiError: 400 for an input, 503 draining)."""
+def text_tokens(model) -> Tokenize:
+    """A string's tokens with the model's special tokens (BOS where it adds one) and control tokens read
+    from the text, as llama-server tokenizes what it embeds."""
+    def tokenize(item, param: str) -> list[int]:
+        if not isinstance(item, str):
+            raise bad_request(f"{param} must be a string", param)
+        return model.tokenize(item, add_special=True, parse_special=True)
+    return tokenize
+
+
+async def embed(state, inputs: list, tokenize: Tokenize | None = None, truncate: bool = False,
+                param: str = "input") -> Embedded:
+    """The inputs' embeddings, computed on the engine thread (ApiError: 400 for an input, 503 draining).
+    tokenize: how an input becomes tokens (default: a string, text_tokens)."""
+    tokenize = tokenize or text_tokens(state.engine.target)
     scheduler = state.scheduler
     if scheduler.draining:
         raise draining()
     scheduler.enter()  # a drain waits for it
     try:
         t0 = time.perf_counter()
-        tokens = await anyio.to_thread.run_sync(tokenized, state, inputs, truncate, param)
+        tokens = await anyio.to_thread.run_sync(tokenized, state, inputs, tokenize, truncate, param)
         embedder = state.embedder
         vectors = []
         for one in tokens:  # one pass each, between the generation steps

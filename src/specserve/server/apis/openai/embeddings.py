@@ -21,6 +21,7 @@ from ...http.body import read_json
 from ...http.endpoint import Endpoint
 from ...http.errors import bad_request
 from ....backends.embedding import normalize
+from ..llama.templates import tokenize_mixed
 
 
 def routes() -> list[Endpoint]:
@@ -73,7 +74,8 @@ async def _embedded(request: Request, oai: bool):
     if not inputs:
         raise bad_request(f"{key} must not be empty", key)
     p, b64, dims = _options(body)
-    done = await embed(state, inputs, truncate=False, param=key)
+    target = state.engine.target
+    done = await embed(state, inputs, lambda item, param: tokenize_mixed(target, item, True, True, param), param=key)
     return state, body, done, [shaped(v, p, dims) for v in done.vectors], b64
 
 
