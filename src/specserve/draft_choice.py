@@ -72,14 +72,15 @@ class DraftChoice:
         return self.chosen.path if self.chosen else None
 
     def as_dict(self) -> dict:
-        """The `draft_choice` object of /props, /api/show, /api/ps and /models."""
+        """Everything, paths included: for the router and tools on this host (`public` is what clients see)."""
         return {"mode": self.mode, "chosen": self.chosen.name if self.chosen else None,
                 "path": self.draft_path, "reason": self.reason,
                 "candidates": [c.as_dict() for c in self.ranked],
                 "excluded": [c.as_dict() for c in self.excluded]}
 
     def public(self) -> dict:
-        """as_dict for a client: file names, never paths (a path tells a client about the host's folders)."""
+        """The `draft_choice` object of /props, /api/show and /api/ps: as_dict with file names, never paths (a
+        path tells a client about the host's folders)."""
         def one(c: Candidate) -> dict:
             d = c.as_dict()
             d["file"] = Path(d.pop("path")).name
