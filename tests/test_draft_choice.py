@@ -126,3 +126,22 @@ def test_bench_md_auto_names_the_chosen_draft(folder, tmp_path, monkeypatch):
     target = str(folder / "target.gguf")
     assert _auto_drafts(args, target, ["auto"]) == [str(folder / "small.gguf")]
     assert _auto_drafts(args, target, ["none", "x.gguf"]) == ["x.gguf"]
+
+
+def test_candidates_given_as_files_named_as_a_store_names_them(folder, tmp_path, monkeypatch):
+    import argparse
+
+    from specserve.cli.common import auto_draft
+
+    monkeypatch.setenv("SPECSERVE_HOME", str(tmp_path / "home"))
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    write_tiny_model(blobs / "target-blob", **TARGET)
+    write_tiny_model(blobs / "sha256-0123", **SMALL)  # an Ollama blob: no .gguf name, not globbed
+    args = argparse.Namespace(ctx_size=512, threads=1, draft_ctx=256, ubatch_size_draft=16, n_gpu_layers=0,
+                              draft_candidates=[])
+    assert auto_draft(args, str(blobs / "target-blob")).chosen is None
+    args.draft_candidates = [f"tiny-draft:latest={blobs / 'sha256-0123'}", str(folder / "medium.gguf")]
+    choice = auto_draft(args, str(blobs / "target-blob"))
+    assert [c.name for c in choice.ranked] == ["tiny-draft:latest", "medium"]
+    assert choice.draft_path == str(blobs / "sha256-0123")

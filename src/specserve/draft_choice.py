@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from .config import DRAFT_CTX_DEFAULT, UBATCH_DRAFT_DEFAULT
 from .memory import ModelShape, cells, estimate, fmt_bytes
@@ -118,8 +118,9 @@ def of_engine(engine) -> dict:
 def candidate_paths(target: str | os.PathLike, dirs: Iterable[str | os.PathLike] = (),
                     packaged: bool = True) -> list[str]:
     """The GGUF files a target's draft may be chosen from, without the target itself: the packaged models
-    that are pulled, every *.gguf in `dirs` and in the target's own folder (the first part only of a model
-    split in parts). The router passes its discovered models instead."""
+    that are pulled, each file in `dirs` (a store's blob needs no .gguf name) and every *.gguf in a folder
+    there and in the target's own folder (the first part only of a model split in parts). The router
+    passes its discovered models instead."""
     from . import models
 
     found: list[Path] = []
@@ -129,6 +130,8 @@ def candidate_paths(target: str | os.PathLike, dirs: Iterable[str | os.PathLike]
         d = Path(d).expanduser()
         if d.is_dir():
             found += sorted(p for p in d.glob("*.gguf") if p.is_file() and _first_part(p.name))
+        elif d.is_file():
+            found.append(d)
     seen, out = {_identity(target)}, []
     for p in found:
         key = _identity(p)
@@ -205,9 +208,10 @@ def _header_vocab(meta: dict) -> tuple[str | None, int | None]:
 def choose_draft(target: str, candidates: Sequence[str], *, n_ctx: int = 4096, draft_ctx: int = DRAFT_CTX_DEFAULT,
                  n_ubatch_draft: int = UBATCH_DRAFT_DEFAULT, n_threads: int | None = None,
                  budget: int | None = None, max_cost: float = MAX_COST, target_memory: int = 0,
-                 pinned: str | None = None) -> DraftChoice:
+                 pinned: str | None = None, names: Mapping[str, str] | None = None) -> DraftChoice:
     """Judge each candidate for `target` (module docstring) and choose the best.
 
+    names: {path: name} for candidates known by another name than their file's (a store's model names).
     budget: bytes the target and its draft may take together (None: no limit); target_memory: the
     target's own estimate, counted against it. pinned: a path `bench --drafts auto` chose (draft_pins)."""
     from .gguf_meta import read_metadata
@@ -218,7 +222,7 @@ def choose_draft(target: str, candidates: Sequence[str], *, n_ctx: int = 4096, d
     pin = _identity(pinned) if pinned else None
     judged: list[Candidate] = []
     for path in candidates:
-        name = display_name(path)
+        name = (names or {}).get(str(path)) or display_name(path)
         c = Candidate(name, str(path))
         try:
             meta = read_metadata(path)

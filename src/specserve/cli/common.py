@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from ..config import DEFAULT_VERIFY, DRAFT_CTX_DEFAULT, SPEC_MODES, UBATCH_DEFAULT, UBATCH_DRAFT_DEFAULT, \
     UBATCH_GPU_DEFAULT, VERIFY_METHODS, ModelConfig, SamplingParams, SpecParams, default_ubatch, draft_max_caps_suffix
@@ -68,8 +69,9 @@ def add_ubatch_args(g, draft: bool = True) -> None:
 
 
 def add_draft_candidates_arg(g) -> None:
-    g.add_argument("--draft-candidates", action="append", default=[], metavar="DIR",
-                   help="with -md auto: a folder whose GGUF files may draft too (repeatable)")
+    g.add_argument("--draft-candidates", action="append", default=[], metavar="DIR|FILE|NAME=FILE",
+                   help="with -md auto: a folder whose GGUF files may draft too, or one file, named NAME if "
+                        "given (repeatable)")
 
 
 def gpu_layers(text: str) -> int:
@@ -184,6 +186,19 @@ def model_config(args) -> ModelConfig:
                    auto_profile=not getattr(args, "no_auto_profile", False))
 
 
+def candidate_sources(items) -> tuple[list[str], dict[str, str]]:
+    """--draft-candidates: (folders and files, {file: NAME} for each NAME=FILE: a store's model by its name)."""
+    sources, names = [], {}
+    for item in items:
+        name, eq, path = item.partition("=")
+        if eq and name and not os.path.exists(item):
+            path = str(Path(path).expanduser())
+            names[path] = name
+            item = path
+        sources.append(item)
+    return sources, names
+
+
 def auto_draft(args, target: str):
     """`-md auto`: the best draft for `target` among the packaged models, --draft-candidates and the target's
     folder (draft_choice.py), with the target and the draft's memory counted against this machine's RAM; the
@@ -193,14 +208,16 @@ def auto_draft(args, target: str):
     from ..memory import ModelShape, estimate, physical_memory
 
     try:
-        candidates = candidate_paths(target, getattr(args, "draft_candidates", None) or ())
+        sources, names = candidate_sources(getattr(args, "draft_candidates", None) or ())
+        candidates = candidate_paths(target, sources)
         target_memory = estimate(ModelShape.from_gguf(target), args.ctx_size, n_ubatch=_ubatch(args)).total
         window = getattr(args, "draft_ctx", DRAFT_CTX_DEFAULT)
         return choose_draft(target, candidates, n_ctx=args.ctx_size,
                             draft_ctx=window[0] if isinstance(window, list) else window,  # bench's: a list
                             n_ubatch_draft=getattr(args, "ubatch_size_draft", UBATCH_DRAFT_DEFAULT),
                             n_threads=args.threads, budget=physical_memory(), target_memory=target_memory,
-                            pinned=draft_pins.pinned(target, args.threads or max(1, os.cpu_count() or 1)))
+                            pinned=draft_pins.pinned(target, args.threads or max(1, os.cpu_count() or 1)),
+                            names=names)
     except (OSError, ValueError) as e:
         raise CliError(f"-md auto: cannot read the target {target}: {e}") from None
 
