@@ -1,5 +1,6 @@
 """`-md auto` and `-md none` on the real server and CLI: the choice and its reason at start, in /props,
-Ollama's /api/ps and /api/show (with the official `ollama` client), and a start without a draft that says why."""
+/v1/models, Ollama's /api/ps and /api/show (with the official `ollama` client), and a start without a draft
+that says why."""
 from __future__ import annotations
 
 import json
@@ -63,6 +64,11 @@ def test_props_show_the_choice_in_llama_servers_shape(server):
     assert c["candidates"][0]["cost"] < c["candidates"][1]["cost"] < 0.5
     assert [x["name"] for x in c["excluded"]] == ["spm"]
     assert "path" not in c["candidates"][0] and str(server.log_path.parent) not in json.dumps(c)  # no host paths
+
+
+def test_models_carry_it(server):
+    entry = httpx.get(server.url + "/v1/models").json()["data"][0]["specserve"]
+    assert entry["draft"] == "small.gguf" and entry["draft_choice"]["chosen"] == "small"
 
 
 def test_ollama_ps_and_show_carry_it(server):
