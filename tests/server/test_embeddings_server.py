@@ -77,6 +77,8 @@ def test_llama_server_shapes(server, expected):
         assert long.status_code == 400 and "at most 512" in long.json()["error"]["message"]
         assert http.post("/v1/embeddings", json={"input": ""}).status_code == 400
         assert http.post("/embedding", json={}).status_code == 400
+        many = http.post("/v1/embeddings", json={"input": ["a"] * 2049})
+        assert many.status_code == 400 and "at most 2048" in many.json()["error"]["message"]
 
 
 def test_ollama_client_embed_and_the_older_embeddings(server, expected):

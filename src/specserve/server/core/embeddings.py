@@ -20,6 +20,7 @@ from ...backends.embedding import Embedder
 from ..http.errors import ApiError, bad_request
 from .scheduler import draining
 
+MAX_INPUTS = 2048  # inputs a request may send (OpenAI's limit): each is a pass on the engine thread
 Tokenize = Callable[[object, str], list[int]]  # (an input, the field it came in) -> its tokens
 
 @dataclass(frozen=True)
@@ -72,6 +73,8 @@ async def embed(state, inputs: list, tokenize: Tokenize | None = None, truncate:
     """The inputs' embeddings, computed on the engine thread (ApiError: 400 for an input, 503 draining).
     tokenize: how an input becomes tokens (default: a string, text_tokens)."""
     tokenize = tokenize or text_tokens(state.engine.target)
+    if len(inputs) > MAX_INPUTS:
+        raise bad_request(f"{param} has {len(inputs)} inputs; at most {MAX_INPUTS} a request", param)
     scheduler = state.scheduler
     if scheduler.draining:
         raise draining()
