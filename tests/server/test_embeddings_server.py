@@ -88,6 +88,8 @@ def test_ollama_client_embed_and_the_older_embeddings(server, expected):
     for got, want in zip(out.embeddings, expected[1]):
         close(got, want)  # L2-normalized, as Ollama's
     assert len(client.embed(model="tiny:latest", input="").embeddings) == 0
+    short = client.embed(model="tiny", input=TEXTS[0], dimensions=8).embeddings[0]
+    close(short, expected[0][0][:8] / np.linalg.norm(expected[0][0][:8]))  # the first 8, normalized again
     older = client.embeddings(model="tiny", prompt=TEXTS[1])
     close(older.embedding, expected[0][1])  # as the model gives it, as Ollama's older endpoint
     cut = client.embed(model="tiny", input="word " * 600)  # truncated, as Ollama by default
