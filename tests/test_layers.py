@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("drafting", ("sampling", "processors", "logprobs", "verifier", "steps", "drafters", "grammar")),
     # auto reads the drafters' names (drafters.hybrid.LOOKUPS) and the policy protocol; the engine reads auto
     ("auto", ("auto", "learned")),
-    ("engine", ("engine", "slot", "commit", "loading")),
+    ("engine", ("engine", "slot", "commit", "loading", "draft_choice", "draft_pins")),
     ("server", ("server",)),
     ("cluster", ("cluster",)),
     ("tools", ("bench", "tools")),

@@ -65,6 +65,7 @@ class Engine:
         if not self.can_speculate:
             log.warning("target %s has a recurrent or hybrid memory, which cannot drop rejected tokens: "
                         "speculation is off", target.path)
+        self.draft_choice = None  # -md auto/none: how the draft was chosen (draft_choice.DraftChoice), for the APIs
         self.greedy_acceptance = GreedyAcceptance()  # the draft model's, for the run-time pairing warning
         self._pairing_warned = False
 

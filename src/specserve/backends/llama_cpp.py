@@ -47,8 +47,11 @@ def _identity(path: str) -> tuple[int, int, int]:
 class LlamaCppModel(Model):
     """A GGUF model loaded by llama.cpp: weights and vocabulary, shared by its contexts."""
 
-    def __init__(self, path: str, n_gpu_layers: int = 0, n_threads: int | None = None, exact: bool = False):
-        """exact: passes of any size compute each token's logits as a one-token pass does (backends/exact.py):
+    def __init__(self, path: str, n_gpu_layers: int = 0, n_threads: int | None = None, vocab_only: bool = False,
+                 exact: bool = False):
+        """vocab_only: read the vocabulary and metadata, no weights (draft_choice.py pairs candidates so,
+        in about 0.6 s for a 152k vocabulary); such a model tokenizes but has no contexts.
+        exact: passes of any size compute each token's logits as a one-token pass does (backends/exact.py):
         checked on the loaded model, `exact_check` says what was found."""
         if not os.path.isfile(path):
             raise FileNotFoundError(f"model file not found: {path}")
@@ -61,6 +64,7 @@ class LlamaCppModel(Model):
                 logging.getLogger("specserve").warning("--exact: %s", late)
         self.n_gpu_layers = n_gpu_layers
         self.n_threads = n_threads or max(1, os.cpu_count() or 1)
+        self.vocab_only = vocab_only
         self._open()
         model = self.handle
         self.n_ctx_train = C.llama_model_n_ctx_train(model)
@@ -81,6 +85,7 @@ class LlamaCppModel(Model):
         params = C.llama_model_default_params()
         params.n_gpu_layers = self.n_gpu_layers
         params.use_extra_bufts = use_extra_buffers() and not self.exact  # repacked weights switch kernel at 4 rows
+        params.vocab_only = self.vocab_only
         model, self.load_log = LoadLog.capture(lambda: C.llama_model_load_from_file(self.path.encode(), params))
         if not model:
             raise ValueError(f"llama.cpp could not load {self.path} (not a GGUF model it supports?)")
@@ -224,7 +229,7 @@ class LlamaCppContext(NativeContext):
         self.n_ctx = n_ctx
         self.n_batch = min(n_batch, n_ctx)
         self.n_vocab = model.vocab.n_vocab
-        self._open_native(model, n_ctx, self.n_batch, 1, f"{n_ctx} tokens", n_ubatch, pad_single)
+        self._open_native(model, n_ctx, self.n_batch, 1, f"{n_ctx} tokens", n_ubatch, pad_single=pad_single)
         self._tokens: list[int] = []
         self.t_eval = 0.0
 

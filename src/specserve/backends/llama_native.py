@@ -152,15 +152,17 @@ class NativeContext:
     single-sequence context (llama_cpp.LlamaCppContext) and the shared one (llama_cpp_batch.SharedContext)."""
 
     def _open_native(self, model: NativeModel, n_ctx: int, n_batch: int, n_seq: int, what: str,
-                     n_ubatch: int | None = None, pad_single: bool | None = None) -> None:
+                     n_ubatch: int | None = None, pooling: int | None = None,
+                     pad_single: bool | None = None) -> None:
         """n_batch: the most tokens one decode takes; n_ubatch (default n_batch): the most llama.cpp
         computes at once. A decode of more is split by llama.cpp into micro-batches of n_ubatch, and the
         compute buffer is sized for one of them, logits over the vocabulary for each of its tokens
         (memory.ModelShape.compute_bytes): a draft whose passes are a few tokens needs a small one.
+        pooling: embeddings on, pooled so (llama.cpp's LLAMA_POOLING_TYPE_*; backends/embedding.py).
         An exact model's contexts (backends/exact.py) use flash attention and micro-batches of at most
         EXACT_UBATCH; with pad_single (default: the model's) a sequence of its own takes the throwaway token
         that makes a one-token micro-batch two."""
-        exact = getattr(model, "exact", False)
+        exact = getattr(model, "exact", False) and pooling is None  # not an embedding context
         pad = exact and (model.pad_single if pad_single is None else pad_single)
         params = C.llama_context_default_params()
         params.n_ctx = n_ctx + pad
@@ -174,6 +176,8 @@ class NativeContext:
         params.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_ENABLED if exact else C.LLAMA_FLASH_ATTN_TYPE_DISABLED
         params.swa_full = True  # a sliding-window cache that reuses cells could not be rolled back
         params.no_perf = True
+        if pooling is not None:
+            params.embeddings, params.pooling_type = True, pooling
         ctx, self.load_log = LoadLog.capture(lambda: C.llama_init_from_model(model.handle, params))
         if not ctx:
             raise MemoryError(f"llama.cpp could not create a context of {what} for {model.path}")

@@ -298,6 +298,7 @@ def run(args) -> int:
     cfg, settings = configs(args)
     template = chat_template(args)
     engine = load_engine(cfg)
+    engine.draft_choice = getattr(args, "draft_choice", None)
     if template is not None:  # the chat template every chat is rendered with (and its tools read by)
         engine.target.metadata["tokenizer.chat_template"] = template
     app = None
@@ -313,5 +314,6 @@ def run(args) -> int:
     finally:
         if app is not None:
             app.state.server.scheduler.close()  # the engine thread must stop before the models are freed
+            app.state.server.close_embedder()
         engine.close()
     return 0

@@ -116,4 +116,5 @@ class EngineReplica:
             self.registry.leave.remote(self.replica_id)
         with contextlib.suppress(Exception):
             self.state.scheduler.close()  # the engine thread stops before the models are freed
+            self.state.close_embedder()
             self.engine.close()

@@ -108,6 +108,13 @@ class ServerState:
         self.grammars = GrammarWorker()  # compiles grammars off the event loop (core/constraints/compiling.py)
         # frees the models while idle (--sleep-idle-seconds); None: they stay loaded
         self.sleeper = Sleeper(self, settings.sleep_idle_seconds) if settings.sleep_idle_seconds > 0 else None
+        self.embedder = None  # the target's embeddings, made by the first request (core/embeddings.py)
+
+    def close_embedder(self) -> None:
+        """Free the embedding context (before the weights it uses: at sleep and at stop), with the engine
+        thread stopped; the next request opens it again."""
+        if self.embedder is not None:
+            self.embedder.close()
 
     @property
     def n_slots(self) -> int:

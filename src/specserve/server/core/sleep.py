@@ -113,6 +113,7 @@ class Sleeper:
         """Off the event loop: the engine thread and the slots' contexts first, then the weights."""
         engine = self.state.engine
         self.state.scheduler.unload()
+        self.state.close_embedder()
         if engine.controller is not None:
             engine.controller.save()  # kept in memory too; saved as at exit, in case the process ends asleep
         for model in (engine.draft, engine.target):

@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response
 
 from .... import __version__
 from ....config import SamplingParams, SpecParams
+from ....draft_choice import of_engine
 from ...core.params import sampling_params
 from ...http.endpoint import Endpoint
 from ...http.errors import ApiError, bad_request
@@ -112,6 +113,7 @@ async def props(request: Request) -> Response:
         "model_alias": settings.model_name,
         "model_path": Path(target.path).name,
         "draft_model_path": Path(engine.draft.path).name if engine.draft is not None else None,
+        "draft_choice": of_engine(engine),  # how the draft was chosen (-md auto) and the other candidates
         "modalities": {"vision": False, "video": False, "audio": False},
         "endpoint_slots": settings.slots_endpoint, "endpoint_props": False, "endpoint_metrics": True,
         "ui": settings.webui, "webui": settings.webui,

@@ -1,5 +1,5 @@
 """Ollama's model endpoints over the one served model: GET /api/tags, POST /api/show, GET /api/ps,
-GET /api/version; and what this server does not do (pull, push, create, copy, delete, embed): 501 with
+GET /api/version; and what this server does not do (pull, push, create, copy, delete): 501 with
 Ollama's `{"error": ...}` saying why.
 
 The details come from the GGUF header the server read at start (format gguf, family: the architecture,
@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from .... import __version__
+from ....draft_choice import of_engine
 from ....fim import fim_tokens
 from ....gguf_meta import GGUFError, read_header, tensor_infos
 from ...core.reasoning import template_tags
@@ -42,8 +43,7 @@ _FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9
 _NOT_HERE = ("this server serves the local GGUF file it was started with (specserve serve -m FILE): it does not "
              "pull, push, create, copy or delete models")
 _UNSUPPORTED = {"/api/pull": ("POST",), "/api/push": ("POST",), "/api/create": ("POST",),
-                "/api/copy": ("POST",), "/api/delete": ("DELETE",),
-                "/api/embed": ("POST",), "/api/embeddings": ("POST",)}
+                "/api/copy": ("POST",), "/api/delete": ("DELETE",)}
 
 
 def routes() -> list[Endpoint]:
@@ -116,7 +116,8 @@ async def ps(request: Request) -> Response:
     return JSONResponse({"models": [{"name": name, "model": name, "size": size, "digest": digest, "details": info,
                                      # size_vram: not measured here (0), whatever -ngl offloads
                                      "expires_at": "9999-12-31T23:59:59Z", "size_vram": 0,
-                                     "context_length": state.engine.n_ctx} for name in _names(state)[:1]]})
+                                     "context_length": state.engine.n_ctx,
+                                     "draft_choice": of_engine(state.engine)} for name in _names(state)[:1]]})
 
 
 async def version(request: Request) -> Response:
@@ -171,10 +172,10 @@ async def show(request: Request) -> Response:
     return JSONResponse({"modelfile": f"# served by specserve\nFROM {Path(target.path).name}\n",
                          "parameters": parameters, "template": target.metadata.get(_TEMPLATE_KEY) or "",
                          "details": details(target), "model_info": model_info(target),
-                         "capabilities": capabilities(target), "modified_at": modified})
+                         "capabilities": capabilities(target), "modified_at": modified,
+                         "draft_choice": of_engine(state.engine)})
 
 
 async def not_here(request: Request) -> Response:
     what = request.url.path.removeprefix("/api/").split("/")[0]
-    why = "it generates text and computes no embeddings" if what.startswith("embed") else _NOT_HERE
-    raise ApiError(501, f"/api/{what} is not supported: {why}", code="not_supported")
+    raise ApiError(501, f"/api/{what} is not supported: {_NOT_HERE}", code="not_supported")
