@@ -14,6 +14,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
+from starlette.requests import Request
+
 from ....grammar import GrammarWorker
 from ...core.constraints.tools import ToolRequest
 from ...core.params import SAMPLING_FIELDS, Limit
@@ -22,6 +24,7 @@ from ...core.request import GenRequest
 from ...http.body import read_json
 from ...http.errors import bad_request
 from ...http.guard import key_scope
+from ...state import ServerState, server_of
 from .constraint_fields import CONSTRAINT_FIELDS, output_grammar
 from .fields import Generation, check_unsupported, params_of, resolve_profile, slot_id
 from .validation import parse
@@ -43,7 +46,7 @@ class ServerView:
     aliases: tuple[str, ...] = ()  # the served model's other names (--alias a,b)
 
     @classmethod
-    def of(cls, state, key_scope: str | None) -> ServerView:
+    def of(cls, state: ServerState, key_scope: str | None) -> ServerView:
         """The view of a running server (server/state.py's ServerState) for one request."""
         engine = state.engine
         return cls(engine.target, engine.grammar_tokenizer, state.grammars, engine.n_ctx,
@@ -151,10 +154,10 @@ async def build_request(api: Api, body: dict, server: ServerView) -> tuple[GenRe
     return req, fields
 
 
-async def request_of(api: Api, request) -> tuple[Any, GenRequest, Any]:
+async def request_of(api: Api, request: Request) -> tuple[ServerState, GenRequest, Any]:
     """An endpoint's body read (under the server's size and time limits) and built into the one request, under
     the key's scope: (the server's state, the GenRequest, the parsed fields)."""
-    state = request.app.state.server
+    state = server_of(request)
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
     req, fields = await build_request(api, body, ServerView.of(state, key_scope(request.scope)))
     return state, req, fields
