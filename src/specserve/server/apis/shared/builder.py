@@ -130,8 +130,9 @@ async def build_request(api: Api, body: dict, server: ServerView) -> tuple[GenRe
     fields = parse(api.fields, body)
     check_unsupported(body, api.handles)
     profile = resolve_profile(fields.model, server.profiles, server.model_name)
-    sampling, limit, spec, verify = params_of(server, fields, profile, limit_of(api, fields),
-                                              default=api.default_limit, random_seed=api.random_seed)
+    params = params_of(server, fields, profile, limit_of(api, fields), default=api.default_limit,
+                       random_seed=api.random_seed)
+    sampling, spec = params.sampling, params.spec
     id_slot = slot_id(fields.id_slot, server.n_slots)
     if spec.trace and api.no_trace:
         raise bad_request(f"speculative.trace is not available on /{api.endpoint}: {api.no_trace}", "speculative.trace",
@@ -144,11 +145,11 @@ async def build_request(api: Api, body: dict, server: ServerView) -> tuple[GenRe
     if grammar is not None:
         sampling = dataclasses.replace(sampling, grammar=grammar)
     reasoning_format, reasoning_budget = fields.reasoning_asked()
-    req = GenRequest(api.endpoint, profile.name, sampling, spec, verify, stream=bool(fields.stream),
+    req = GenRequest(api.endpoint, profile.name, sampling, spec, params.verify, stream=bool(fields.stream),
                      prompt=prompt.prompt, messages=prompt.messages, continue_final=prompt.continue_final,
                      template_kwargs=prompt.template_kwargs, cache_prompt=fields.cache_prompt is not False,
-                     limit=limit, tools=tools, id_slot=id_slot, warm=warm, reasoning_format=reasoning_format,
-                     reasoning_budget=reasoning_budget)
+                     limit=params.limited_by, tools=tools, id_slot=id_slot, warm=warm,
+                     reasoning_format=reasoning_format, reasoning_budget=reasoning_budget)
     if api.check is not None:
         api.check(fields, req, server)
     return req, fields
