@@ -2,6 +2,8 @@
 
     cli -> tools (bench, tools) -> cluster -> server -> engine -> auto -> drafting -> backends -> base
 
+and within the server: app (the routes, lifespan) -> apis -> state -> core -> http.
+
 Each module is mapped to its layer by name (longest prefix wins); the imports are read with `ast`, so
 imports inside functions and under TYPE_CHECKING count too: an import placed in a function is still a
 dependency. A new module must be placed in LAYERS; a module that needs a higher layer's code is in the
@@ -24,6 +26,12 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # auto reads the drafters' names (drafters.hybrid.LOOKUPS) and the policy protocol; the engine reads auto
     ("auto", ("auto", "learned")),
     ("engine", ("engine", "slot", "commit", "loading")),
+    # the server's own layers: the edge (http/), what serves any request (core/), the state of one server
+    # (state.py: it builds core's scheduler and metrics), the APIs over them, and the app that routes to each API
+    ("server.http", ("server.http",)),
+    ("server.core", ("server.core",)),
+    ("server.state", ("server.state",)),
+    ("server.apis", ("server.apis",)),
     ("server", ("server",)),
     ("cluster", ("cluster",)),
     ("tools", ("bench", "tools")),
@@ -112,6 +120,11 @@ def test_layer_map_reads_the_package():
     assert layer_of("specserve.cli.serve") == "cli"
     assert layer_of("specserve.cluster.replica") == "cluster"
     assert layer_of("specserve.server.app") == "server"
+    assert layer_of("specserve.server.http.listener") == "server.http"
+    assert layer_of("specserve.server.core.jobs") == "server.core"
+    assert layer_of("specserve.server.state") == "server.state"
+    assert layer_of("specserve.server.apis.openai.chat") == "server.apis"
+    assert RANK["server.http"] < RANK["server.core"] < RANK["server.state"] < RANK["server.apis"] < RANK["server"]
     assert layer_of("specserve.engine") == "engine"
     assert layer_of("specserve.drafters.suffix") == "drafting"
     assert layer_of("specserve.backends.llama_cpp") == "backends"
