@@ -136,3 +136,15 @@ def tiny_models_dir(tmp_path_factory) -> Path:
 
 def serve_args(models: Path, *extra: str) -> list[str]:
     return ["-m", str(models / "tiny.gguf"), "-md", str(models / "tiny_draft.gguf"), "-t", "1", *extra]
+
+
+def metrics(http) -> dict[str, float]:
+    """GET /metrics: every sample as 'name{labels}' -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for fam in text_string_to_metric_families(http.get("/metrics").text):
+        for s in fam.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return out

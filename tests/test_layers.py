@@ -219,3 +219,19 @@ def test_no_import_circles():
 
 def test_circle_finder_finds_one():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
+
+
+def test_no_test_module_imports_another():
+    """The tests' own layers: what several test modules share is in a helper module (server_fixtures.py,
+    lossless_checks.py, tests/auto/step_simulator.py, ...), not read out of another test module, whose
+    tests would then run, and break, for reasons of the other's."""
+    tests = Path(__file__).parent
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{path.relative_to(tests)}:{node.lineno}: {n}" for n in names
+                      if n.split(".")[-1].startswith("test_") or n.startswith("tests.test_")]
+    assert len(list(tests.rglob("test_*.py"))) > 50  # the test tree, not an empty folder
+    assert not found, "move what these take into a helper module:\n" + "\n".join(found)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from specserve.bench import BenchPlan, load_workload, plan_configs, run_benchmark
 from specserve.bench.endpoint import EndpointClient
 from specserve.bench.runner import WARMUP_MESSAGES
-from test_bench_multi_turn import FakeLocal
+from bench_runs import FakeLocal
 
 
 def test_warm_ups_never_send_a_measured_prompt():

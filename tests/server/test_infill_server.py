@@ -12,8 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from server_fixtures import ServerProcess, serve_args  # noqa: E402
-from test_fim import QWEN_FIM  # noqa: E402
-from tiny_models import write_tiny_model  # noqa: E402
+from tiny_models import QWEN_FIM, write_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.server
 

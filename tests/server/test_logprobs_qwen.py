@@ -14,12 +14,12 @@ import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
+from lossless_checks import EPS_F16  # noqa: E402  (the gap under which greedy text may part)
 from server_fixtures import ServerProcess  # noqa: E402
 
 pytestmark = [pytest.mark.server, pytest.mark.real_models]
 
 TOL_F16 = 0.05  # tests/test_logprobs.py
-EPS_F16 = 0.02  # tests/test_lossless.py: the gap under which greedy text may part
 ASK = [{"role": "user", "content": "Write a Python function that returns the square of a number."}]
 
 
