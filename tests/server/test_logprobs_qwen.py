@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from lossless_checks import EPS_F16  # noqa: E402  (the gap under which greedy text may part)
-from server_fixtures import ServerProcess  # noqa: E402
+from server_fixtures import ServerProcess, chat  # noqa: E402
 
 pytestmark = [pytest.mark.server, pytest.mark.real_models]
 
@@ -43,9 +43,8 @@ def _body(sampling: dict, mode: str) -> dict:
 
 
 def _whole(http, body: dict) -> tuple[list[dict], dict]:
-    r = http.post("/v1/chat/completions", json=body)
-    assert r.status_code == 200, r.text
-    return r.json()["choices"][0]["logprobs"]["content"], r.json()["usage"]["speculative"]
+    answer = chat(http, body)
+    return answer["choices"][0]["logprobs"]["content"], answer["usage"]["speculative"]
 
 
 def _streamed(http, body: dict) -> list[dict]:
