@@ -132,7 +132,6 @@ class ServerState:
         }
 
 
-
 def server_of(request: HTTPConnection | Starlette) -> ServerState:
     """The state of the server that took `request` (given the app itself: the app's)."""
     app = request if isinstance(request, Starlette) else request.app

@@ -212,7 +212,8 @@ def params_of(server, fields: Generation, profile: Profile, limit: Limit | None,
     sampling, described = sampling_params(profile, server.n_ctx, asked,
                                           limit=limit, default=default, samplers=fields.samplers, stop=fields.stop)
     spec_p, verify = spec_params(fields.spec_asked(), profile, server.has_draft, server.key_scope)
-    return RequestParams(sampling, described, spec_p, verify_method(verify, sampling.seed))  # auto: by the seed
+    # verify `auto` is told apart by the seed
+    return RequestParams(sampling, described, spec_p, verify_method(verify, sampling.seed))
 
 
 def prompt_value(value: Any, key: str = "prompt") -> str | list[int] | None:
