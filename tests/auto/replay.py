@@ -20,7 +20,7 @@ from specserve.drafters.ngram import NgramDrafter
 from specserve.drafters.suffix import SuffixDrafter
 from specserve.drafters.suffix_store import SuffixStore
 from specserve.policy import Choice, Outcome, ask_offers, judge
-from test_controller import curve
+from step_simulator import curve
 
 # the reference pair on 2 cores (stop 46's trace: a target pass over 1 token 165 ms, over 9 tokens 283;
 # over 64 about 7.5 plain passes, issue 51); the 0.5B 38 ms a drafted token, 5 ms a token to catch up on

@@ -12,7 +12,7 @@ from specserve.drafters.ngram import NgramDrafter
 from specserve.engine import Engine, standard_drafters
 from specserve.policy import FixedPolicy
 from specserve.sampling import Sampler
-from test_lossless import EPS_TINY, assert_greedy_equal, chi_square_pvalue, exact_first_two, repeating_prompt
+from lossless_checks import EPS_TINY, assert_greedy_equal, chi_square_pvalue, exact_first_two, repeating_prompt
 
 GREEDY = SamplingParams(max_tokens=40, ignore_eos=True)
 

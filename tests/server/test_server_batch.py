@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from server_fixtures import ServerProcess, serve_args, tiny_models_dir  # noqa: E402,F401
-from test_server import metrics  # noqa: E402
+from server_fixtures import ServerProcess, metrics, post, serve_args, tiny_models_dir  # noqa: E402,F401
 
 pytestmark = pytest.mark.server
 
@@ -29,10 +28,7 @@ def server(tiny_models_dir, tmp_path_factory):
 
 
 def _complete(server, body: dict) -> list[str]:
-    with server.client() as c:
-        r = c.post("/v1/completions", json=body)
-    assert r.status_code == 200, r.text
-    return r.json()["choices"][0]["text"]
+    return post(server, "/v1/completions", body)["choices"][0]["text"]
 
 
 def test_concurrent_clients_are_batched_and_get_their_own_text(server):

@@ -94,6 +94,12 @@ class DecodeThreads:
                     ", ".join(t.name for t in cls._seen.values()))
 
     @classmethod
+    def forget(cls) -> None:
+        """Start over: no thread seen, no warning given (as in a new process)."""
+        with cls._lock:
+            cls._seen, cls._warned = {}, False
+
+    @classmethod
     def live(cls) -> list[str]:
         """The names of the live threads that have run passes."""
         with cls._lock:

@@ -291,7 +291,7 @@ def run(args) -> int:
         if args.threads is None:  # local replicas share the cores; on a cluster, set -t per replica yourself
             args.threads = max(1, (os.cpu_count() or 1) // max(1, args.replicas or 1))
         return replicas.run(args, *configs(args))
-    from ..server import create_app, logsafe
+    from ..server import create_app, logsafe, server_of
     from ..server.http.listener import serve
 
     logsafe.install()  # clients' strings reach log lines: escape them
@@ -313,7 +313,7 @@ def run(args) -> int:
         serve(app, args.host, args.port, settings)
     finally:
         if app is not None:
-            app.state.server.scheduler.close()  # the engine thread must stop before the models are freed
-            app.state.server.close_embedder()
+            server_of(app).scheduler.close()  # the engine thread must stop before the models are freed
+            server_of(app).close_embedder()
         engine.close()
     return 0

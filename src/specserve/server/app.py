@@ -35,7 +35,7 @@ from .core.sleep import WakeOnRequest
 from .http.endpoint import Endpoint
 from .http.errors import OPENAI_SHAPES, CatchAll, ErrorShapes, install_handlers
 from .http.guard import OPEN_PATHS, ApiKeyMiddleware, HostOriginGuard, key_scope
-from .state import ServerSettings, ServerState
+from .state import ServerSettings, ServerState, server_of
 
 ADAPTERS = (completions, chat, models, completion, infill, messages, responses,  # one module per endpoint (or a few)
             props, templates, gcp, ollama, ollama_models, ollama_embed, embeddings)
@@ -44,13 +44,13 @@ log = logging.getLogger("specserve.server")
 
 
 async def health(request: Request) -> Response:
-    info = request.app.state.server.health()
+    info = server_of(request).health()
     return JSONResponse(info, status_code=503 if info["status"] == "draining" else 200)
 
 
 async def metrics(request: Request) -> Response:
     """The whole server's metrics, or, for a key confined to a scope, that scope's requests alone."""
-    state = request.app.state.server
+    state = server_of(request)
     m = state.metrics
     response = Response(m.render(key_scope(request.scope)), headers={"Content-Type": m.content_type})
     # llama-server's header, in its own case: clients that read headers into a plain dict look it up so

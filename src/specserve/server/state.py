@@ -4,6 +4,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from starlette.applications import Starlette
+from starlette.requests import HTTPConnection
+
 from ..engine import Engine
 from ..grammar import GrammarWorker
 from ..memory import rss_bytes
@@ -92,7 +95,7 @@ class ServerSettings:
 
 
 class ServerState:
-    """Per-app state, reached from handlers as `request.app.state.server`."""
+    """Per-app state, reached from handlers as `server_of(request)`."""
 
     def __init__(self, engine: Engine, settings: ServerSettings):
         self.engine = engine
@@ -135,3 +138,8 @@ class ServerState:
             "is_sleeping": self.sleeper is not None and self.sleeper.asleep,
         }
 
+
+def server_of(request: HTTPConnection | Starlette) -> ServerState:
+    """The state of the server that took `request` (given the app itself: the app's)."""
+    app = request if isinstance(request, Starlette) else request.app
+    return app.state.server

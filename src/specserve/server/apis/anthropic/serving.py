@@ -26,6 +26,7 @@ from ...http.body import read_json
 from ...http.endpoint import Endpoint
 from ...http.errors import ApiError
 from ...http.sse import sse_response
+from ...state import server_of
 from ..shared.builder import request_of
 from ..shared.fields import count_chat_tokens
 from ..shared.validation import parse
@@ -97,7 +98,7 @@ async def messages(request: Request) -> Response:
 
 async def count_tokens(request: Request) -> Response:
     """The prompt's tokens as /v1/messages would evaluate them: the same chat, tools and template."""
-    state = request.app.state.server
+    state = server_of(request)
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
     fields = parse(MessagesRequest, body)
     chat = chat_messages(fields)

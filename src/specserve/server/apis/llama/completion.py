@@ -26,6 +26,7 @@ from ...core.jobs import CLIENT_GONE, Job, start
 from ...core.request import GenRequest
 from ...http.endpoint import Endpoint
 from ...http.errors import bad_request
+from ...state import ServerState
 from ..shared import several
 from ..shared.answer import stream, traced
 from ..shared.builder import request_of
@@ -69,7 +70,7 @@ def _shaped(job: Job, out, fields: LlamaRequest, index: int = 0) -> dict:
     return select_fields(body, fields.response_fields) if fields.response_fields else body
 
 
-async def _one(request: Request, state, req: GenRequest, fields: LlamaRequest) -> Response:
+async def _one(request: Request, state: ServerState, req: GenRequest, fields: LlamaRequest) -> Response:
     job = await start(state, req, request)
     if req.stream:
         return stream(request, job, _chunks(job, fields))

@@ -32,6 +32,7 @@ from ...core.events import Text
 from ...core.jobs import CLIENT_GONE, Job, start
 from ...core.request import GenRequest
 from ...http.endpoint import Endpoint
+from ...state import ServerState
 from ..shared import several
 from ..shared.answer import stream
 from ..shared.builder import request_of
@@ -76,7 +77,7 @@ async def infill(request: Request) -> Response:
     return JSONResponse(_shaped(job, rules, out.text, own))
 
 
-async def _start(request: Request, state, req: GenRequest, own: InfillRequest) -> tuple[Job, LineRules]:
+async def _start(request: Request, state: ServerState, req: GenRequest, own: InfillRequest) -> tuple[Job, LineRules]:
     t_start = time.perf_counter()
     job = await start(state, req, request)
     # the time rule counts from the end of the prompt, as llama-server's t_start_generation
@@ -90,7 +91,7 @@ def _shaped(job: Job, rules: LineRules, content: str, own: InfillRequest, index:
     return select_fields(out, own.response_fields) if own.response_fields else out
 
 
-async def _several(request: Request, state, req: GenRequest, own: InfillRequest, n: int) -> Response:
+async def _several(request: Request, state: ServerState, req: GenRequest, own: InfillRequest, n: int) -> Response:
     """n_cmpl > 1: an array of n completions, each under its own line rules (several.variants: one run for a
     greedy request). The first refusal is raised once every run has ended."""
     async def one(run: GenRequest):

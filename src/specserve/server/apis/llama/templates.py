@@ -24,6 +24,7 @@ from ...core.prefill import prefill_joined, prefilled
 from ...http.body import read_json
 from ...http.endpoint import Endpoint
 from ...http.errors import bad_request
+from ...state import server_of
 from ..shared.fields import template_kwargs_of
 from ..shared.validation import parse
 from .protocol import DetokenizeRequest, TemplateRequest, TokenizeRequest
@@ -83,7 +84,7 @@ def _json_list(key: str, items: list) -> bytes:
 
 
 async def tokenize(request: Request) -> Response:
-    state = request.app.state.server
+    state = server_of(request)
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
     model = state.engine.target
 
@@ -99,7 +100,7 @@ async def tokenize(request: Request) -> Response:
 
 
 async def detokenize(request: Request) -> Response:
-    state = request.app.state.server
+    state = server_of(request)
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
     model = state.engine.target
 
@@ -139,7 +140,7 @@ def render_chat(model, messages: list, tools: list | None, add_generation_prompt
 
 async def _template_request(request: Request):
     """(state, fields, template kwargs) of a body that names a chat to render (/apply-template, input_tokens)."""
-    state = request.app.state.server
+    state = server_of(request)
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
     fields = parse(TemplateRequest, body)
     if not fields.messages:

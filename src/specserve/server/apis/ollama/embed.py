@@ -11,6 +11,7 @@ from starlette.responses import JSONResponse, Response
 
 from ....backends.embedding import normalize
 from ...core.embeddings import embed
+from ...state import server_of
 from ...http.body import read_json
 from ...http.endpoint import Endpoint
 from ...http.errors import ApiError, bad_request
@@ -25,7 +26,7 @@ def routes() -> list[Endpoint]:
 
 
 async def _body(request: Request) -> tuple[object, dict]:
-    state = request.app.state.server
+    state = server_of(request)
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
     if not isinstance(body, dict):
         raise bad_request("the body must be a JSON object")

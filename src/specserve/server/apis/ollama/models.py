@@ -25,6 +25,7 @@ from ...core.reasoning import template_tags
 from ...http.body import read_json
 from ...http.endpoint import Endpoint
 from ...http.errors import ApiError
+from ...state import ServerState, server_of
 from ..shared.builder import ServerView
 from ..shared.validation import Fields, parse
 from .request import model_known, not_found, served_names
@@ -94,12 +95,12 @@ def _file(target) -> tuple[int, str, str]:
     return st.st_size, modified, digest
 
 
-def _names(state) -> list[str]:
+def _names(state: ServerState) -> list[str]:
     return list(dict.fromkeys([state.settings.model_name, *state.settings.aliases, *state.profiles]))
 
 
 async def tags(request: Request) -> Response:
-    state = request.app.state.server
+    state = server_of(request)
     target = state.engine.target
     size, modified, digest = _file(target)
     info = details(target)
@@ -109,7 +110,7 @@ async def tags(request: Request) -> Response:
 
 async def ps(request: Request) -> Response:
     """The served model, loaded for the server's life: it never expires (keep_alive is not read)."""
-    state = request.app.state.server
+    state = server_of(request)
     target = state.engine.target
     size, _, digest = _file(target)  # the weights' file: the slots' caches are /props' and /metrics' to tell
     info = details(target)
@@ -155,7 +156,7 @@ def model_info(target) -> dict:
 
 
 async def show(request: Request) -> Response:
-    state = request.app.state.server
+    state = server_of(request)
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
     fields = parse(ShowRequest, body)
     name = fields.model or fields.name

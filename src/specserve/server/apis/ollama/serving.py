@@ -32,6 +32,7 @@ from ...http.endpoint import Endpoint
 from ...http.errors import ApiError
 from ...http.guard import key_scope
 from ...http.sse import sse_response
+from ...state import server_of
 from ..shared.builder import Api, ServerView, build_request
 from ..shared.validation import parse
 from .request import CHAT, GENERATE, model_known, not_found, served_names
@@ -83,7 +84,7 @@ def _calls(calls: list[Call]) -> list[dict]:
 
 async def _generating(request: Request, api: Api, text_key: str) -> Response:
     t0 = time.perf_counter_ns()
-    state = request.app.state.server
+    state = server_of(request)
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
     server = ServerView.of(state, key_scope(request.scope))
     chat = api is CHAT

@@ -18,6 +18,7 @@ from ...core.answer import events
 from ...core.constraints.tools import call_form
 from ...core.events import CallStart, Event, Finish, Reasoning, Text
 from ...core.jobs import Job, start
+from ...core.server_parts import ServerParts
 from ...http.endpoint import Endpoint
 from ..shared import several
 from ..shared.answer import stream, traced
@@ -68,7 +69,7 @@ async def chat_completions(request: Request) -> Response:
         for i, (_, out) in enumerate(choices)], **verbose(state, fields, *outs[0])})
 
 
-def _logprobs(state, fields: ChatRequest, rows) -> dict | None:
+def _logprobs(state: ServerParts, fields: ChatRequest, rows) -> dict | None:
     """A choice's `logprobs` (null unless asked): llama-server's objects, which carry OpenAI's fields."""
     if rows is None:
         return None

@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ...core.embeddings import embed
+from ...state import server_of
 from ...http.body import read_json
 from ...http.endpoint import Endpoint
 from ...http.errors import bad_request
@@ -63,7 +64,7 @@ def shaped(v: np.ndarray, p: int, dims: int | None) -> np.ndarray:
 
 
 async def _embedded(request: Request, oai: bool):
-    state = request.app.state.server
+    state = server_of(request)
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
     if not isinstance(body, dict):
         raise bad_request("the body must be a JSON object")

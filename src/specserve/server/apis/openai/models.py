@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse, Response
 
 from ....draft_choice import of_engine
 from ...http.endpoint import Endpoint
+from ...state import server_of
 
 
 def routes() -> list[Endpoint]:
@@ -17,7 +18,7 @@ def routes() -> list[Endpoint]:
 
 
 async def models(request: Request) -> Response:
-    state = request.app.state.server
+    state = server_of(request)
     created = int(time.time())
     draft = state.engine.draft
     # File names, not paths: a path tells a client about the host's directories and user names.

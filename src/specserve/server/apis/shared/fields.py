@@ -5,13 +5,14 @@ this server refuses rather than ignore.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import anyio
 from pydantic import field_validator, model_validator
 
 from ....chat import TEMPLATE_OWN, ChatTemplateError
-from ....config import verify_method
+from ....config import SamplingParams, SpecParams, verify_method
 from ....prompt import chat_tokens
 from ...core.constraints.tools import ToolRequest, template_input
 from ...core.params import SAMPLING_FIELDS, SPEC_FIELDS, Limit, sampling_params, spec_params
@@ -188,9 +189,19 @@ def resolve_profile(name: str | None, profiles: dict[str, Profile], default: str
     return profiles.get(name or default) or profiles[default]
 
 
+@dataclass(frozen=True)
+class RequestParams:
+    """How a request samples and speculates: its fields over its profile (params_of)."""
+
+    sampling: SamplingParams
+    limited_by: str | None  # the field that set max_tokens (GenRequest.limit); None: the context's room
+    spec: SpecParams
+    verify: str  # the method sampled drafts are verified by (config.verify_method)
+
+
 def params_of(server, fields: Generation, profile: Profile, limit: Limit | None, *,
-              default: Limit | None = None, random_seed: int | None = None):
-    """(SamplingParams, what set max_tokens, SpecParams, verify) of a request over its profile.
+              default: Limit | None = None, random_seed: int | None = None) -> RequestParams:
+    """How the request samples and speculates over its profile.
     server: builder.ServerView (the target for logit_bias, the context, the draft, the key's scope)."""
     asked = fields.sampling_asked(random_seed)
     if fields.logit_bias is not None:
@@ -201,7 +212,8 @@ def params_of(server, fields: Generation, profile: Profile, limit: Limit | None,
     sampling, described = sampling_params(profile, server.n_ctx, asked,
                                           limit=limit, default=default, samplers=fields.samplers, stop=fields.stop)
     spec_p, verify = spec_params(fields.spec_asked(), profile, server.has_draft, server.key_scope)
-    return sampling, described, spec_p, verify_method(verify, sampling.seed)  # auto told apart by the seed
+    # verify `auto` is told apart by the seed
+    return RequestParams(sampling, described, spec_p, verify_method(verify, sampling.seed))
 
 
 def prompt_value(value: Any, key: str = "prompt") -> str | list[int] | None:

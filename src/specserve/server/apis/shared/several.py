@@ -17,6 +17,7 @@ from ...core.answer import Answer, answer
 from ...core.jobs import Job, start
 from ...core.request import GenRequest
 from ...http.errors import bad_request
+from ...state import ServerState
 
 
 def count(n: int | None, n_slots: int, param: str = "n", stream: bool = False) -> int:
@@ -40,7 +41,7 @@ def variants(req: GenRequest, n: int) -> list[GenRequest]:
         req.sampling, seed=None if seed is None else (seed + i) % SEED_LIMIT)) for i in range(n)]
 
 
-async def answers(state, reqs: list[GenRequest], request: Request) -> list[tuple[Job, Answer]] | None:
+async def answers(state: ServerState, reqs: list[GenRequest], request: Request) -> list[tuple[Job, Answer]] | None:
     """Each request's job and whole answer, run at once; None if the client left. The first refusal is
     raised once every job has ended (none is left holding a slot)."""
     async def one(req: GenRequest):
