@@ -1,6 +1,6 @@
 """The package's layers point one way: every import of a specserve module points down or sideways.
 
-    cli -> tools (bench, tools) -> cluster -> server -> engine -> auto -> drafting -> backends -> base
+    cli -> measure (bench, measure) -> cluster -> server -> engine -> auto -> drafting -> backends -> base
 
 and within the server: app (the routes, lifespan) -> apis -> state -> core -> http.
 
@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("server.apis", ("server.apis",)),
     ("server", ("server",)),
     ("cluster", ("cluster",)),
-    ("tools", ("bench", "tools")),
+    ("measure", ("bench", "measure")),
     ("cli", ("cli", "__main__")),
 ]
 RANK = {name: i for i, (name, _) in enumerate(LAYERS)}

@@ -116,7 +116,7 @@ def test_cli_and_profiles_cap_the_suffix_drafter_only_where_draft_max_is_set():
     import argparse
 
     from specserve.cli.common import add_spec_args, spec_params
-    from specserve.server.core.profiles import Profile, parse_profile
+    from specserve.server.core.model_presets import Profile, parse_profile
 
     p = argparse.ArgumentParser()
     add_spec_args(p)

@@ -17,7 +17,7 @@ from specserve.server.apis.ollama.request import CHAT as OLLAMA_CHAT
 from specserve.server.apis.ollama.request import GENERATE as OLLAMA_GENERATE
 from specserve.server.apis.openai.request import CHAT, COMPLETIONS, RESPONSES
 from specserve.server.apis.shared.builder import ServerView, build_request
-from specserve.server.core.profiles import Profile
+from specserve.server.core.model_presets import Profile
 from specserve.server.http.errors import ApiError
 from tiny_models import QWEN_FIM, write_tiny_model
 

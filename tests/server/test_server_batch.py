@@ -58,7 +58,7 @@ def test_interference_check_measures_streams_around_a_long_prompt(server, tmp_pa
     def measure() -> dict:
         # 440: the streams' prompts (up to 68 tokens) and their max_tokens must fit the 512-token context
         out = tmp_path / "inter.json"
-        r = subprocess.run([sys.executable, "-m", "specserve.tools.interference", "--url", server.url, "--streams",
+        r = subprocess.run([sys.executable, "-m", "specserve.measure.interference", "--url", server.url, "--streams",
                             "2", "--prompt-tokens", "100", "--max-tokens", "440", "--warmup", "0.1", "--json", str(out),
                             # a token a chunk: the control is timed at the window's chunk positions
                             "--body", '{"speculative": {"mode": "none"}}'],

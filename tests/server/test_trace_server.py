@@ -118,7 +118,7 @@ def test_trace_must_be_a_boolean(server):
 
 
 def test_the_overhead_tool_pairs_trace_on_and_off(server, capsys):
-    from specserve.tools.trace_overhead import main
+    from specserve.measure.trace_overhead import main
 
     assert main(["--url", server.url, "--rounds", "1", "--prompts", "2", "--max-tokens", "8"]) == 0
     out = json.loads(capsys.readouterr().out)

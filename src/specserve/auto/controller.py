@@ -32,7 +32,7 @@ from .acceptance import ConfidenceMap, Shape
 from .cost import Costs
 from .history import History
 from .pacing import Pacing
-from .prefill import Gain
+from .draft_prefill import Gain
 from .priors import Priors
 from .request import AutoPolicy
 

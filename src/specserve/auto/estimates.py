@@ -20,7 +20,7 @@ from __future__ import annotations
 from ..drafters.suffix import SAME_REQUEST, SuffixDrafter
 from .acceptance import OPENING, RATE_MAX, REPEAT, REPEAT_RATE_MAX, ConfidenceMap, Rates, Shape, match_bucket
 from .names import FREE, MODEL
-from .progress import Setup
+from .request_state import Setup
 from .shared import Shared
 
 _SEEN_MIN = 2.0  # (decayed) tokens of the target's record before it predicts the draft model's acceptance

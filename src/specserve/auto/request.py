@@ -35,9 +35,9 @@ from .hot import HOT
 from .learning import Learner
 from .names import FORCED, FREE, HYBRID, HYBRID_LOOKUPS, MODEL
 from .plans import PlanCache
-from .prefill import Gain, Prefill
+from .draft_prefill import Gain, Prefill
 from .probing import EXPLORE_PASSES, Probes
-from .progress import Setup
+from .request_state import Setup
 from .shared import Shared
 
 trace = logging.getLogger("specserve.auto")  # one DEBUG line a step: SPECSERVE_LOG=debug

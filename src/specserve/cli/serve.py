@@ -209,7 +209,7 @@ def allowed_hosts(bind: str, extra: list[str]) -> frozenset[str]:
 def settings_from(args, target_path: str):
     """ServerSettings from the flags; raises CliError(2) on bad values, before any model loads."""
     from ..server import ServerSettings
-    from ..server.core.profiles import Profile, build_profiles
+    from ..server.core.model_presets import Profile, build_profiles
     from ..server.state import MIN_BATCH
 
     n_batch = args.batch_size

@@ -12,7 +12,7 @@ from ..grammar import GrammarWorker
 from ..memory import rss_bytes
 from .core.batcher import SLOWDOWN
 from .core.metrics import ServerMetrics
-from .core.profiles import Profile
+from .core.model_presets import Profile
 from .core.reasoning import FORMATS as REASONING_FORMATS
 from .core.scheduler import Scheduler
 from .core.sleep import Sleeper

@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 
 from ...core.answer import Answer, answer
 from ...core.jobs import CLIENT_GONE, start
-from ...core.prefill import prefilled
+from ...core.assistant_prefill import prefilled
 from ...core.request import GenRequest
 from ...http.body import read_json
 from ...http.endpoint import Endpoint
@@ -28,7 +28,7 @@ from ...http.errors import ApiError
 from ...http.sse import sse_response
 from ...state import server_of
 from ..shared.builder import request_of
-from ..shared.fields import count_chat_tokens
+from ..shared.generation_fields import count_chat_tokens
 from ..shared.validation import parse
 from . import stream as anthropic_stream
 from .protocol import MessagesRequest

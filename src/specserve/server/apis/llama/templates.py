@@ -20,12 +20,12 @@ from starlette.responses import JSONResponse, Response
 from ....chat import ChatTemplateError, MessageError, render, validate_messages
 from ....prompt import chat_tokens
 from ...core.constraints.tools import template_input
-from ...core.prefill import prefill_joined, prefilled
+from ...core.assistant_prefill import prefill_joined, prefilled
 from ...http.body import read_json
 from ...http.endpoint import Endpoint
 from ...http.errors import bad_request
 from ...state import server_of
-from ..shared.fields import template_kwargs_of
+from ..shared.generation_fields import template_kwargs_of
 from ..shared.validation import parse
 from .protocol import DetokenizeRequest, TemplateRequest, TokenizeRequest
 

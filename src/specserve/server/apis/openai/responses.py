@@ -22,7 +22,7 @@ from ...http.endpoint import Endpoint
 from ...http.sse import sse_response
 from ...state import server_of
 from ..shared.builder import request_of
-from ..shared.fields import check_unsupported, count_chat_tokens
+from ..shared.generation_fields import check_unsupported, count_chat_tokens
 from ..shared.validation import parse
 from .protocol import ResponsesRequest
 from .request import RESPONSES, chat_messages, check_stateless, tools_of

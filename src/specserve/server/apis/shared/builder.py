@@ -18,15 +18,15 @@ from starlette.requests import Request
 
 from ....grammar import GrammarWorker
 from ...core.constraints.tools import ToolRequest
-from ...core.params import SAMPLING_FIELDS, Limit
-from ...core.profiles import Profile
+from ...core.params import SAMPLING_FIELDS, TokenLimit
+from ...core.model_presets import Profile
 from ...core.request import GenRequest
 from ...http.body import read_json
 from ...http.errors import bad_request
 from ...http.guard import key_scope
 from ...state import ServerState, server_of
 from .constraint_fields import CONSTRAINT_FIELDS, output_grammar
-from .fields import Generation, check_unsupported, params_of, resolve_profile, slot_id
+from .generation_fields import GenerationFields, check_unsupported, params_of, resolve_profile, slot_id
 from .validation import parse
 
 
@@ -82,10 +82,10 @@ class Api:
     """One API's declaration: what its road from body to GenRequest has of its own."""
 
     endpoint: str  # GenRequest.endpoint: the metrics label
-    fields: type[Generation]  # the body's pydantic model; its methods say what the API spells its own way
+    fields: type[GenerationFields]  # the body's pydantic model; its methods say what the API spells its own way
     prompt: PromptHook
     limits: tuple[str, ...] = ()  # fields that limit generated tokens: the first one set counts
-    default_limit: Limit | None = None  # where neither the request nor its profile gives a limit
+    default_limit: TokenLimit | None = None  # where neither the request nor its profile gives a limit
     limit_required: bool = False  # a request must give a limit (Anthropic's max_tokens)
     handles: tuple[str, ...] = ()  # fields of the refused list (fields.check_unsupported) this API implements
     random_seed: int | None = None  # the seed that asks for a random one (llama-server's -1)
@@ -109,13 +109,13 @@ def warm_body(body: dict) -> dict:
     return {**{k: v for k, v in body.items() if k not in WARM_IGNORED}, "n_predict": 1}
 
 
-def limit_of(api: Api, fields) -> Limit | None:
+def limit_of(api: Api, fields) -> TokenLimit | None:
     """The limit on generated tokens from the first of the API's limit fields that the request set;
     `n_predict: -1` is llama-server's "no limit"."""
     for key in api.limits:
         n = getattr(fields, key)
         if n is not None:
-            return Limit(key, None) if key == "n_predict" and n == -1 else Limit(key, n)
+            return TokenLimit(key, None) if key == "n_predict" and n == -1 else TokenLimit(key, n)
     if api.limit_required:
         raise bad_request(f"{api.limits[0]} is required", api.limits[0])
     return None

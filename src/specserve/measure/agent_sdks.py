@@ -1,6 +1,6 @@
 """The agents' APIs through the official SDKs, unmodified, against a running server: one round trip each.
 
-    python -m specserve.tools.agent_sdks --url http://127.0.0.1:8080 [--api-key KEY] [--model NAME]
+    python -m specserve.measure.agent_sdks --url http://127.0.0.1:8080 [--api-key KEY] [--model NAME]
 
 Anthropic (`pip install anthropic`): a message, the same streamed, a tool_use -> tool_result round
 trip, count_tokens. OpenAI Responses (`openai`): a response, the same streamed, a function_call ->

@@ -19,7 +19,7 @@ def test_loadtest_script_runs_against_a_server(tiny_models_dir, tmp_path):
                         api_key="k")
     try:
         out = tmp_path / "load.json"
-        r = subprocess.run([sys.executable, "-m", "specserve.tools.loadtest", "--url", srv.url, "--api-key", "k",
+        r = subprocess.run([sys.executable, "-m", "specserve.measure.loadtest", "--url", srv.url, "--api-key", "k",
                             "--clients", "1,3", "--duration", "3", "--max-tokens", "16", "--cancel-share", "0.3",
                             "--pid", str(srv.proc.pid), "--json", str(out)],
                            capture_output=True, text=True, timeout=120)

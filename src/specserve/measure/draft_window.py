@@ -1,7 +1,7 @@
 """Acceptance and speed of the draft model against its cache window (--draft-ctx), in-process.
 
-    python -m specserve.tools.draft_window --workload long-file --prompts 4 -n 64 --windows 128,256,512,1024,0
-    python -m specserve.tools.draft_window ... --speed draft,auto   # and generation with the target, interleaved
+    python -m specserve.measure.draft_window --workload long-file --prompts 4 -n 64 --windows 128,256,512,1024,0
+    python -m specserve.measure.draft_window ... --speed draft,auto   # and generation with the target, interleaved
 
 Acceptance needs no target pass: greedy output is the target's own text whatever the draft, so each
 prompt's continuation is generated once (with prompt lookup: the same text, sooner), and the draft
@@ -112,7 +112,7 @@ def _target_texts(target, draft, prompts: list[list[int]], args) -> list[list[in
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specserve.tools.draft_window", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m specserve.measure.draft_window", description=__doc__.split("\n")[0])
     p.add_argument("-m", "--model", default="qwen2.5-coder-1.5b-f16", help="target (default: the reference pair's)")
     p.add_argument("-md", "--model-draft", default="qwen2.5-coder-0.5b", help="draft model")
     p.add_argument("--workload", default="long-file", help="bench workload (default long-file)")

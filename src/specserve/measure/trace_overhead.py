@@ -1,7 +1,7 @@
 """What `"speculative": {"trace": true}` costs a streamed answer (docs/webui.md).
 
     specserve serve --no-cross-request &
-    python -m specserve.tools.trace_overhead --url http://127.0.0.1:8080 --rounds 5
+    python -m specserve.measure.trace_overhead --url http://127.0.0.1:8080 --rounds 5
 
 The packaged code-edit prompts, greedy and streamed, each sent twice in a row, trace off and on
 in alternating order; reports the median paired ratio on/off of the server's decoding speed
@@ -44,7 +44,7 @@ def run_one(url: str, messages: list[dict], trace: bool, max_tokens: int, header
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specserve.tools.trace_overhead", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m specserve.measure.trace_overhead", description=__doc__.split("\n")[0])
     p.add_argument("--url", default="http://127.0.0.1:8080")
     p.add_argument("--api-key")
     p.add_argument("--rounds", type=int, default=5, help="passes over the prompts (default 5)")

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from server_fixtures import ServerProcess, serve_args, tiny_models_dir  # noqa: F401
-from specserve.tools.storm import sse_valid
+from specserve.measure.storm import sse_valid
 
 OPENAI_OK = 'data: {"choices": []}\n\ndata: {"choices": [], "usage": {}}\n\ndata: [DONE]\n\n'
 
@@ -41,7 +41,7 @@ def test_a_short_storm_sends_every_bomb_and_counts_no_5xx(tiny_models_dir, tmp_p
                         tmp_path / "serve.log", env={"AIP_MODE": "PREDICTION"})
     try:
         out = tmp_path / "storm.json"
-        r = subprocess.run([sys.executable, "-m", "specserve.tools.hostile", "--url", srv.url, "--key", "admin",
+        r = subprocess.run([sys.executable, "-m", "specserve.measure.hostile", "--url", srv.url, "--key", "admin",
                             "--tenant-keys", "key-a", "key-b", "--skip-bombs", "--storm", "3", "--clients", "2",
                             "--bomb-share", "0.5", "--pid", str(srv.proc.pid), "--json", str(out)],
                            capture_output=True, text=True, timeout=300)

@@ -1,6 +1,6 @@
 """Prompt and verification-pass speed against the micro-batch (-ub, -ubd): what docs/models.md's table measured.
 
-    python -m specserve.tools.ubatch_speed qwen2.5-coder-1.5b-f16 -t 1 --ubatches 32,64,128,256,512 --reps 2
+    python -m specserve.measure.ubatch_speed qwen2.5-coder-1.5b-f16 -t 1 --ubatches 32,64,128,256,512 --reps 2
 
 For each micro-batch, a fresh context of 2048 cells: a prompt of --prompt tokens (this file's text), then
 passes of each --passes size with logits for every row (a verification), each cut back off the cache. The

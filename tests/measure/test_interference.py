@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from specserve.tools.interference import span, tpot, tpot_between
+from specserve.measure.interference import span, tpot, tpot_between
 
 
 def test_interference_tpot_counts_a_stall():

@@ -1,6 +1,6 @@
 """How much a long prompt arriving slows the streams already running on a server.
 
-    python -m specserve.tools.interference --url http://127.0.0.1:8080 --streams 3 --prompt-tokens 2000
+    python -m specserve.measure.interference --url http://127.0.0.1:8080 --streams 3 --prompt-tokens 2000
 
 Starts --streams streaming requests (--max-tokens each, ignore_eos), waits --warmup seconds,
 then sends one request whose prompt is about --prompt-tokens tokens long (max_tokens 1) and
@@ -174,7 +174,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m specserve.tools.interference", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m specserve.measure.interference", description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default="http://127.0.0.1:8080")
     p.add_argument("--streams", type=int, default=3, help="streams running when the long prompt arrives (default 3)")
     p.add_argument("--prompt-tokens", type=int, default=2000,

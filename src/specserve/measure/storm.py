@@ -1,5 +1,5 @@
 """Issue 63's storm: clients over every API with the hardening round's bombs mixed in (run through
-`python -m specserve.tools.hostile --storm SECONDS`; the module docstring there says what it reports)."""
+`python -m specserve.measure.hostile --storm SECONDS`; the module docstring there says what it reports)."""
 from __future__ import annotations
 
 import json

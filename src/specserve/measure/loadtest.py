@@ -1,6 +1,6 @@
 """Load test a running server with mixed Spec-Bench chat requests.
 
-    python -m specserve.tools.loadtest --url http://127.0.0.1:8080 --clients 8 --duration 60 \\
+    python -m specserve.measure.loadtest --url http://127.0.0.1:8080 --clients 8 --duration 60 \\
         --workload spec_bench [--prompts FILE] [--pid PID] [--json out.json]
 
 --clients 1,2,4 runs one level after another (each for --duration) and reports each:
@@ -181,7 +181,7 @@ def run(args, clients: int | None = None) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m specserve.tools.loadtest", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m specserve.measure.loadtest", description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default="http://127.0.0.1:8080")
     p.add_argument("--clients", default="8", help="concurrent clients, or levels run in turn: 1,2,4 (default 8)")
     p.add_argument("--duration", type=float, default=60, help="seconds (default 60)")

@@ -1,23 +1,23 @@
 """Hot-path measurements (issue 12), run by hand.
 
-    python -m specserve.tools.perf_hotpath speed   -m TARGET [-n 64] [--repeat 5]
+    python -m specserve.measure.perf_hotpath speed   -m TARGET [-n 64] [--repeat 5]
         The target alone, greedy against sampled (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05)
         on the same prompt, runs interleaved after a warm-up: median tokens/s of each and their ratio.
-    python -m specserve.tools.perf_hotpath profile -m TARGET [-md DRAFT] [--spec draft ngram none] [--temp 0.8] [-n 64]
+    python -m specserve.measure.perf_hotpath profile -m TARGET [-md DRAFT] [--spec ...] [--temp 0.8] [-n 64]
         Where a decoding step's time goes: llama_decode of the target and of the draft (timed by
         wrapping llama_cpp.llama_decode), the verifier, the drafter's own Python, the rest.
-    python -m specserve.tools.perf_hotpath micro   -m TARGET -md DRAFT
+    python -m specserve.measure.perf_hotpath micro   -m TARGET -md DRAFT
         The Python per token and per step, on real logits recorded once, each timed as the minimum
         over many repeats (so it holds on a busy machine): selecting a token from one row (target
         alone), and a k = 4 step: the draft model's draws and the verification of 5 rows.
-    python -m specserve.tools.perf_hotpath accept  -m TARGET -md DRAFT [--temp 0.7 0.8] [--prompts 6] [-n 64] [--engine]
+    python -m specserve.measure.perf_hotpath accept  -m TARGET -md DRAFT [--temp ...] [--prompts 6] [-n 64] [--engine]
         The draft model's acceptance under --verify gumbel and rejection, per position on the target's
         own sampled continuations (rejection: 1 - TV exactly; gumbel: the coupling's probability by
         Monte Carlo over the noise, and its bound (1 - TV) / (1 + TV)); with --engine also as the
         engine measures it drafting k tokens a step. Acceptance does not depend on the machine's load.
 
 Works against older trees too (speed, profile): run this file as a script with PYTHONPATH at their src
-(`PYTHONPATH=OLD/src python3 src/specserve/tools/perf_hotpath.py speed ...`); it imports specserve by
+(`PYTHONPATH=OLD/src python3 src/specserve/measure/perf_hotpath.py speed ...`); it imports specserve by
 absolute name for that. Before the tools package it lived at tests/perf_hotpath.py. --json OUT writes
 everything. Timings are only as good as the machine is quiet (llama.cpp threads spin on shared cores).
 """

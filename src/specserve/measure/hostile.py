@@ -1,6 +1,6 @@
 """Issue 50's hostile requests against a running server, and what each did to everyone else.
 
-    python -m specserve.tools.hostile --url http://127.0.0.1:8080 [--key KEY] [--tenant-keys A B]
+    python -m specserve.measure.hostile --url http://127.0.0.1:8080 [--key KEY] [--tenant-keys A B]
 
 For each grammar bomb (5,000 chained GBNF rules; JSON schemas of 10,000 and 15,000 optional
 properties; a GBNF of 50,000 alternatives; the 10k schema as a tool's parameters) and each schema
@@ -18,7 +18,7 @@ slots, props, metrics), with the tenant keys in turn, and mixes in issue 63's bo
 streams that are not valid SSE to their API's end, /health's p50/p99/max, the RSS at the start and
 end (from /proc with --pid, else /health), and each bomb's statuses; bounded by --max-requests.
 
-    python -m specserve.tools.hostile --key ADMIN --tenant-keys A B --skip-bombs --storm 180 --clients 12
+    python -m specserve.measure.hostile --key ADMIN --tenant-keys A B --skip-bombs --storm 180 --clients 12
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 `AnswerReader` takes the text as the engine commits it and gives back the answer's events
 (events.py): the reasoning block's pieces (reasoning.py), the answer's text, and the request's
 tool calls read from it (constraints/toolcalls.py). The same reader serves a stream and a whole
-answer, so the two agree. Each step's token ids and trace ride on the last Text or Reasoning
+answer, so the two agree. Each step's token ids and trace ride on the last Text or ReasoningText
 event that step's text gave (or a later one, where its text waited).
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from ...logprobs import TokenLogprob
 from .constraints.genericcalls import GenericReader
 from .constraints.toolcalls import CallReader, finish
 from .constraints.tools import ToolRequest
-from .events import Event, Reasoning, Text
+from .events import Event, ReasoningText, Text
 from .reasoning import Parting, ReasoningReader
 
 
@@ -56,7 +56,7 @@ class AnswerReader:
         out: list[Event] = []
         for reasoning, text in pieces:
             if reasoning:
-                out.append(Reasoning(text))
+                out.append(ReasoningText(text))
                 continue
             self.text += text
             out += self.calls.feed(text) if self.calls is not None else [Text(text)]
@@ -64,7 +64,7 @@ class AnswerReader:
 
     def _attach(self, out: list[Event]) -> list[Event]:
         """The steps' tokens, trace and logprobs so far, on the last text event."""
-        last = next((e for e in reversed(out) if type(e) in (Text, Reasoning)), None)
+        last = next((e for e in reversed(out) if type(e) in (Text, ReasoningText)), None)
         if last is not None and (self._tokens or self._trace is not None):
             last.tokens, last.trace, last.logprobs = self._tokens, self._trace, self._logprobs
             self._tokens, self._trace, self._logprobs = [], None, None

@@ -1,6 +1,6 @@
 """Which FIM layout gives the better suggestion: the first-line match of three layouts (docs/infill.md).
 
-    python -m specserve.tools.fim_layouts --model qwen2.5-coder-1.5b --cuts 24
+    python -m specserve.measure.fim_layouts --model qwen2.5-coder-1.5b --cuts 24
 
 Over the fim-replay requests (bench/fim_workload.py: cut points down standard-library files, with 0,
 2 and 5 characters of the real line typed), the target alone answers each greedily, in-process, in
@@ -47,7 +47,7 @@ def first_line(model, ctx, tokens: list[int], heal: bytes, n: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m specserve.tools.fim_layouts", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m specserve.measure.fim_layouts", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b", help="a packaged model's name or a GGUF path")
     ap.add_argument("--cuts", type=int, default=24, help="cut points over the files (each asked 3 times)")
     ap.add_argument("-n", type=int, default=40, help="most tokens an answer may take to reach its newline")

@@ -1,11 +1,11 @@
 """The replicated endpoint against one server: same greedy text, then load (and optionally a fault).
 
-    python -m specserve.tools.loadcheck --pair smollm2 --replicas 2 --clients 8 --duration 60
-    python -m specserve.tools.loadcheck --pair smollm2 --replicas 2 --kill-after 20   # the fault test
+    python -m specserve.measure.loadcheck --pair smollm2 --replicas 2 --clients 8 --duration 60
+    python -m specserve.measure.loadcheck --pair smollm2 --replicas 2 --kill-after 20   # the fault test
 
 1. Starts `specserve serve` (one server) and collects greedy answers to --prompts prompts; stops it.
 2. Starts `specserve serve --replicas N` and asks the same prompts: the texts must be equal.
-3. Runs `tools.loadtest` against it (mixed plain, streamed and abandoned chat requests).
+3. Runs `measure.loadtest` against it (mixed plain, streamed and abandoned chat requests).
    With --kill-after S, SIGKILLs one replica's process S seconds into the load; then the only
    errors allowed are streams that were running on it ("stream error: replica_failed"), at
    most its slots + queue, and the endpoint must report both replicas again before the end.
@@ -90,7 +90,7 @@ def _kill_one(url: str, after: float, record: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specserve.tools.loadcheck", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m specserve.measure.loadcheck", description=__doc__.split("\n\n")[0])
     p.add_argument("--pair", default="smollm2", help="packaged pair to serve (default smollm2)")
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--threads", type=int, default=1, help="-t per replica, and for the single server (default 1)")

@@ -2,7 +2,7 @@
 
     SPECSERVE_LOG=debug specserve bench --via inprocess --spec auto ... 2> trace.log
     SPECSERVE_LOG=debug specserve serve ... 2> trace.log   # or a server, with your own client
-    python -m specserve.tools.plan_audit trace.log [more.log ...]
+    python -m specserve.measure.plan_audit trace.log [more.log ...]
 
 (A served bench's trace is its own server's stderr, which the bench does not keep: use --via inprocess.)
 
@@ -71,7 +71,7 @@ def report(tallies: dict[tuple[float, str, str], Tally]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specserve.tools.plan_audit", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m specserve.measure.plan_audit", description=__doc__.split("\n\n")[0])
     p.add_argument("logs", nargs="+", help="files holding auto's trace (SPECSERVE_LOG=debug), '-' for stdin")
     args = p.parse_args(argv)
     tallies: dict = {}

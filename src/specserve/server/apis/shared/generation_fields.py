@@ -15,11 +15,11 @@ from ....chat import TEMPLATE_OWN, ChatTemplateError
 from ....config import SamplingParams, SpecParams, verify_method
 from ....prompt import chat_tokens
 from ...core.constraints.tools import ToolRequest, template_input
-from ...core.params import SAMPLING_FIELDS, SPEC_FIELDS, Limit, sampling_params, spec_params
-from ...core.profiles import Profile
+from ...core.params import SAMPLING_FIELDS, SPEC_FIELDS, TokenLimit, sampling_params, spec_params
+from ...core.model_presets import Profile
 from ...http.errors import bad_request
 from .constraint_fields import ConstraintFields
-from .probs import logit_bias_of
+from .logprob_shapes import logit_bias_of
 from .validation import Fields
 
 MAX_STOP = 16  # stop strings per request
@@ -104,7 +104,7 @@ class Speculative(Fields):
         return {k: getattr(self, k) for k in SPEC_FIELDS if getattr(self, k) is not None}
 
 
-class Generation(ConstraintFields):
+class GenerationFields(ConstraintFields):
     """What OpenAI's and llama-server's generating endpoints share: sampling, stop strings, streaming,
     the prompt cache, speculation and output constraints. Unknown fields are left to the endpoint."""
 
@@ -199,8 +199,8 @@ class RequestParams:
     verify: str  # the method sampled drafts are verified by (config.verify_method)
 
 
-def params_of(server, fields: Generation, profile: Profile, limit: Limit | None, *,
-              default: Limit | None = None, random_seed: int | None = None) -> RequestParams:
+def params_of(server, fields: GenerationFields, profile: Profile, limit: TokenLimit | None, *,
+              default: TokenLimit | None = None, random_seed: int | None = None) -> RequestParams:
     """How the request samples and speculates over its profile.
     server: builder.ServerView (the target for logit_bias, the context, the draft, the key's scope)."""
     asked = fields.sampling_asked(random_seed)
