@@ -13,8 +13,10 @@ os.environ["SPECSERVE_AUTO_PROFILE"] = "0"
 
 # tests/ mirrors src/specserve (tests/server/, tests/auto/, ...; the top-level modules' tests here). Every
 # folder imports the shared helpers by their bare names (`from server_fixtures import ...`, tiny_models,
-# equality, test_lossless's helpers): this folder is on sys.path for all of them. The folders are not
-# packages, so pytest imports each test file by its basename: basenames must be unique across the tree.
+# equality, lossless_checks): this folder is on sys.path for all of them. Helpers live in helper modules
+# (names not starting with `test_`): a test module imports helpers, never another test module (held by
+# tests/test_layers.py). The folders are not packages, so pytest imports each test file by its basename:
+# basenames must be unique across the tree.
 sys.path.insert(0, str(Path(__file__).parent))
 
 from tiny_models import write_tiny_mamba, write_tiny_model  # noqa: E402

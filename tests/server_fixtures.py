@@ -1,10 +1,12 @@
 """Run the real `specserve serve` as a subprocess on a free port, with tiny models.
 
 Used by the server test modules: `tiny_pair` writes a target and a close draft,
-`ServerProcess` starts the server, waits for /health and stops it with SIGTERM.
+`ServerProcess` starts the server, waits for /health and stops it with SIGTERM; `post`, `chat`,
+`events` and `metrics` ask it, each checking the answer's status first.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -136,3 +138,48 @@ def tiny_models_dir(tmp_path_factory) -> Path:
 
 def serve_args(models: Path, *extra: str) -> list[str]:
     return ["-m", str(models / "tiny.gguf"), "-md", str(models / "tiny_draft.gguf"), "-t", "1", *extra]
+
+
+def _response(http, path: str, body: dict, status: int) -> httpx.Response:
+    if isinstance(http, ServerProcess):
+        with http.client() as c:
+            return _response(c, path, body, status)
+    r = http.post(path, json=body)
+    assert r.status_code == status, r.text
+    return r
+
+
+def post(http, path: str, body: dict, status: int = 200) -> dict:
+    """POST `body` as JSON to `path` and return the answer's JSON, once its status is `status` (else fail showing
+    the answer). http: an httpx.Client on a server, or a ServerProcess (a client for this request)."""
+    return _response(http, path, body, status).json()
+
+
+def post_bytes(http, path: str, body: dict, status: int = 200) -> bytes:
+    """As `post`, the answer's bytes as they came (a whole answer or a whole stream)."""
+    return _response(http, path, body, status).content
+
+
+def chat(http, body: dict, **fields) -> dict:
+    """`post` to /v1/chat/completions: `body` (a module's usual request) with `fields` over it."""
+    return post(http, "/v1/chat/completions", {**body, **fields})
+
+
+def events(http, path: str, body: dict) -> list[dict]:
+    """The JSON events of a streamed answer (its `data:` lines but [DONE]), once its status is 200. The body
+    should ask for a stream."""
+    with http.stream("POST", path, json=body) as r:
+        assert r.status_code == 200, r.read()
+        return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ") and line[6:] != "[DONE]"]
+
+
+def metrics(http) -> dict[str, float]:
+    """GET /metrics: every sample as 'name{labels}' -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for fam in text_string_to_metric_families(http.get("/metrics").text):
+        for s in fam.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return out

@@ -42,7 +42,7 @@ def test_a_new_drafter_plugs_in_by_name(tiny_models, monkeypatch):
     repeat = Repeat()
     engine = Engine(target, None, n_ctx=256, drafters=lambda slot, spec, constraint: {"repeat": repeat})
     policy = Listening("repeat", 3)
-    monkeypatch.setattr(engine, "policy_for", lambda spec, temperature=0.0, grammar=False: policy)
+    monkeypatch.setattr(engine, "policy_for", lambda spec, temperature=0.0, grammar=False, prompt=None: policy)
     slot = engine.new_slot()
     params = SamplingParams(max_tokens=20, ignore_eos=True)
     g = slot.generate("a a a a a a", params, SpecParams(mode="auto"))
@@ -70,7 +70,7 @@ def test_drafters_that_did_not_draft_are_judged_against_what_was_committed(tiny_
     policy = Listening("repeat", 3)
     outcomes = []
     policy.observe = outcomes.append
-    monkeypatch.setattr(engine, "policy_for", lambda spec, temperature=0.0, grammar=False: policy)
+    monkeypatch.setattr(engine, "policy_for", lambda spec, temperature=0.0, grammar=False, prompt=None: policy)
     g = engine.new_slot().generate("a a a a a a", SamplingParams(max_tokens=20, ignore_eos=True),
                                    SpecParams(mode="auto"))
     done = 0

@@ -5,9 +5,7 @@ import pytest
 
 from specserve.backends import load_model
 from specserve.fim import CHUNK_SEPARATOR, FimTokens, FimUnsupported, Infill, fim_tokens, layout, model_layout
-from tiny_models import write_tiny_model
-
-QWEN_FIM = ("<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>")
+from tiny_models import QWEN_FIM, write_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,8 @@
 """The package's layers point one way: every import of a specserve module points down or sideways.
 
-    cli -> tools (bench, tools) -> cluster -> server -> engine -> auto -> drafting -> backends -> base
+    cli -> measure (bench, measure) -> cluster -> server -> engine -> auto -> drafting -> backends -> base
+
+and within the server: app (the routes, lifespan) -> apis -> state -> core -> http.
 
 Each module is mapped to its layer by name (longest prefix wins); the imports are read with `ast`, so
 imports inside functions and under TYPE_CHECKING count too: an import placed in a function is still a
@@ -23,11 +25,17 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("drafting", ("sampling", "processors", "logprobs", "verifier", "steps", "drafters", "grammar")),
     # auto reads the drafters' names (drafters.hybrid.LOOKUPS) and the policy protocol; the engine reads auto
     ("auto", ("auto", "learned")),
-    ("engine", ("engine", "slot", "commit", "loading")),
+    ("engine", ("engine", "slot", "commit", "loading", "draft_choice", "draft_pins")),
+    # the server's own layers: the edge (http/), what serves any request (core/), the state of one server
+    # (state.py: it builds core's scheduler and metrics), the APIs over them, and the app that routes to each API
+    ("server.http", ("server.http",)),
+    ("server.core", ("server.core",)),
+    ("server.state", ("server.state",)),
+    ("server.apis", ("server.apis",)),
     ("server", ("server",)),
     ("cluster", ("cluster",)),
     ("router", ("router",)),  # beside cluster: runs servers, imports the server's edge (errors, body, guards)
-    ("tools", ("bench", "tools")),
+    ("measure", ("bench", "measure")),
     ("cli", ("cli", "__main__")),
 ]
 RANK = {name: i for i, (name, _) in enumerate(LAYERS)}
@@ -113,6 +121,11 @@ def test_layer_map_reads_the_package():
     assert layer_of("specserve.cli.serve") == "cli"
     assert layer_of("specserve.cluster.replica") == "cluster"
     assert layer_of("specserve.server.app") == "server"
+    assert layer_of("specserve.server.http.listener") == "server.http"
+    assert layer_of("specserve.server.core.jobs") == "server.core"
+    assert layer_of("specserve.server.state") == "server.state"
+    assert layer_of("specserve.server.apis.openai.chat") == "server.apis"
+    assert RANK["server.http"] < RANK["server.core"] < RANK["server.state"] < RANK["server.apis"] < RANK["server"]
     assert layer_of("specserve.engine") == "engine"
     assert layer_of("specserve.drafters.suffix") == "drafting"
     assert layer_of("specserve.backends.llama_cpp") == "backends"
@@ -207,3 +220,19 @@ def test_no_import_circles():
 
 def test_circle_finder_finds_one():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
+
+
+def test_no_test_module_imports_another():
+    """The tests' own layers: what several test modules share is in a helper module (server_fixtures.py,
+    lossless_checks.py, tests/auto/step_simulator.py, ...), not read out of another test module, whose
+    tests would then run, and break, for reasons of the other's."""
+    tests = Path(__file__).parent
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{path.relative_to(tests)}:{node.lineno}: {n}" for n in names
+                      if n.split(".")[-1].startswith("test_") or n.startswith("tests.test_")]
+    assert len(list(tests.rglob("test_*.py"))) > 50  # the test tree, not an empty folder
+    assert not found, "move what these take into a helper module:\n" + "\n".join(found)

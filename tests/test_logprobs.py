@@ -3,7 +3,7 @@ order, values equal up to the batched kernels' rounding.
 
 The tolerance. A logprob is z_t - logsumexp(z): logits that a batched pass and a one-token pass round
 differently (ANCHORS "Greedy numerics") move it by about twice their error. The tiny models' F16 KV
-cache moves logits by up to ~3e-3 (test_lossless.EPS_TINY): 1e-2. The F16 SmolLM2 and Qwen targets
+cache moves logits by up to ~3e-3 (lossless_checks.EPS_TINY): 1e-2. The F16 SmolLM2 and Qwen targets
 moved logprobs by up to 0.035 here (SmolLM2: 2 chat prompts x 48 tokens x 21 values, greedy and at
 0.8, every spec mode against the target alone and against a whole-prompt reference pass): 0.05.
 What a wrong distribution would give (tempered, biased, a row off by one) is far outside both; the
@@ -23,7 +23,7 @@ from specserve.config import SamplingParams, SpecParams
 from specserve.engine import Engine
 from specserve.logprobs import TokenLogprob, processed, raw
 from specserve.sampling import candidates
-from test_lossless import EPS_F16, EPS_TINY, assert_greedy_equal, qwen_pair  # noqa: F401  (a module fixture)
+from lossless_checks import EPS_F16, EPS_TINY, assert_greedy_equal, qwen_pair  # noqa: F401  (a module fixture)
 
 TOL = 1e-2
 TOL_F16 = 0.05

@@ -51,6 +51,8 @@ TOOL_TAGS = ("<tool_call>", "</tool_call>")
 # reasoning; tools in the Hermes form. Write a model with it and added_tokens=THINK_TAGS + TOOL_TAGS.
 QWEN3_THINKING_TEMPLATE = (DATA / "qwen3_thinking.jinja").read_text()
 THINK_TAGS = ("<think>", "</think>")
+# Qwen2.5-Coder's FIM tokens, in its order: write a model with control_tokens=QWEN_FIM (test_fim.py)
+QWEN_FIM = ("<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>")
 
 # Words whose BPE merges are built left to right (" the" -> "Ġ t", "Ġt h", "Ġth e").
 _MERGE_WORDS = (" the", "the", " and", " cat", " sat", " on", " mat", " is", " in",

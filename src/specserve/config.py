@@ -69,7 +69,7 @@ LOGPROBS_MODES = ("raw", "processed")
 
 
 @dataclass(frozen=True)
-class Reasoning:
+class ReasoningBlock:
     """A reasoning block at the start of the answer (`<think>...</think>`, or a template's own markers):
     the tags that open and close it, whether the prompt already opened it (the template starts the
     assistant turn inside it), and its budget in tokens: -1 unlimited; n >= 0 closes it after n
@@ -116,7 +116,7 @@ class SamplingParams:
     # an llguidance grammar: its text, or compiled off the event loop (grammar.compiled); None: none
     grammar: object = None
     heal: bytes = b""  # the answer must begin with these bytes, which are not sent (grammar.healing)
-    reasoning: Reasoning | None = None  # the answer may begin with a reasoning block; its budget (None: no rule)
+    reasoning: ReasoningBlock | None = None  # the answer may begin with a reasoning block; its budget (None: no rule)
     logit_bias: tuple[tuple[int, float], ...] = ()
     bias_text: tuple[tuple[str, float], ...] = ()
     repeat_penalty: float = 1.0  # 1.0 = disabled
@@ -270,6 +270,8 @@ class ModelConfig:
     draft_ctx: int = DRAFT_CTX_DEFAULT
     n_ubatch: int = UBATCH_DEFAULT  # -ub: the target's micro-batch (its compute buffer); see default_ubatch
     n_ubatch_draft: int = UBATCH_DRAFT_DEFAULT  # -ubd: the draft's
+    # --exact: the target's passes of any size round as one-token passes do (backends/exact.py)
+    exact: bool = False
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:

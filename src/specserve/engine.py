@@ -10,6 +10,7 @@ drafters in a slot unless the engine is given another factory.
 from __future__ import annotations
 
 import logging
+from typing import Sequence
 
 from .backends import Model, load_model
 from .backends.timing import token_seconds
@@ -64,12 +65,13 @@ class Engine:
         if not self.can_speculate:
             log.warning("target %s has a recurrent or hybrid memory, which cannot drop rejected tokens: "
                         "speculation is off", target.path)
+        self.draft_choice = None  # -md auto/none: how the draft was chosen (draft_choice.DraftChoice), for the APIs
         self.greedy_acceptance = GreedyAcceptance()  # the draft model's, for the run-time pairing warning
         self._pairing_warned = False
 
     @classmethod
     def load(cls, cfg: ModelConfig) -> "Engine":
-        target = load_model(cfg.target_path, cfg.n_gpu_layers, cfg.n_threads)
+        target = load_model(cfg.target_path, cfg.n_gpu_layers, cfg.n_threads, exact=cfg.exact)
         try:
             draft = load_model(cfg.draft_path, cfg.n_gpu_layers_draft, cfg.n_threads, flag="-ngld") \
                 if cfg.draft_path else None
@@ -111,7 +113,8 @@ class Engine:
             self._uncalibrated = False
             self.controller.calibrate("draft", *token_seconds(self.draft, self.target))
 
-    def policy_for(self, spec: SpecParams, temperature: float = 0.0, grammar: bool = False) -> Policy:
+    def policy_for(self, spec: SpecParams, temperature: float = 0.0, grammar: bool = False,
+                   prompt: Sequence[int] | None = None) -> Policy:
         if spec.mode == "none" or spec.draft_max == 0:
             return FixedPolicy(None, 0)
         if not self.can_speculate:
@@ -128,7 +131,7 @@ class Engine:
         if spec.mode == "suffix":
             return FixedPolicy("suffix", spec.suffix_max)
         self.calibrate()
-        return self.controller.policy(spec, self.drafter_names + [FORCED] * grammar, temperature)
+        return self.controller.policy(spec, self.drafter_names + [FORCED] * grammar, temperature, prompt)
 
     def check_grammar(self, grammar: str) -> None:
         """Raise GrammarError if `grammar` cannot constrain this target (its vocabulary included)."""

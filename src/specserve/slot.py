@@ -60,7 +60,8 @@ class SlotEngine(Protocol):
 
     def grammar_tokenizer(self): ...
 
-    def policy_for(self, spec: SpecParams, temperature: float = 0.0, grammar: bool = False) -> Policy: ...
+    def policy_for(self, spec: SpecParams, temperature: float = 0.0, grammar: bool = False,
+                   prompt: Sequence[int] | None = None) -> Policy: ...
 
     def check_pairing_at_run_time(self) -> None: ...
 
@@ -191,7 +192,7 @@ class Slot:
         params = with_bias_text(params, engine.target)
         LogitRules.check(params, engine.target.vocab.n_vocab)
         constraint = for_request(params, engine.grammar_tokenizer, engine.target)
-        policy = engine.policy_for(spec, params.temperature, grammar=params.grammar is not None)
+        policy = engine.policy_for(spec, params.temperature, grammar=params.grammar is not None, prompt=seq)
         req = Request(Sampler(params, verify_method), StreamDecoder(engine.target.token_bytes, params.stop,
                                                                     skip=len(params.heal)),
                       frozenset() if params.ignore_eos else engine.target.vocab.eog,

@@ -20,7 +20,7 @@ from specserve.drafters.ngram import NgramDrafter
 from specserve.drafters.suffix import SuffixDrafter
 from specserve.drafters.suffix_store import SuffixStore
 from specserve.policy import Choice, Outcome, ask_offers, judge
-from test_controller import curve
+from step_simulator import curve
 
 # the reference pair on 2 cores (stop 46's trace: a target pass over 1 token 165 ms, over 9 tokens 283;
 # over 64 about 7.5 plain passes, issue 51); the 0.5B 38 ms a drafted token, 5 ms a token to catch up on
@@ -74,7 +74,7 @@ class Replay:
         self.n_run += 1
         rng = np.random.default_rng([self.seed, self.n_run])
         u = rng.random(len(text.prompt) + len(text.answer) + 2 * SHADOW_MAX)
-        policy = self.ctl.policy(spec, list(self.names), text.temperature)
+        policy = self.ctl.policy(spec, list(self.names), text.temperature, text.prompt)
         lookups = {"ngram": NgramDrafter(spec.ngram_min, spec.ngram_max),
                    "suffix": SuffixDrafter(self.store, cap=spec.suffix_max)}
         lookups = {n: d for n, d in lookups.items() if n in self.names}

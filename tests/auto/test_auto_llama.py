@@ -79,8 +79,8 @@ class GpuLikeTimes:
 
 
 class GpuLikeController(Controller):
-    def policy(self, spec, drafter_names, temperature=0.0):
-        return GpuLikeTimes(super().policy(spec, drafter_names, temperature))
+    def policy(self, spec, drafter_names, temperature=0.0, prompt=None):
+        return GpuLikeTimes(super().policy(spec, drafter_names, temperature, prompt))
 
 
 CONTROLLERS = {"measured": Controller, "gpu_like": GpuLikeController}

@@ -10,7 +10,7 @@ from specserve.auto.acceptance import ConfidenceMap
 from specserve.auto.cost import DraftCost
 from specserve.config import SpecParams
 from specserve.policy import Outcome
-from test_controller import CPU_F16, GPU, SCENARIOS, simulate
+from step_simulator import CPU_F16, GPU, SCENARIOS, simulate
 
 NAMES = ["draft", "ngram", "suffix", "hybrid"]  # what an engine with a draft model offers auto
 

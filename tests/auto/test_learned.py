@@ -9,7 +9,7 @@ from specserve import learned
 from specserve.config import SpecParams
 from specserve.auto import Controller
 from specserve.auto.cost import STALE, STALE_MIN, CostModel
-from test_controller import SCENARIOS, Scenario, const, curve, simulate
+from step_simulator import SCENARIOS, Scenario, const, curve, simulate
 
 # the reference pair on this project's CPU: Qwen2.5-Coder 1.5B F16 target passes (measured, ms),
 # the 0.5B draft at 42 ms a token, a code edit it drafts well

@@ -9,7 +9,7 @@ import pytest
 from replay import Replay, code_edit, question, story
 from specserve.auto import Controller
 from specserve.config import SpecParams
-from specserve.tools import plan_audit
+from specserve.measure import plan_audit
 
 
 def test_the_audit_tallies_every_step_of_the_trace(caplog, tmp_path, capsys):

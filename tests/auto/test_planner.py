@@ -20,7 +20,7 @@ def table(ms: dict[int, float], n_max: int = 66) -> list[float]:
     return out
 
 
-# as tests/test_controller.py: SmolLM2-135M on the project's CPU, and a memory-bound GPU
+# as tests/auto/step_simulator.py: SmolLM2-135M on the project's CPU, and a memory-bound GPU
 CPU_F16 = table({1: 19, 2: 23, 4: 28, 8: 37, 16: 61})
 CPU_Q41 = table({1: 13, 2: 19, 4: 30, 8: 51, 16: 97})
 GPU = table({1: 20.0, 64: 26.3})

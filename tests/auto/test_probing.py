@@ -7,7 +7,7 @@ from specserve.auto import Controller
 from specserve.auto import request as auto_request
 from specserve.config import SpecParams
 from specserve.policy import FixedPolicy
-from test_controller import Scenario, const, curve, request
+from step_simulator import Scenario, const, curve, request
 
 # the reference pair through the server on 2 cores (stop 46's trace: a target pass over 1 token 165 ms,
 # over 9 tokens 283; the 0.5B 38 ms a drafted token, 5 ms a token to catch up on)

@@ -21,7 +21,7 @@ def test_a_second_decoding_thread_is_named_once(tiny_paths, caplog):
     from specserve.backends.llama_native import DecodeThreads
 
     model = load_model(str(tiny_paths["target"]), n_threads=1)
-    DecodeThreads._seen, DecodeThreads._warned = {}, False  # what earlier tests' threads left
+    DecodeThreads.forget()  # what earlier tests' threads left
     try:
         ctx = model.new_context(64)
         ctx.eval([1, 2], "last")

@@ -13,7 +13,7 @@ import pytest
 from specserve import memory
 from specserve.config import UBATCH_DEFAULT, UBATCH_DRAFT_DEFAULT, SamplingParams, SpecParams
 from specserve.engine import Engine
-from test_lossless import EPS_TINY, GREEDY_PROMPTS, N_RUNS, assert_greedy_equal, chi_square_pvalue, \
+from lossless_checks import EPS_TINY, GREEDY_PROMPTS, N_RUNS, assert_greedy_equal, chi_square_pvalue, \
     exact_first_two, repeating_prompt
 
 PROMPT = "the cat sat on the mat and the dog ran in the park " * 4

@@ -1,27 +1,17 @@
 """`specserve bench` on tiny models: consistent JSON, paired speedups, ranking, interleaving."""
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 
 import pytest
 
 from specserve.bench.report import ALL
-from specserve.cli import main
+from bench_runs import PROMPTS, run_cli
 
 CONFIG_FIELDS = {"name", "spec", "draft_model", "draft_max", "temperature", "workload", "tokens_per_s", "speedup",
                  "speedup_median", "acceptance", "mean_accepted_len", "acceptance_by_position", "ttft_s", "rank",
                  "n_prompts", "n_runs", "memory_bytes", "flags", "drafter_steps", "decode_tokens_per_s"}
 N_CONFIGS = 7  # target, draft k=1,2, ngram k=1,2, suffix, auto
-PROMPTS = ["the cat sat on the mat and the dog ran to the cat", "he was in the mat of the dog with the cat"]
-
-
-def run_cli(*argv) -> tuple[int, str]:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = main([str(a) for a in argv])
-    return code, out.getvalue()
 
 
 @pytest.fixture(scope="module")

@@ -3,10 +3,14 @@ in a server's prompt cache before it is measured), and endpoints are asked with 
 the bench's own servers are."""
 from __future__ import annotations
 
+import json
+
+import httpx
+
 from specserve.bench import BenchPlan, load_workload, plan_configs, run_benchmark
 from specserve.bench.endpoint import EndpointClient
 from specserve.bench.runner import WARMUP_MESSAGES
-from test_bench_multi_turn import FakeLocal
+from bench_runs import FakeLocal
 
 
 def test_warm_ups_never_send_a_measured_prompt():
@@ -21,9 +25,15 @@ def test_warm_ups_never_send_a_measured_prompt():
         m["content"] for p in prompts for m in p.messages)
 
 
-def test_an_endpoint_is_asked_for_a_cold_prompt(monkeypatch):
+def test_an_endpoint_is_asked_for_a_cold_prompt():
     sent = []
-    client = EndpointClient("http://127.0.0.1:9", model="m")
-    monkeypatch.setattr(client, "_stream", lambda body: sent.append(body) or {"tokens_per_s": 1.0})
-    client.generate([{"role": "user", "content": "hi"}], 8, 0.0, 1)
+
+    def server(request: httpx.Request) -> httpx.Response:  # a stream of one token
+        sent.append(json.loads(request.content))
+        return httpx.Response(200, text='data: {"choices": [{"delta": {"content": "hi"}, "finish_reason": "stop"}]}'
+                                        "\n\ndata: [DONE]\n\n")
+
+    client = EndpointClient("http://127.0.0.1:9", model="m", transport=httpx.MockTransport(server))
+    out = client.generate([{"role": "user", "content": "hi"}], 8, 0.0, 1)
     assert sent[0]["cache_prompt"] is False and sent[0]["max_tokens"] == 8
+    assert out["text"] == "hi" and out["finish_reason"] == "stop"

@@ -9,7 +9,7 @@ import pytest
 
 from specserve.bench.long_prompts import CHARS_PER_TOKEN
 from specserve.bench.workloads import load_workload
-from test_bench import run_cli
+from bench_runs import run_cli
 
 
 def _file(prompt) -> str:

@@ -8,6 +8,7 @@ from specserve.bench import BenchPlan, Measurement, load_workload, plan_configs,
 from specserve.bench.runner import WARMUP_MESSAGES
 from specserve.bench.table import turn_table
 from specserve.bench.workloads import FOLLOW_UPS, TURNS, resolve_messages
+from bench_runs import FakeLocal
 
 
 def test_conversations_retry_then_edit_their_own_answers():
@@ -22,17 +23,6 @@ def test_conversations_retry_then_edit_their_own_answers():
     assert filled[2]["content"] == FOLLOW_UPS[0][1] and filled[4]["content"] == FOLLOW_UPS[1][1]
     assert prompts[4].text != first.text  # the second conversation asks another coding question
     assert len(load_workload("multi-turn", 6)) == 6  # the first 6 requests of 2 conversations
-
-
-class FakeLocal:
-    """Answers "<config>:<prompt index>" and records what each run was sent."""
-
-    def __init__(self):
-        self.calls = []
-
-    def run(self, config, prompt, sampling, verify, messages=None, scope=None):
-        self.calls.append((config.name, prompt.index, messages, scope))
-        return {"tokens_per_s": 10.0}, f"{config.name}:{prompt.index}"
 
 
 def test_each_configuration_re_sends_its_own_answers_in_its_own_scope():

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from specserve.bench.runner import IN_PROCESS, plan_configs
-from test_bench import PROMPTS, run_cli
+from bench_runs import PROMPTS, run_cli
 
 pytestmark = pytest.mark.server
 

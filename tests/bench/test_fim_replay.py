@@ -15,8 +15,7 @@ from specserve.cli import main
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from server_fixtures import ServerProcess  # noqa: E402
-from test_fim import QWEN_FIM  # noqa: E402
-from tiny_models import write_tiny_model  # noqa: E402
+from tiny_models import QWEN_FIM, write_tiny_model  # noqa: E402
 
 
 def test_the_replay_cuts_real_standard_library_files():

@@ -11,7 +11,7 @@ from specserve.config import SamplingParams, SpecParams
 from specserve.drafters.draft_model import DraftModelDrafter
 from specserve.drafters.window import N_SINK, WindowedContext, draft_contexts
 from specserve.engine import Engine
-from test_lossless import EPS_F16, EPS_TINY, assert_greedy_equal
+from lossless_checks import EPS_F16, EPS_TINY, assert_greedy_equal
 
 LINES = "".join(f"line {i}: the value of x{i} is {i * 7 % 13}\n" for i in range(16))  # ~350 tokens
 WINDOW = 128

@@ -12,7 +12,7 @@ from specserve.drafters.ngram import NgramDrafter
 from specserve.engine import Engine, standard_drafters
 from specserve.policy import FixedPolicy
 from specserve.sampling import Sampler
-from test_lossless import EPS_TINY, assert_greedy_equal, chi_square_pvalue, exact_first_two, repeating_prompt
+from lossless_checks import EPS_TINY, assert_greedy_equal, chi_square_pvalue, exact_first_two, repeating_prompt
 
 GREEDY = SamplingParams(max_tokens=40, ignore_eos=True)
 
@@ -99,7 +99,8 @@ def hybrid_engine(engine, monkeypatch, head: int, k: int) -> None:
         return out
 
     engine.make_drafters = drafters
-    monkeypatch.setattr(engine, "policy_for", lambda spec, temperature=0.0, grammar=False: FixedPolicy("hybrid", k))
+    monkeypatch.setattr(engine, "policy_for",
+                        lambda spec, temperature=0.0, grammar=False, prompt=None: FixedPolicy("hybrid", k))
 
 
 def test_greedy_hybrid_equals_target_alone(engine, monkeypatch, tiny_models):

@@ -11,7 +11,7 @@ import pytest
 from specserve.config import SamplingParams, SpecParams, draft_max_caps_suffix
 from specserve.drafters.suffix_store import SuffixStore
 from specserve.engine import Engine
-from test_lossless import (EPS_TINY, GREEDY_PROMPTS, N_RUNS, assert_greedy_equal, chi_square_pvalue,
+from lossless_checks import (EPS_TINY, GREEDY_PROMPTS, N_RUNS, assert_greedy_equal, chi_square_pvalue,
                            exact_first_two, qwen_pair, repeating_prompt)  # noqa: F401 (qwen_pair: a fixture)
 
 GREEDY = SamplingParams(max_tokens=60, ignore_eos=True)
@@ -116,7 +116,7 @@ def test_cli_and_profiles_cap_the_suffix_drafter_only_where_draft_max_is_set():
     import argparse
 
     from specserve.cli.common import add_spec_args, spec_params
-    from specserve.server.core.profiles import Profile, parse_profile
+    from specserve.server.core.model_presets import Profile, parse_profile
 
     p = argparse.ArgumentParser()
     add_spec_args(p)
@@ -133,7 +133,7 @@ def test_greedy_suffix_repeat_equals_target_alone_real_smollm2(real_model_paths)
     """64-token drafts verified in one batch: the F16 target still says what it says alone."""
     from specserve.backends import load_model
     from specserve.prompt import prompt_tokens
-    from test_lossless import EPS_F16, REAL_PROMPTS
+    from lossless_checks import EPS_F16, REAL_PROMPTS
 
     target = load_model(str(real_model_paths["smollm2-f16"]))
     slot = Engine(target, None, n_ctx=1024, suffix_store=SuffixStore(8 << 20)).new_slot()
@@ -163,7 +163,7 @@ def test_greedy_auto_repeat_after_another_request_equals_target_alone_qwen_refer
     tests/auto/test_repeats.py holds the plan on fixed costs.)"""
     from specserve.drafters.suffix import SAME_REQUEST, SuffixDrafter
     from specserve.prompt import prompt_tokens
-    from test_lossless import EPS_QWEN_F16, QWEN_EDIT_PROMPT
+    from lossless_checks import EPS_QWEN_F16, QWEN_EDIT_PROMPT
 
     target, draft = qwen_pair
     engine = Engine(target, draft, n_ctx=1024, suffix_store=SuffixStore(8 << 20))

@@ -11,7 +11,7 @@ import pytest
 from specserve.config import SamplingParams, SpecParams
 from specserve.engine import Engine
 from specserve.grammar import from_json_schema
-from test_constrained_engine import PERSON, assert_constrained_greedy_equal
+from constrained_checks import PERSON, assert_constrained_greedy_equal
 
 pytestmark = pytest.mark.real_models
 

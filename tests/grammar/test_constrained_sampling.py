@@ -14,7 +14,7 @@ from specserve.config import SamplingParams, SpecParams
 from specserve.engine import Engine
 from specserve.grammar import Constraint, from_json_schema, from_lark
 from specserve.sampling import process
-from test_lossless import chi_square_pvalue
+from lossless_checks import chi_square_pvalue
 
 N_RUNS = 2000
 LETTERS = from_lark("start: /[a-e]{12}/")  # 12 letters: two tokens never complete it

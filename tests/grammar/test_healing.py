@@ -7,7 +7,7 @@ import pytest
 
 from specserve.config import SamplingParams, SpecParams
 from specserve.grammar.healing import TokenHealing, _Vocab, after, vocab_of
-from test_constrained_engine import smol  # noqa: F401  (the SmolLM2 pair, a module fixture)
+from constrained_checks import smol  # noqa: F401  (the SmolLM2 pair, a module fixture)
 
 
 def test_after_keeps_what_remains_and_refuses_what_breaks_it():

@@ -10,7 +10,7 @@ import pytest
 
 import tiny_models
 from specserve.backends import load_model
-from specserve.config import Reasoning, SamplingParams, SpecParams
+from specserve.config import ReasoningBlock, SamplingParams, SpecParams
 from specserve.engine import Engine
 from specserve.grammar import Constraint, ReasoningRule, json_object
 from specserve.prompt import chat_tokens
@@ -49,7 +49,7 @@ def _generate(engine: Engine, params: SamplingParams, mode: str):
 @pytest.mark.parametrize("budget", [0, 5, 11])
 def test_the_budget_closes_the_block_with_its_tag_and_the_answer_goes_on(engine, budget):
     (close,) = _ids(engine, "</think>")
-    params = SamplingParams(max_tokens=30, reasoning=Reasoning(inside=True, budget=budget))
+    params = SamplingParams(max_tokens=30, reasoning=ReasoningBlock(inside=True, budget=budget))
     gen = _generate(engine, params, "none")
     assert close not in gen.tokens[:budget] and gen.tokens[budget] == close, gen.tokens
     assert len(gen.tokens) == 30  # the answer went on after the forced close
@@ -57,13 +57,13 @@ def test_the_budget_closes_the_block_with_its_tag_and_the_answer_goes_on(engine,
 
 def test_without_a_budget_the_block_is_the_models_own(engine):
     free = _generate(engine, SamplingParams(max_tokens=30), "none")
-    ruled = _generate(engine, SamplingParams(max_tokens=30, reasoning=Reasoning(inside=True)), "none")
+    ruled = _generate(engine, SamplingParams(max_tokens=30, reasoning=ReasoningBlock(inside=True)), "none")
     assert ruled.tokens == free.tokens  # no budget, no constraint: no rule at all
 
 
 @pytest.mark.parametrize("budget", [-1, 0, 3, 9])
 def test_speculation_gives_the_target_alones_text_inside_and_after_the_block(engine, budget):
-    params = SamplingParams(max_tokens=40, reasoning=Reasoning(inside=True, budget=budget))
+    params = SamplingParams(max_tokens=40, reasoning=ReasoningBlock(inside=True, budget=budget))
     alone = _generate(engine, params, "none")
     for mode in ("draft", "ngram"):
         gen = _generate(engine, params, mode)
@@ -75,7 +75,7 @@ def test_a_constraint_starts_after_the_block(engine):
     """json_object after a 6-token block: the answer past the close tag is JSON, the block is free, and
     the draft model's text equals the target alone's."""
     params = SamplingParams(max_tokens=60, grammar=json_object(),
-                            reasoning=Reasoning(inside=True, budget=6))
+                            reasoning=ReasoningBlock(inside=True, budget=6))
     alone = _generate(engine, params, "none")
     (close,) = _ids(engine, "</think>")
     assert alone.tokens[6] == close
@@ -87,7 +87,7 @@ def test_a_constraint_starts_after_the_block(engine):
 
 
 def _rule(engine: Engine, budget: int, inner=None, inside: bool = False) -> ReasoningRule:
-    return ReasoningRule(engine.target, Reasoning(inside=inside, budget=budget), inner)
+    return ReasoningRule(engine.target, ReasoningBlock(inside=inside, budget=budget), inner)
 
 
 def test_a_block_the_model_opens_itself_is_counted_from_its_open_tag(engine):
@@ -157,7 +157,7 @@ def test_the_budget_holds_when_the_grammar_writes_the_block(engine, mode):
     from specserve.grammar import from_gbnf
 
     grammar = from_gbnf('root ::= "[THINK]" [a-z ]+ "[/THINK]" " done"')
-    params = SamplingParams(max_tokens=60, grammar=grammar, reasoning=Reasoning("[THINK]", "[/THINK]", budget=4))
+    params = SamplingParams(max_tokens=60, grammar=grammar, reasoning=ReasoningBlock("[THINK]", "[/THINK]", budget=4))
     gen = _plain(engine, params, mode)
     text = engine.target.detokenize(gen.tokens).decode()
     assert text.startswith("[THINK]") and text.endswith("[/THINK] done"), text
@@ -170,6 +170,6 @@ def test_a_grammar_that_cannot_close_the_block_within_the_budget_is_a_dead_end(e
     from specserve.grammar import from_gbnf
 
     grammar = from_gbnf('root ::= "[THINK]" [a-z]{40} "[/THINK]"')
-    params = SamplingParams(max_tokens=80, grammar=grammar, reasoning=Reasoning("[THINK]", "[/THINK]", budget=3))
+    params = SamplingParams(max_tokens=80, grammar=grammar, reasoning=ReasoningBlock("[THINK]", "[/THINK]", budget=3))
     gen = _plain(engine, params)
     assert "reasoning budget (3 tokens) is spent" in (gen.stats.grammar_error or ""), gen.stats.grammar_error

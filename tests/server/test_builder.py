@@ -17,11 +17,10 @@ from specserve.server.apis.ollama.request import CHAT as OLLAMA_CHAT
 from specserve.server.apis.ollama.request import GENERATE as OLLAMA_GENERATE
 from specserve.server.apis.openai.request import CHAT, COMPLETIONS, RESPONSES
 from specserve.server.apis.shared.builder import ServerView, build_request
-from specserve.server.core.profiles import Profile
+from specserve.server.core.model_presets import Profile
 from specserve.server.http.errors import ApiError
-from tiny_models import write_tiny_model
+from tiny_models import QWEN_FIM, write_tiny_model
 
-QWEN_FIM = ("<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>")
 N_CTX, N_SLOTS = 512, 4
 HI = [{"role": "user", "content": "hi"}]
 # each API, and the least body it answers

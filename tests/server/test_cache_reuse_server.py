@@ -9,9 +9,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from server_fixtures import ServerProcess, serve_args  # noqa: E402
-from test_fim import QWEN_FIM  # noqa: E402
-from tiny_models import write_tiny_model  # noqa: E402
+from server_fixtures import ServerProcess, post, serve_args  # noqa: E402
+from tiny_models import QWEN_FIM, write_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.server
 
@@ -30,10 +29,7 @@ def fim_models(tmp_path_factory):
 def infill(srv, prefix: str) -> dict:
     body = {"input_prefix": prefix, "input_suffix": SUFFIX, "prompt": "", "n_predict": 4, "temperature": 0,
             "cache_prompt": True}
-    with srv.client() as c:
-        r = c.post("/infill", json=body)
-    assert r.status_code == 200, r.text
-    return r.json()
+    return post(srv, "/infill", body)
 
 
 @pytest.mark.parametrize("reuse", [16, 0])

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from server_fixtures import ServerProcess, serve_args, tiny_models_dir  # noqa: E402,F401
+from server_fixtures import ServerProcess, post, serve_args, tiny_models_dir  # noqa: E402,F401
 import pytest
 
 pytestmark = pytest.mark.server
@@ -18,10 +18,7 @@ PROMPTS = ["".join(f"line {i}: the value of {name}{i} is {i * 7 % 13}\n" for i i
 
 def _complete(srv, prompt: str, speculative: dict) -> dict:
     body = {"prompt": prompt, "max_tokens": 200, "temperature": 0, "ignore_eos": True, "speculative": speculative}
-    with srv.client() as c:
-        r = c.post("/v1/completions", json=body)
-    assert r.status_code == 200, r.text
-    return r.json()
+    return post(srv, "/v1/completions", body)
 
 
 def test_two_slots_with_draft_windows_get_the_target_alone_text(tiny_models_dir, tmp_path):

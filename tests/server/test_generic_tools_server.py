@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from server_fixtures import ServerProcess, serve_args, tiny_pair  # noqa: E402
+from server_fixtures import ServerProcess, chat, events, post, serve_args, tiny_pair  # noqa: E402
 
 pytestmark = pytest.mark.server
 
@@ -43,21 +43,16 @@ def http(server):
         yield c
 
 
-def _sse(response: httpx.Response) -> list[dict]:
-    return [json.loads(line[6:]) for line in response.text.splitlines()
-            if line.startswith("data: ") and line != "data: [DONE]"]
-
-
-def _chat(http, stream: bool, **body) -> tuple[str | None, list[dict], str]:
-    """content, calls ({name, arguments}) and finish_reason, put together from the stream's deltas."""
-    r = http.post("/v1/chat/completions", json={"messages": ASK, "tools": TOOLS, **GREEDY, **body, "stream": stream})
-    assert r.status_code == 200, r.text
+def _answer(http, stream: bool, **body) -> tuple[str | None, list[dict], str]:
+    """content, calls ({name, arguments}) and finish_reason of a chat for the weather, whole or put together
+    from the stream's deltas."""
+    body = {"messages": ASK, "tools": TOOLS, **GREEDY, **body, "stream": stream}
     if not stream:
-        choice = r.json()["choices"][0]
+        choice = chat(http, body)["choices"][0]
         calls = [c["function"] for c in choice["message"].get("tool_calls") or []]
         return choice["message"]["content"], calls, choice["finish_reason"]
     content, calls, finish = "", {}, None
-    for chunk in _sse(r):
+    for chunk in events(http, "/v1/chat/completions", body):
         if not chunk.get("choices"):
             continue
         d = chunk["choices"][0]["delta"]
@@ -78,26 +73,26 @@ def test_the_start_up_log_names_the_generic_form(server):
                                              ({"type": "function", "function": {"name": "get_time"}}, False)],
                          ids=["required", "required-parallel", "named"])
 def test_a_chatml_template_gets_calls_back(http, stream, choice, parallel):
-    content, calls, finish = _chat(http, stream, tool_choice=choice, parallel_tool_calls=parallel)
+    content, calls, finish = _answer(http, stream, tool_choice=choice, parallel_tool_calls=parallel)
     assert calls and finish == "tool_calls" and content is None
     assert len(calls) == 1 or parallel
     for call in calls:
         jsonschema.validate(json.loads(call["arguments"]), SCHEMAS[call["name"]])
     if isinstance(choice, dict):
         assert [c["name"] for c in calls] == ["get_time"]
-    assert (content, calls, finish) == _chat(http, not stream, tool_choice=choice, parallel_tool_calls=parallel)
+    assert (content, calls, finish) == _answer(http, not stream, tool_choice=choice, parallel_tool_calls=parallel)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_auto_gives_a_reply_or_a_call_never_the_json_around_them(http, stream):
-    content, calls, finish = _chat(http, stream, tool_choice="auto")
+    content, calls, finish = _answer(http, stream, tool_choice="auto")
     assert bool(calls) != bool(content)
     assert not (content or "").lstrip().startswith('{"')  # the reply's text, decoded from the JSON string
-    assert (content, calls, finish) == _chat(http, not stream, tool_choice="auto")
+    assert (content, calls, finish) == _answer(http, not stream, tool_choice="auto")
 
 
 def test_none_answers_text_without_the_generic_json(http):
-    content, calls, finish = _chat(http, False, tool_choice="none", max_tokens=12)
+    content, calls, finish = _answer(http, False, tool_choice="none", max_tokens=12)
     assert not calls and finish == "length" and not content.lstrip().startswith('{"')
 
 
@@ -126,21 +121,20 @@ ANTHROPIC_TOOLS = [{"name": "get_weather", "description": "Weather now", "input_
 def test_anthropic_messages_get_a_tool_use_block(http, stream):
     body = {"model": "tiny", "max_tokens": 200, "temperature": 0, "messages": ASK, "tools": ANTHROPIC_TOOLS,
             "tool_choice": {"type": "any"}, "stream": stream}
-    r = http.post("/v1/messages", json=body)
-    assert r.status_code == 200, r.text
     if not stream:
-        blocks = r.json()["content"]
-        assert r.json()["stop_reason"] == "tool_use" and [b["type"] for b in blocks] == ["tool_use"]
+        answer = post(http, "/v1/messages", body)
+        blocks = answer["content"]
+        assert answer["stop_reason"] == "tool_use" and [b["type"] for b in blocks] == ["tool_use"]
         jsonschema.validate(blocks[0]["input"], WEATHER)
         return
-    events = _sse(r)
-    starts = [e for e in events if e["type"] == "content_block_start"]
+    streamed = events(http, "/v1/messages", body)
+    starts = [e for e in streamed if e["type"] == "content_block_start"]
     assert [s["content_block"]["type"] for s in starts] == ["tool_use"] and starts[0]["index"] == 0
     assert starts[0]["content_block"]["name"] == "get_weather"
-    partial = "".join(e["delta"]["partial_json"] for e in events
+    partial = "".join(e["delta"]["partial_json"] for e in streamed
                       if e["type"] == "content_block_delta" and e["delta"]["type"] == "input_json_delta")
     jsonschema.validate(json.loads(partial), WEATHER)
-    assert [e["delta"]["stop_reason"] for e in events if e["type"] == "message_delta"] == ["tool_use"]
+    assert [e["delta"]["stop_reason"] for e in streamed if e["type"] == "message_delta"] == ["tool_use"]
 
 
 def test_anthropic_tool_results_are_rendered(http):

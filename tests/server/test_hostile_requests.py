@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from server_fixtures import ServerProcess, serve_args, tiny_tools_pair  # noqa: E402
+from server_fixtures import ServerProcess, post, serve_args, tiny_tools_pair  # noqa: E402
 
 pytestmark = pytest.mark.server
 
@@ -168,9 +168,7 @@ def test_a_speculation_field_at_the_top_level_is_refused_not_ignored(http, field
 
 def _cached(srv, key: str, prompt: str) -> int:
     with client(srv, key) as c:
-        r = c.post(L, json={"prompt": prompt, "n_predict": 1})
-    assert r.status_code == 200, r.text
-    return r.json()["tokens_cached"]
+        return post(c, L, {"prompt": prompt, "n_predict": 1})["tokens_cached"]
 
 
 def test_a_tenant_never_finds_another_tenant_s_prompt_in_the_cache(server):

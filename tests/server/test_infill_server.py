@@ -11,9 +11,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from server_fixtures import ServerProcess, serve_args  # noqa: E402
-from test_fim import QWEN_FIM  # noqa: E402
-from tiny_models import write_tiny_model  # noqa: E402
+from server_fixtures import ServerProcess, post, serve_args  # noqa: E402
+from tiny_models import QWEN_FIM, write_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.server
 
@@ -64,13 +63,6 @@ def fim_server(tmp_path_factory):
     yield srv
     assert srv.stop() == 0
     assert "Traceback" not in srv.log()
-
-
-def post(srv, path: str, body: dict) -> dict:
-    with srv.client() as c:
-        r = c.post(path, json=body)
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 def test_llama_vim_bodies_warm_then_complete_from_the_cache(fim_server):

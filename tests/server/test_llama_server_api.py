@@ -53,6 +53,10 @@ def test_props_tell_the_slot_context_the_defaults_the_template_and_the_build(htt
     assert (s["params"]["seed"], s["params"]["temperature"], s["params"]["n_predict"]) == (42, 0.8, 64)
     assert s["params"]["speculative"]["mode"] == "auto" and s["params"]["speculative.n_max"] == 8
     assert p["model_path"] == "tiny.gguf" and p["draft_model_path"] == "tiny_draft.gguf"  # names, not paths
+    assert p["draft_choice"] == {"mode": "given", "chosen": "tiny_draft", "file": "tiny_draft.gguf",
+                                 "reason": "tiny_draft: given with -md", "excluded": [],
+                                 "candidates": [{**p["draft_choice"]["candidates"][0], "name": "tiny_draft",
+                                                 "reason": "given with -md", "excluded": None}]}
     assert p["chat_template"] == HERMES and p["build_info"].startswith("specserve ")
     assert p["endpoint_slots"] is True and p["is_sleeping"] is False
 

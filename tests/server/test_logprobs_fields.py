@@ -6,14 +6,13 @@ streamed ones the whole answer's; logit_bias in OpenAI's and llama-server's form
 the penalties changing what is chosen; and a 400 naming the field for what cannot be served."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from server_fixtures import ServerProcess, serve_args, tiny_models_dir  # noqa: E402,F401
+from server_fixtures import ServerProcess, events, post, serve_args, tiny_models_dir  # noqa: E402,F401
 
 pytestmark = pytest.mark.server
 
@@ -32,22 +31,6 @@ def http(tiny_models_dir, tmp_path_factory):
         assert srv.stop() == 0
 
 
-def _post(http, path: str, body: dict) -> dict:
-    r = http.post(path, json=body)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def _events(http, path: str, body: dict) -> list[dict]:
-    out = []
-    with http.stream("POST", path, json={**body, "stream": True}) as r:
-        assert r.status_code == 200
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                out.append(json.loads(line[6:]))
-    return out
-
-
 def _text(entries: list[dict]) -> str:
     """The text the entries' tokens make (the tiny model writes byte tokens that are not whole UTF-8)."""
     return b"".join(bytes(e["bytes"]) for e in entries).decode("utf-8", "replace")
@@ -64,13 +47,14 @@ def _check_entry(e: dict, n_top: int) -> None:
 
 def test_chat_logprobs_whole_and_streamed_are_one_per_token_and_agree(http):
     body = {"messages": MSG, "max_tokens": 20, "temperature": 0, "logprobs": True, "top_logprobs": 3}
-    choice = _post(http, "/v1/chat/completions", body)["choices"][0]
+    choice = post(http, "/v1/chat/completions", body)["choices"][0]
     content = choice["logprobs"]["content"]
     assert 0 < len(content) <= 20 and _text(content) == choice["message"]["content"]
     for e in content:
         _check_entry(e, 3)
     streamed, text = [], ""
-    for chunk in _events(http, "/v1/chat/completions", body)[1:]:  # the first: the role, logprobs null
+    # the first chunk: the role, logprobs null
+    for chunk in events(http, "/v1/chat/completions", {**body, "stream": True})[1:]:
         for c in chunk["choices"]:
             text += c["delta"].get("content") or ""
             if c["finish_reason"] is None:
@@ -79,13 +63,13 @@ def test_chat_logprobs_whole_and_streamed_are_one_per_token_and_agree(http):
     assert text == choice["message"]["content"]
     assert [e["id"] for e in streamed] == [e["id"] for e in content]
     assert [e["logprob"] for e in streamed] == pytest.approx([e["logprob"] for e in content], abs=1e-2)
-    without = _post(http, "/v1/chat/completions", {**body, "logprobs": False, "top_logprobs": None})
+    without = post(http, "/v1/chat/completions", {**body, "logprobs": False, "top_logprobs": None})
     assert without["choices"][0]["logprobs"] is None
 
 
 def test_completions_logprobs_take_openais_legacy_shape(http):
     body = {"prompt": PROMPT, "max_tokens": 12, "temperature": 0, "logprobs": 2, "ignore_eos": True}
-    choice = _post(http, "/v1/completions", body)["choices"][0]
+    choice = post(http, "/v1/completions", body)["choices"][0]
     lp = choice["logprobs"]
     n = len(lp["tokens"])
     assert 1 <= n <= 12 and len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"]) == n, lp
@@ -93,7 +77,7 @@ def test_completions_logprobs_take_openais_legacy_shape(http):
     for value, top in zip(lp["token_logprobs"], lp["top_logprobs"]):
         assert 1 <= len(top) <= 2 and max(top.values()) == pytest.approx(value)  # greedy: the most likely
     # the same request on /completion: the same tokens and values, in llama-server's shape
-    same = _post(http, "/completion", {"prompt": PROMPT, "n_predict": 12, "temperature": 0, "n_probs": 2,
+    same = post(http, "/completion", {"prompt": PROMPT, "n_predict": 12, "temperature": 0, "n_probs": 2,
                                        "ignore_eos": True})
     probs = same["completion_probabilities"]
     assert same["content"] == choice["text"] and len(probs) == n
@@ -101,29 +85,29 @@ def test_completions_logprobs_take_openais_legacy_shape(http):
     assert lp["tokens"] == [p["token"] if bytes(p["bytes"]).decode("utf-8", "replace") == p["token"]
                             else "bytes:" + "".join(f"\\x{b:02x}" for b in p["bytes"]) for p in probs]
     assert lp["token_logprobs"] == pytest.approx([p["logprob"] for p in probs], abs=1e-2)
-    streamed = [c["choices"][0] for c in _events(http, "/v1/completions", body) if c["choices"]]
+    streamed = [c["choices"][0] for c in events(http, "/v1/completions", {**body, "stream": True}) if c["choices"]]
     assert sum((c["logprobs"]["tokens"] for c in streamed if c["logprobs"]), []) == lp["tokens"]
 
 
 def test_n_probs_on_completion_whole_and_one_token_a_streamed_chunk(http):
     body = {"prompt": PROMPT, "n_predict": 10, "temperature": 0, "n_probs": 4, "return_tokens": True}
-    whole = _post(http, "/completion", body)
+    whole = post(http, "/completion", body)
     probs = whole["completion_probabilities"]
     assert [p["id"] for p in probs] == whole["tokens"] and _text(probs) == whole["content"]
     for e in probs:
         _check_entry(e, 4)
-    chunks = [c for c in _events(http, "/completion", body) if not c["stop"]]
+    chunks = [c for c in events(http, "/completion", {**body, "stream": True}) if not c["stop"]]
     streamed = [p for c in chunks for p in c["completion_probabilities"]]
     assert [p["id"] for p in streamed] == whole["tokens"]
     # speculation commits several tokens a step; llama-server's stream sends one each, and so does this one
     assert all(len(c["completion_probabilities"]) == 1 for c in chunks)
-    assert "completion_probabilities" not in _post(http, "/completion", {**body, "n_probs": 0})
+    assert "completion_probabilities" not in post(http, "/completion", {**body, "n_probs": 0})
 
 
 def test_post_sampling_probs_are_probabilities_of_the_distribution_sampled_from(http):
     body = {"prompt": PROMPT, "n_predict": 6, "temperature": 1.0, "top_k": 3, "seed": 7, "n_probs": 5,
             "post_sampling_probs": True}
-    for e in _post(http, "/completion", body)["completion_probabilities"]:
+    for e in post(http, "/completion", body)["completion_probabilities"]:
         assert 0 < e["prob"] <= 1 and "logprob" not in e
         top = e["top_probs"]
         assert 1 <= len(top) <= 3 and sum(t["prob"] for t in top) == pytest.approx(1, abs=1e-3)  # top-k 3 kept 3
@@ -132,36 +116,36 @@ def test_post_sampling_probs_are_probabilities_of_the_distribution_sampled_from(
 
 def test_logit_bias_in_each_form_keeps_the_tokens_out(http):
     base = {"prompt": PROMPT, "n_predict": 16, "temperature": 0, "return_tokens": True}
-    first = _post(http, "/completion", base)["tokens"]
+    first = post(http, "/completion", base)["tokens"]
     banned = sorted(set(first[:4]))
-    piece = _post(http, "/detokenize", {"tokens": [first[0]]})["content"]
+    piece = post(http, "/detokenize", {"tokens": [first[0]]})["content"]
     for bias in ({str(t): -100 for t in banned}, [[t, False] for t in banned], [[t, -100] for t in banned]):
-        out = _post(http, "/completion", {**base, "logit_bias": bias})["tokens"]
+        out = post(http, "/completion", {**base, "logit_bias": bias})["tokens"]
         assert not set(out) & set(banned), bias
-    by_text = _post(http, "/completion", {**base, "logit_bias": [[piece, False]]})["tokens"]
+    by_text = post(http, "/completion", {**base, "logit_bias": [[piece, False]]})["tokens"]
     assert first[0] not in by_text
-    chat = _post(http, "/v1/chat/completions", {"messages": MSG, "max_tokens": 8, "temperature": 0, "logprobs": True})
+    chat = post(http, "/v1/chat/completions", {"messages": MSG, "max_tokens": 8, "temperature": 0, "logprobs": True})
     ids = [e["id"] for e in chat["choices"][0]["logprobs"]["content"]]
-    biased = _post(http, "/v1/chat/completions", {"messages": MSG, "max_tokens": 8, "temperature": 0, "logprobs": True,
+    biased = post(http, "/v1/chat/completions", {"messages": MSG, "max_tokens": 8, "temperature": 0, "logprobs": True,
                                                   "logit_bias": {str(ids[0]): -100}})
     assert ids[0] not in [e["id"] for e in biased["choices"][0]["logprobs"]["content"]]
 
 
 def test_the_penalties_keep_seen_tokens_out_and_a_window_of_0_turns_them_off(http):
-    prompt_ids = _post(http, "/tokenize", {"content": PROMPT})["tokens"]
+    prompt_ids = post(http, "/tokenize", {"content": PROMPT})["tokens"]
     base = {"prompt": PROMPT, "n_predict": 12, "temperature": 0, "return_tokens": True, "ignore_eos": True}
-    x = next(t for t in _post(http, "/completion", base)["tokens"] if t not in prompt_ids)
+    x = next(t for t in post(http, "/completion", base)["tokens"] if t not in prompt_ids)
     base["logit_bias"] = [[x, 50]]  # x wins every position: the text repeats it
-    assert _post(http, "/completion", base)["tokens"] == [x] * 12
+    assert post(http, "/completion", base)["tokens"] == [x] * 12
     for penalty in ({"presence_penalty": 1000.0}, {"frequency_penalty": 1000.0}, {"repeat_penalty": 1000.0}):
-        out = _post(http, "/completion", {**base, **penalty, "repeat_last_n": -1})["tokens"]
+        out = post(http, "/completion", {**base, **penalty, "repeat_last_n": -1})["tokens"]
         assert out[0] == x and x not in out[1:], penalty
         if "presence_penalty" in penalty:  # every token seen in the prompt or the output is kept out
             seen = set(prompt_ids)
             for t in out:
                 assert t not in seen
                 seen.add(t)
-        assert _post(http, "/completion", {**base, **penalty, "repeat_last_n": 0})["tokens"] == [x] * 12
+        assert post(http, "/completion", {**base, **penalty, "repeat_last_n": 0})["tokens"] == [x] * 12
 
 
 @pytest.mark.parametrize("path,fields,param", [

@@ -14,12 +14,12 @@ import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from server_fixtures import ServerProcess  # noqa: E402
+from lossless_checks import EPS_F16  # noqa: E402  (the gap under which greedy text may part)
+from server_fixtures import ServerProcess, chat  # noqa: E402
 
 pytestmark = [pytest.mark.server, pytest.mark.real_models]
 
 TOL_F16 = 0.05  # tests/test_logprobs.py
-EPS_F16 = 0.02  # tests/test_lossless.py: the gap under which greedy text may part
 ASK = [{"role": "user", "content": "Write a Python function that returns the square of a number."}]
 
 
@@ -43,9 +43,8 @@ def _body(sampling: dict, mode: str) -> dict:
 
 
 def _whole(http, body: dict) -> tuple[list[dict], dict]:
-    r = http.post("/v1/chat/completions", json=body)
-    assert r.status_code == 200, r.text
-    return r.json()["choices"][0]["logprobs"]["content"], r.json()["usage"]["speculative"]
+    answer = chat(http, body)
+    return answer["choices"][0]["logprobs"]["content"], answer["usage"]["speculative"]
 
 
 def _streamed(http, body: dict) -> list[dict]:

@@ -7,10 +7,10 @@ import asyncio
 from types import SimpleNamespace
 
 from specserve.server.apis.ollama import serving
-from specserve.server.core.events import CallArguments, CallStart, Finish, Reasoning, Text
+from specserve.server.core.events import CallArguments, CallStart, Finish, ReasoningText, Text
 from specserve.stats import GenerationStats
 
-EVENTS = [Reasoning("let me see"), Text(""), Text("Checking."), CallStart(0, "call_a", "get_weather"),
+EVENTS = [ReasoningText("let me see"), Text(""), Text("Checking."), CallStart(0, "call_a", "get_weather"),
           CallArguments(0, '{"city": '), CallArguments(0, '"Paris"}'), CallStart(1, "call_b", "get_time"),
           CallArguments(1, "{}")]
 

@@ -106,7 +106,7 @@ def test_a_load_request_answers_at_once(client):
     (lambda c: c.chat(model="tiny", messages=HI, options={"num_ctx": 1 << 20}), 400, "num_ctx"),
     (lambda c: c.pull("llama3.2"), 501, "local GGUF"),
     (lambda c: c.delete("tiny"), 501, "local GGUF"),
-    (lambda c: c.embed(model="tiny", input="hi"), 501, "no embeddings"),
+    (lambda c: c.embed(model="llama3.2", input="hi"), 404, "not found"),
 ])
 def test_errors_are_ollamas(client, call, status, words):
     with pytest.raises(ollama.ResponseError) as e:

@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from server_fixtures import ServerProcess, serve_args, tiny_reasoning_pair  # noqa: E402
+from server_fixtures import ServerProcess, chat, serve_args, tiny_reasoning_pair  # noqa: E402
 
 pytestmark = pytest.mark.server
 
 ASK = [{"role": "user", "content": "Is the cat on the mat?"}]
 GREEDY = {"temperature": 0, "max_tokens": 40}
+BODY = {"messages": ASK, **GREEDY}
 C = "/v1/chat/completions"
 WEATHER = {"type": "object", "additionalProperties": False, "required": ["city"],
            "properties": {"city": {"enum": ["Paris", "Rome", "Oslo"]}}}
@@ -44,12 +45,6 @@ def http(server):
         yield client
 
 
-def _chat(http, **fields) -> dict:
-    r = http.post(C, json={"messages": ASK, **GREEDY, **fields})
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
 def _streamed(http, **fields) -> tuple[str, str, list[dict], str]:
     """reasoning_content, content, tool calls and finish_reason put together from the deltas."""
     reasoning, content, calls, finish = "", "", [], None
@@ -69,33 +64,33 @@ def _streamed(http, **fields) -> tuple[str, str, list[dict], str]:
 
 @pytest.mark.parametrize("budget", [4, 12])
 def test_a_budget_closes_the_block_and_the_answer_follows_it(http, budget):
-    message = _chat(http, reasoning_budget=budget)["choices"][0]["message"]
+    message = chat(http, BODY, reasoning_budget=budget)["choices"][0]["message"]
     assert message["reasoning_content"] and message["content"]  # the random model never closes it itself
-    longer = _chat(http, reasoning_budget=budget + 8)["choices"][0]["message"]["reasoning_content"]
+    longer = chat(http, BODY, reasoning_budget=budget + 8)["choices"][0]["message"]["reasoning_content"]
     assert longer.startswith(message["reasoning_content"]) and len(longer) > len(message["reasoning_content"])
 
 
 def test_without_a_budget_an_unclosed_block_is_all_reasoning(http):
-    choice = _chat(http)["choices"][0]
+    choice = chat(http, BODY)["choices"][0]
     assert choice["message"]["reasoning_content"] and choice["message"]["content"] == ""
     assert choice["finish_reason"] == "length"
 
 
 def test_streamed_deltas_add_up_to_the_whole_answer(http):
-    whole = _chat(http, reasoning_budget=6)["choices"][0]
+    whole = chat(http, BODY, reasoning_budget=6)["choices"][0]
     reasoning, content, _, finish = _streamed(http, reasoning_budget=6)
     assert (reasoning, content, finish) == (whole["message"]["reasoning_content"], whole["message"]["content"],
                                             whole["finish_reason"])
 
 
 def test_continues_thinking_budget_tokens_is_the_same_budget(http):
-    assert _chat(http, thinking_budget_tokens=6)["choices"][0]["message"] == \
-        _chat(http, reasoning_budget=6)["choices"][0]["message"]
+    assert chat(http, BODY, thinking_budget_tokens=6)["choices"][0]["message"] == \
+        chat(http, BODY, reasoning_budget=6)["choices"][0]["message"]
 
 
 def test_reasoning_format_none_returns_the_raw_text(http):
-    parted = _chat(http, reasoning_budget=6)["choices"][0]["message"]
-    raw = _chat(http, reasoning_budget=6, reasoning_format="none")["choices"][0]["message"]
+    parted = chat(http, BODY, reasoning_budget=6)["choices"][0]["message"]
+    raw = chat(http, BODY, reasoning_budget=6, reasoning_format="none")["choices"][0]["message"]
     assert "reasoning_content" not in raw
     before, after = raw["content"].split("</think>")
     assert before.strip() == parted["reasoning_content"] and after.lstrip() == parted["content"]
@@ -104,7 +99,7 @@ def test_reasoning_format_none_returns_the_raw_text(http):
 def test_speculation_gives_the_target_alones_text_inside_and_after_the_block(http):
     answers = []
     for mode in ("none", "draft", "ngram"):
-        out = _chat(http, reasoning_budget=10, max_tokens=50, speculative={"mode": mode, "draft_max": 4})
+        out = chat(http, BODY, reasoning_budget=10, max_tokens=50, speculative={"mode": mode, "draft_max": 4})
         answers.append(out["choices"][0]["message"])
         if mode == "draft":
             assert out["usage"]["speculative"]["accepted"] > 0
@@ -121,7 +116,7 @@ def test_a_tool_call_follows_the_block(http, stream):
         arguments = "".join(c["function"].get("arguments") or "" for c in calls)
         name = calls[0]["function"]["name"]
     else:
-        choice = _chat(http, **fields)["choices"][0]
+        choice = chat(http, BODY, **fields)["choices"][0]
         reasoning, finish = choice["message"]["reasoning_content"], choice["finish_reason"]
         (call,) = choice["message"]["tool_calls"]
         name, arguments = call["function"]["name"], call["function"]["arguments"]
@@ -148,9 +143,9 @@ def test_the_servers_flags_set_the_defaults(models):
                                    "--reasoning-budget", "5"), models / "flags.log")
     try:
         with srv.client() as http:
-            raw = _chat(http)["choices"][0]["message"]
-            parted = _chat(http, reasoning_format="auto")["choices"][0]["message"]
-            unlimited = _chat(http, reasoning_format="deepseek", reasoning_budget=-1)["choices"][0]["message"]
+            raw = chat(http, BODY)["choices"][0]["message"]
+            parted = chat(http, BODY, reasoning_format="auto")["choices"][0]["message"]
+            unlimited = chat(http, BODY, reasoning_format="deepseek", reasoning_budget=-1)["choices"][0]["message"]
     finally:
         assert srv.stop() == 0
     assert "reasoning_content" not in raw and "</think>" in raw["content"]

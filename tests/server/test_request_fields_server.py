@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from server_fixtures import tiny_models_dir  # noqa: E402,F401
+from server_fixtures import chat, tiny_models_dir  # noqa: E402,F401
 
 from defended_servers import C, CH, L, N_CTX, client, expect_error, tenants_server  # noqa: E402
 
@@ -38,9 +38,7 @@ def http(server):
 
 
 def _prompt_tokens(http, content: str) -> int:
-    r = http.post(CH, json={"messages": [{"role": "user", "content": content}], "max_tokens": 1})
-    assert r.status_code == 200, r.text
-    return r.json()["usage"]["prompt_tokens"]
+    return chat(http, {"messages": [{"role": "user", "content": content}], "max_tokens": 1})["usage"]["prompt_tokens"]
 
 
 # --- temperatures: a huge one is a 400 naming the field, never a 500; a tiny one is greedy ------------------

@@ -17,10 +17,9 @@ import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from server_fixtures import API_KEY, ServerProcess, serve_args, tiny_models_dir  # noqa: E402,F401
+from server_fixtures import API_KEY, ServerProcess, metrics, serve_args, tiny_models_dir  # noqa: E402,F401
 
 openai = pytest.importorskip("openai")
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 pytestmark = pytest.mark.server
 
@@ -57,17 +56,6 @@ def test_start_up_names_the_devices_llama_cpp_sees(server):
     line = next(row for row in lines if row.startswith("devices: "))
     assert "CPU (" in line
     assert lines.index(line) < min(i for i, row in enumerate(lines) if row.startswith("memory: "))
-
-
-def metrics(http) -> dict[str, float]:
-    """Every sample as 'name{labels}' -> value."""
-    text = http.get("/metrics").text
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-    return out
 
 
 # --- the API ------------------------------------------------------------------------------------

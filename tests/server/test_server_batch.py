@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from server_fixtures import ServerProcess, serve_args, tiny_models_dir  # noqa: E402,F401
-from test_server import metrics  # noqa: E402
+from server_fixtures import ServerProcess, metrics, post, serve_args, tiny_models_dir  # noqa: E402,F401
 
 pytestmark = pytest.mark.server
 
@@ -29,10 +28,7 @@ def server(tiny_models_dir, tmp_path_factory):
 
 
 def _complete(server, body: dict) -> list[str]:
-    with server.client() as c:
-        r = c.post("/v1/completions", json=body)
-    assert r.status_code == 200, r.text
-    return r.json()["choices"][0]["text"]
+    return post(server, "/v1/completions", body)["choices"][0]["text"]
 
 
 def test_concurrent_clients_are_batched_and_get_their_own_text(server):
@@ -62,7 +58,7 @@ def test_interference_check_measures_streams_around_a_long_prompt(server, tmp_pa
     def measure() -> dict:
         # 440: the streams' prompts (up to 68 tokens) and their max_tokens must fit the 512-token context
         out = tmp_path / "inter.json"
-        r = subprocess.run([sys.executable, "-m", "specserve.tools.interference", "--url", server.url, "--streams",
+        r = subprocess.run([sys.executable, "-m", "specserve.measure.interference", "--url", server.url, "--streams",
                             "2", "--prompt-tokens", "100", "--max-tokens", "440", "--warmup", "0.1", "--json", str(out),
                             # a token a chunk: the control is timed at the window's chunk positions
                             "--body", '{"speculative": {"mode": "none"}}'],

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from server_fixtures import ServerProcess, serve_args, tiny_models_dir  # noqa: E402,F401
+from server_fixtures import ServerProcess, post, serve_args, tiny_models_dir  # noqa: E402,F401
 
 pytestmark = pytest.mark.server
 
@@ -57,9 +57,7 @@ def wait_asleep(c: httpx.Client, timeout: float = 30) -> None:
 
 
 def completion(c: httpx.Client) -> str:
-    r = c.post("/v1/completions", json=PROMPT)
-    assert r.status_code == 200, r.text
-    return r.json()["choices"][0]["text"]
+    return post(c, "/v1/completions", PROMPT)["choices"][0]["text"]
 
 
 def test_idle_it_frees_the_models_and_the_read_only_endpoints_do_not_wake_it(server, http):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from server_fixtures import ServerProcess, serve_args, tiny_tools_pair  # noqa: E402
+from server_fixtures import ServerProcess, chat, events, serve_args, tiny_tools_pair  # noqa: E402
 
 pytestmark = pytest.mark.server
 
@@ -24,6 +24,7 @@ PERSON = {"type": "object", "additionalProperties": False, "required": ["name", 
                          "tags": {"type": "array", "items": {"enum": ["red", "green"]}, "maxItems": 3}}}
 FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
 DRAFT = {"mode": "draft", "draft_max": 4}
+ASK = {"messages": MSG, "max_tokens": 120, "temperature": 0}  # a chat, greedy
 
 
 @pytest.fixture(scope="module")
@@ -37,33 +38,24 @@ def http(tmp_path_factory):
     assert "Traceback" not in srv.log() and "internal error" not in srv.log()
 
 
-def _chat(http, **fields) -> dict:
-    r = http.post(CH, json={"messages": MSG, "max_tokens": 120, "temperature": 0, **fields})
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
 @pytest.mark.parametrize("spec", [DRAFT, {"mode": "none"}], ids=["draft", "none"])
 def test_json_schema_output_parses_and_validates(http, spec):
-    choice = _chat(http, response_format=FORMAT, speculative=spec)["choices"][0]
+    choice = chat(http, ASK, response_format=FORMAT, speculative=spec)["choices"][0]
     assert choice["finish_reason"] == "stop", choice
     jsonschema.validate(json.loads(choice["message"]["content"]), PERSON)
 
 
 def test_speculation_under_the_schema_gives_the_target_alone_s_text(http):
-    texts = [_chat(http, response_format=FORMAT, speculative=s)["choices"][0]["message"]["content"]
+    texts = [chat(http, ASK, response_format=FORMAT, speculative=s)["choices"][0]["message"]["content"]
              for s in (DRAFT, {"mode": "none"}, {"mode": "ngram"})]
     assert texts[0] == texts[1] == texts[2]
 
 
 def test_json_schema_streamed(http):
-    with http.stream("POST", CH, json={"messages": MSG, "max_tokens": 120, "temperature": 0, "stream": True,
-                                       "response_format": FORMAT}) as r:
-        assert r.status_code == 200
-        events = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: {")]
-    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
+    streamed = events(http, CH, {**ASK, "stream": True, "response_format": FORMAT})
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in streamed if e["choices"])
     jsonschema.validate(json.loads(text), PERSON)
-    assert text == _chat(http, response_format=FORMAT)["choices"][0]["message"]["content"]
+    assert text == chat(http, ASK, response_format=FORMAT)["choices"][0]["message"]["content"]
 
 
 def test_json_object_on_completions(http):
@@ -91,9 +83,9 @@ def test_llama_completion_with_json_schema_and_grammar(http):
 def test_the_grammar_time_is_reported_under_a_constraint_only(http):
     """usage.speculative.grammar_s (OpenAI endpoints) and timings.grammar_ms (/completion): the request's
     time in the grammar, part of its decode time; absent without a constraint."""
-    spec = _chat(http, response_format=FORMAT, speculative=DRAFT)["usage"]["speculative"]
+    spec = chat(http, ASK, response_format=FORMAT, speculative=DRAFT)["usage"]["speculative"]
     assert 0 < spec["grammar_s"] < spec["decode_s"]
-    free = _chat(http, speculative=DRAFT, max_tokens=8)["usage"]["speculative"]
+    free = chat(http, ASK, speculative=DRAFT, max_tokens=8)["usage"]["speculative"]
     assert "grammar_s" not in free
     answer = http.post(L, json={"prompt": "Person:", "n_predict": 60, "temperature": 0, "json_schema": PERSON}).json()
     assert 0 < answer["timings"]["grammar_ms"] < answer["timings"]["predicted_ms"]
@@ -102,7 +94,7 @@ def test_the_grammar_time_is_reported_under_a_constraint_only(http):
 
 
 def test_a_schema_cut_by_max_tokens_ends_with_length(http):
-    choice = _chat(http, response_format=FORMAT, max_tokens=3)["choices"][0]
+    choice = chat(http, ASK, response_format=FORMAT, max_tokens=3)["choices"][0]
     assert choice["finish_reason"] == "length" and choice["message"]["content"].startswith("{")
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from server_fixtures import ServerProcess, serve_args, tiny_models_dir  # noqa: E402,F401
+from server_fixtures import ServerProcess, post, serve_args, tiny_models_dir  # noqa: E402,F401
 
 pytestmark = pytest.mark.server
 
@@ -20,11 +20,8 @@ def start(models: Path, log: Path, *extra: str) -> ServerProcess:
 
 
 def speculative(srv: ServerProcess, **spec) -> dict:
-    with srv.client() as c:
-        r = c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 40, "ignore_eos": True,
-                                            "speculative": spec})
-    assert r.status_code == 200, r.text
-    return r.json()["usage"]["speculative"]
+    body = {"prompt": PROMPT, "max_tokens": 40, "ignore_eos": True, "speculative": spec}
+    return post(srv, "/v1/completions", body)["usage"]["speculative"]
 
 
 def store_gauges(srv: ServerProcess) -> dict[str, float]:

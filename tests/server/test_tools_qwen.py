@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from server_fixtures import ServerProcess  # noqa: E402
+from server_fixtures import ServerProcess, chat  # noqa: E402
 
 pytestmark = [pytest.mark.server, pytest.mark.real_models]
 
@@ -40,14 +40,8 @@ def http(tmp_path_factory):
         assert srv.stop() == 0
 
 
-def _chat(http, **fields) -> dict:
-    r = http.post("/v1/chat/completions", json={**BODY, **fields})
-    assert r.status_code == 200, r.text
-    return r.json()["choices"][0]
-
-
 def test_a_call_written_as_fenced_json_under_auto_is_a_call(http):
-    choice = _chat(http, tool_choice="auto")
+    choice = chat(http, BODY, tool_choice="auto")["choices"][0]
     (call,) = choice["message"]["tool_calls"]
     assert call["function"]["name"] == "get_forecast" and json.loads(call["function"]["arguments"]) == LYON
     assert choice["finish_reason"] == "tool_calls" and not choice["message"]["content"]
@@ -70,7 +64,7 @@ def test_the_streamed_call_is_the_same_call(http):
 
 def test_a_required_call_ends_after_one_complete_call(http):
     """Issue 50's example: four calls came back, the 4th with arguments `{"city`; now the first, complete."""
-    choice = _chat(http, tool_choice="required")
+    choice = chat(http, BODY, tool_choice="required")["choices"][0]
     (call,) = choice["message"]["tool_calls"]
     assert json.loads(call["function"]["arguments"]) == LYON and choice["finish_reason"] == "tool_calls"
 
@@ -78,7 +72,7 @@ def test_a_required_call_ends_after_one_complete_call(http):
 def test_with_parallel_calls_a_repeated_call_ends_them(http):
     """Given room for several, the model calls with fahrenheit, then celsius, then fahrenheit again: the
     repeat ends the answer, and every call handed out is complete."""
-    choice = _chat(http, tool_choice="required", parallel_tool_calls=True)
+    choice = chat(http, BODY, tool_choice="required", parallel_tool_calls=True)["choices"][0]
     calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in choice["message"]["tool_calls"]]
     assert calls[0] == ("get_forecast", LYON)
     assert len({json.dumps(a, sort_keys=True) for _, a in calls}) == len(calls)

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from server_fixtures import ServerProcess, serve_args, tiny_models_dir  # noqa: E402,F401
+from server_fixtures import ServerProcess, post_bytes, serve_args, tiny_models_dir  # noqa: E402,F401
 
 pytestmark = pytest.mark.server
 
@@ -50,12 +50,6 @@ def events(raw: bytes) -> list[dict]:
     return [json.loads(x) for x in lines if x != "[DONE]"]
 
 
-def post(server, path: str, body: dict) -> bytes:
-    r = httpx.post(server.url + path, json=body, timeout=60)
-    assert r.status_code == 200, r.text
-    return r.content
-
-
 @pytest.mark.parametrize("path,body", [
     ("/v1/chat/completions", {"messages": MSG, "stream": True}),
     ("/v1/chat/completions", {"messages": MSG}),
@@ -63,8 +57,8 @@ def post(server, path: str, body: dict) -> bytes:
     ("/completion", {"prompt": "the cat sat on the"}),
 ], ids=["chat-stream", "chat", "completions-stream", "llama"])
 def test_trace_off_answers_byte_for_byte_as_without_the_field(server, path, body):
-    without = post(server, path, {**BASE, **body})
-    off = post(server, path, {**BASE, **body, "speculative": {"trace": False}})
+    without = post_bytes(server, path, {**BASE, **body})
+    off = post_bytes(server, path, {**BASE, **body, "speculative": {"trace": False}})
     assert blank(off) == blank(without)
     assert b"speculative_trace" not in without and b"target_alone" not in without
     objs = events(without) if body.get("stream") else [json.loads(without)]
@@ -74,8 +68,8 @@ def test_trace_off_answers_byte_for_byte_as_without_the_field(server, path, body
 
 def test_a_streamed_trace_tells_each_tokens_source_and_its_runs_make_the_text(server):
     body = {**BASE, "messages": MSG, "stream": True}
-    plain = events(post(server, "/v1/chat/completions", body))
-    traced = events(post(server, "/v1/chat/completions", {**body, "speculative": {"trace": True}}))
+    plain = events(post_bytes(server, "/v1/chat/completions", body))
+    traced = events(post_bytes(server, "/v1/chat/completions", {**body, "speculative": {"trace": True}}))
     def content(objs):
         return "".join(o["choices"][0]["delta"].get("content") or "" for o in objs if o["choices"])
     assert content(traced) == content(plain) != ""  # the trace changes no token
@@ -99,7 +93,7 @@ def test_a_streamed_trace_tells_each_tokens_source_and_its_runs_make_the_text(se
     ("/completion", {"prompt": "the cat sat on the"}, lambda o: o["content"]),
 ], ids=["chat", "completions", "llama"])
 def test_a_whole_answer_carries_the_trace_of_its_whole_text(server, path, body, text):
-    out = json.loads(post(server, path, {**BASE, **body, "speculative": {"trace": True}}))
+    out = json.loads(post_bytes(server, path, {**BASE, **body, "speculative": {"trace": True}}))
     trace = out["choices"][0]["speculative_trace"] if "choices" in out else out["speculative_trace"]
     assert "".join(e["text"] for e in trace) == text(out) != ""
     assert {e["source"] for e in trace} <= {"draft", "target"}
@@ -107,7 +101,7 @@ def test_a_whole_answer_carries_the_trace_of_its_whole_text(server, path, body, 
 
 def test_streamed_llama_and_completions_chunks_carry_their_runs(server):
     for path, key in (("/v1/completions", "text"), ("/completion", "content")):
-        objs = events(post(server, path, {**BASE, "prompt": "the cat sat on the", "stream": True,
+        objs = events(post_bytes(server, path, {**BASE, "prompt": "the cat sat on the", "stream": True,
                                           "speculative": {"trace": True}}))
         n = 0
         for o in objs:
@@ -124,7 +118,7 @@ def test_trace_must_be_a_boolean(server):
 
 
 def test_the_overhead_tool_pairs_trace_on_and_off(server, capsys):
-    from specserve.tools.trace_overhead import main
+    from specserve.measure.trace_overhead import main
 
     assert main(["--url", server.url, "--rounds", "1", "--prompts", "2", "--max-tokens", "8"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -145,9 +139,9 @@ def test_a_repeated_request_traces_its_copy_to_the_earlier_answer(server):
     prompt = " ".join(f"item{i} costs {i * 7 % 13} coins" for i in range(12))  # > 64 tokens, no repeats
     spec = {"mode": "suffix", "cross_request_scope": "trace-repeat"}
     body = {"prompt": prompt, "temperature": 0, "max_tokens": 24, "cache_prompt": False, "speculative": spec}
-    first = json.loads(post(server, "/completion", body))
-    post(server, "/completion", {**body, "prompt": "the dog ran past the cat and the dog"})
-    again = json.loads(post(server, "/completion", {**body, "speculative": {**spec, "trace": True}}))
+    first = json.loads(post_bytes(server, "/completion", body))
+    post_bytes(server, "/completion", {**body, "prompt": "the dog ran past the cat and the dog"})
+    again = json.loads(post_bytes(server, "/completion", {**body, "speculative": {**spec, "trace": True}}))
     assert again["content"] == first["content"] != ""
     copied = [e for e in again["speculative_trace"] if e["source"] == "suffix"]
     assert copied and all(e["from"]["same_request"] and e["from"]["continuations"] == 1 for e in copied)
@@ -165,7 +159,7 @@ def test_the_default_verify_is_told_apart_by_the_seed_and_usage_names_the_one_us
     body = {"model": "fixed", "prompt": "the cat sat on the", "temperature": 0.8, "n_predict": 12,
             "cache_prompt": False, **({"seed": seed} if seed is not None else {}),
             **({"speculative": {"verify": asked}} if asked else {})}
-    out = json.loads(post(server, "/completion", body))
+    out = json.loads(post_bytes(server, "/completion", body))
     assert out["speculative"]["verify"] == used and out["speculative"]["drafted"] > 0
     props = httpx.get(server.url + "/props").json()  # the server's default, as a request that sets nothing gets it
     assert props["default_generation_settings"]["params"]["speculative"]["verify"] == "auto"

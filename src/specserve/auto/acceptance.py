@@ -27,7 +27,7 @@ _G_SPREAD = 0.9  # per-request decay of a Spread's moments: about the last 10 re
 # so a higher bar would hear only from the requests where it kept working (writing after code:
 # its 1-trial failures never counted, and the n-gram's prior was taken as alike everywhere)
 _SPREAD_MIN_TRIED = 1.0
-_SPREAD_MIN_N = 3.0  # requests seen before the spread replaces PRIOR_W
+SPREAD_MIN_N = 3.0  # requests seen before the spread replaces PRIOR_W
 W_MIN, W_MAX = 2.0, 40.0  # the prior's weight in pseudo-trials, whatever the spread says
 _CONF_PRIOR_W = 4.0  # pseudo-trials pulling a confidence bucket toward "calibrated"
 _G_SHAPE = 0.99  # per-trial decay of a Shape group's counts
@@ -196,7 +196,7 @@ class Spread:
 
     def weight(self, mean: float) -> float:
         """Pseudo-trials the pooled rate `mean` is worth to a new request."""
-        if self.n < _SPREAD_MIN_N:
+        if self.n < SPREAD_MIN_N:
             return PRIOR_W
         var, spread = (self.dev - self.noise) / self.n, mean * (1.0 - mean)
         if var * (W_MAX + 1.0) <= spread:

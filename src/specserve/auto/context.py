@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from .estimates import Estimates
 from .lags import Lags
-from .progress import Progress, Setup
+from .request_state import Progress, Setup
 from .shared import Shared
 
 

@@ -25,13 +25,14 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from typing import Sequence
 
 from ..config import SpecParams
 from .acceptance import ConfidenceMap, Shape
 from .cost import Costs
 from .history import History
 from .pacing import Pacing
-from .prefill import Gain
+from .draft_prefill import Gain
 from .priors import Priors
 from .request import AutoPolicy
 
@@ -83,15 +84,16 @@ class Controller:
         self.history = History()
         self.profile = Profile(store)
 
-    def policy(self, spec: SpecParams, drafter_names: list[str], temperature: float = 0.0):
-        """A new request's AutoPolicy."""
+    def policy(self, spec: SpecParams, drafter_names: list[str], temperature: float = 0.0,
+               prompt: Sequence[int] | None = None):
+        """A new request's AutoPolicy; prompt: its tokens, which make its kind (kinds.py)."""
         with self.lock:
             self.history.began()
             profile = self.profile
             profile.n_requests += 1
             if profile.store is not None and profile.store.due(profile.n_requests):
                 profile.store.save(self._state(), profile.n_requests)
-            return AutoPolicy(self, spec, drafter_names, temperature, self.prefill_gain)
+            return AutoPolicy(self, spec, drafter_names, temperature, self.prefill_gain, prompt)
 
     # --- kept across processes ---------------------------------------------------------------
 

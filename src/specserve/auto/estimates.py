@@ -20,7 +20,7 @@ from __future__ import annotations
 from ..drafters.suffix import SAME_REQUEST, SuffixDrafter
 from .acceptance import OPENING, RATE_MAX, REPEAT, REPEAT_RATE_MAX, ConfidenceMap, Rates, Shape, match_bucket
 from .names import FREE, MODEL
-from .progress import Setup
+from .request_state import Setup
 from .shared import Shared
 
 _SEEN_MIN = 2.0  # (decayed) tokens of the target's record before it predicts the draft model's acceptance
@@ -40,7 +40,7 @@ class Estimates:
     """One request's acceptance and delivery by drafter, position and match bucket."""
 
     def __init__(self, ctl: Shared, setup: Setup):
-        self.ctl, self.caps, self.regime = ctl, setup.caps, setup.regime
+        self.ctl, self.caps, self.regime, self.kind = ctl, setup.caps, setup.regime, setup.kind
         self.acc = {n: Rates(self.caps[n]) for n in setup.names}
         # a model drafter's acceptance at the request's first step, learnt apart (OPENING)
         self.opening = {n: Rates(self.caps[n]) for n in setup.names if n not in FREE}
@@ -56,12 +56,12 @@ class Estimates:
     def rates(self, name: str, bucket: int, rates: Rates) -> list[float]:
         """A request's acceptance by position, leaning on the engine's pooled rate as much as
         requests were alike, each position as the engine's acceptance moves with it (Shape)."""
-        q = self.ctl.priors.prior(name, bucket, self.regime)
+        q = self.ctl.priors.prior(name, bucket, self.kind)
         mean = q[0] / q[1]
         if name == MODEL and bucket == 0:
             mean = self.model_level(mean)
-        shape = self.ctl.priors.position_shape(name, bucket, self.regime).factors(self.caps[name])
-        return rates.rates(mean, self.ctl.priors.prior_weight(name, bucket, self.regime, mean), shape,
+        shape = self.ctl.priors.position_shape(name, bucket, self.kind).factors(self.caps[name])
+        return rates.rates(mean, self.ctl.priors.prior_weight(name, bucket, self.kind, mean), shape,
                            REPEAT_RATE_MAX if bucket == REPEAT else RATE_MAX)
 
     def lookup(self, name: str, bucket: int) -> list[float]:
@@ -102,7 +102,7 @@ class Estimates:
         if not tried:
             return
         self.learn(name, bucket, self.by_match.setdefault((name, bucket), Rates(self.caps[name])), tried, hit)
-        self.ctl.learn_pooled(name, bucket, self.regime, hit, tried)
+        self.ctl.learn_pooled(name, bucket, self.kind, hit, tried)
 
     def learn_shadow(self, shadow, skip: tuple, offers: dict, at: int) -> list[str]:
         """What the lookups that did not draft (none in `skip`) would have: their acceptance at every
@@ -132,6 +132,6 @@ class Estimates:
         rates += [(name, bucket, r) for (name, bucket), r in self.by_match.items()]
         for name, bucket, r in rates:
             if r.rate is not None:
-                self.ctl.learn_spread(name, bucket, self.regime, r.rate, r.t)
+                self.ctl.learn_spread(name, bucket, self.kind, r.rate, r.t)
         for (name, bucket), counts in self.judged.items():
-            self.ctl.priors.position_shape(name, bucket, self.regime).add(counts)
+            self.ctl.priors.position_shape(name, bucket, self.kind).add(counts)

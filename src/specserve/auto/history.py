@@ -2,10 +2,12 @@
 
 Engine-level, shared by the requests (controller.py holds it), kept across processes: decayed counts of
 requests and their tokens (a request's horizon: prefill.Prefill.horizon), the last requests' lengths
-(the horizon a prefill is judged over) and, per temperature regime, the share of the tokens made that a
-lookup drafted and kept or would have (what a draft model's prompt catch-up is left: Prefill.uncovered).
+(the horizon a prefill is judged over) and, per kind of work (kinds.py), the share of the tokens made
+that a lookup drafted and kept or would have (what a draft model's prompt catch-up is left: Prefill.uncovered).
 """
 from __future__ import annotations
+
+from .kinds import kind_key
 
 LENGTHS = 32  # finished requests whose lengths are kept (prefill.Prefill.prefill_horizon)
 _G_SHARE = 0.9  # per-request decay of the lookups' share: about the last 10 requests
@@ -17,8 +19,8 @@ class History:
     def __init__(self):
         self.requests, self.tokens = 1.0, 256.0  # decayed counts; a prior of 256 tokens a request
         self.lengths: list[int] = []  # tokens the last LENGTHS finished requests made, oldest first
-        # regime -> decayed [tokens a lookup drafted and kept or would have (its shadow), tokens made]
-        self.lookup_share: dict[float, list[float]] = {}
+        # kind (kinds.py) -> decayed [tokens a lookup drafted and kept or would have (its shadow), tokens made]
+        self.lookup_share: dict[float | str, list[float]] = {}
 
     def began(self) -> None:
         """A request began."""
@@ -28,13 +30,13 @@ class History:
         """A finished request made n_tokens."""
         self.lengths = [*self.lengths[1 - LENGTHS:], int(n_tokens)]
 
-    def share_of_lookups(self, regime: float) -> float:
-        """Of the tokens recent requests at this regime made, the share a lookup drafted and kept
+    def share_of_lookups(self, regime: float | str) -> float:
+        """Of the tokens recent requests of this kind (kinds.py) made, the share a lookup drafted and kept
         or would have kept (0 before any request ended)."""
         covered, tokens = self.lookup_share.get(regime, (0.0, 0.0))
         return covered / tokens if tokens > 0 else 0.0
 
-    def learn_lookup_share(self, regime: float, covered: float, tokens: int) -> None:
+    def learn_lookup_share(self, regime: float | str, covered: float, tokens: int) -> None:
         """A finished request made `tokens`, of which lookups covered `covered`."""
         if tokens > 0:
             c = self.lookup_share.get(regime, [0.0, 0.0])
@@ -52,7 +54,7 @@ class History:
         for regime, *counts in state.get("lookup_share", []):  # (absent in older profiles)
             if len(counts) != 2 or min(counts) < 0 or counts[0] > counts[1]:
                 raise ValueError("lookup share counts of the wrong shape")
-            h.lookup_share[float(regime)] = [float(c) * weight for c in counts]
+            h.lookup_share[kind_key(regime)] = [float(c) * weight for c in counts]
         h.requests, h.tokens = float(state["requests"]), float(state["tokens"])
         h.lengths = [int(n) for n in state.get("lengths", [])][-LENGTHS:]  # (likewise)
         return h

@@ -50,7 +50,7 @@ class Learner:
             k, n, acc = k - f, n - f if acc >= f else 0, max(acc - f, 0)
         probing = self.probes.probing
         if used:
-            ctl.learn_pooled(used, OPENING if opening else 0, self.setup.regime, acc, min(n, acc + 1),
+            ctl.learn_pooled(used, OPENING if opening else 0, self.setup.kind, acc, min(n, acc + 1),
                              n, min(k, n + 1))
             lags.learn_cost(used, n, f, o.t_draft)
             if n or not (probing and not probing[1]):  # (a probe that found nothing displaced nothing)
@@ -95,7 +95,7 @@ class Learner:
         est.dlv[MODEL].add(min(j, nm + 1), nm)
         if nm and acc >= m:  # the model's tokens were judged only if the lookup's all were kept
             est.learn(MODEL, 0, est.acc[MODEL], min(nm, acc_m + 1), acc_m)
-            ctl.learn_pooled(MODEL, 0, regime, acc_m, min(nm, acc_m + 1))
+            ctl.learn_pooled(MODEL, 0, self.setup.kind, acc_m, min(nm, acc_m + 1))
             if o.confidence:
                 ctl.priors.confidence_map(MODEL, regime).add(o.confidence[f + m:], acc_m)
             if o.target_top:

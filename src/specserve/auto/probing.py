@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from typing import Callable, Protocol
 
-from . import planner
+from . import hot, planner
 from .context import Context
-from .names import FREE
+from .names import FREE, HYBRID_LOOKUPS as LOOKUPS
 from .pacing import PROBE_MIN
 
 _EPS = 0.01  # share of decode time that probes may lose
@@ -67,19 +67,27 @@ class Probes:
         self.cost: dict[str, float] = {}  # seconds a probe of the drafter was last expected to lose
         # plain passes' worth this request may still lose probing a draft model the engine knows little of
         self.explore_left = {n: explore for n in names if n not in FREE}
+        self._may_pay: tuple = (None, True)  # (key, hot.may_pay): may_pay's last answer
+        self.owed: set[str] = set()  # drafters that took the prompt up front on a bet, not yet judged: probed
 
     def due(self, name: str, V, best_rate: float) -> planner.Plan | None:
         """The plan of a short probe of `name`, if one is due now."""
         ctl, offers = self.ctl, self.progress.offers
         if name in offers and not offers[name][0]:
             return None  # nothing to probe with
-        if name in ctl.pacing.shadowed:
-            return None  # judged at every step where it matches, unasked: nothing a probe would add
+        if name in ctl.pacing.shadowed or name in LOOKUPS and ctl.pacing.shadowed:
+            # judged at every step where it matches, unasked: nothing a probe would add. Where the engine
+            # judges one lookup so, it judges them all (a suffix matching only a story's opening had been
+            # probed at each story's first step, a 2-token pass at 1.7 plain ones for its 1 token)
+            return None
         if self.progress.step - self.used_step[name] < ctl.pacing.probe_interval(name):
             return None
+        if name in self.owed:
+            self.owed.discard(name)  # once: what it shows is then the request's own evidence
+            return self.plan_for(name, V, kmin=self.probe_k(name, V), kmax=self.probe_k(name, V))
         earned = _EPS * (self.progress.clock - self.since[name])
         budget = earned + self.explore(name, V)
-        k, fit = self.setup.kmin[name], ctl.costs.draft.get(name)
+        fit = ctl.costs.draft.get(name)
         # what catching up costs is unknown until lags vary: look while the lag is short and cheap
         # (never while its cache lacks this request's prompt: that catch-up is what makes a probe costly)
         early = (name not in FREE and name not in self.lags.fresh and fit is not None and not fit.lag_known()
@@ -89,9 +97,11 @@ class Probes:
                 # not where it would lose to the plan in hand even keeping every token it drafts (a lookup
                 # copying 64 tokens a pass): nothing it shows would change this step's choice
                 return None
+            k = self.probe_k(name, V)
         else:
             if budget < self.cost.get(name, 0.0):
                 return None  # below the cost last computed (a lagging cache only adds to it)
+            k = self.probe_k(name, V)
             # seconds a probe that drafts loses against the best choice making its expected tokens
             p = self.plan_for(name, V, kmin=k, kmax=k, found=True)
             cost = self.lags.catchup(name, V) + p.seconds - p.tokens / best_rate
@@ -103,6 +113,18 @@ class Probes:
             if cost > earned:  # spent from the allowance
                 self.explore_left[name] -= (cost - earned) / V[1]
         return self.plan_for(name, V, kmin=k, kmax=k)
+
+    def probe_k(self, name: str, V) -> int:
+        """Tokens a probe of `name` drafts: its least (kmin), or sampling hot, the fewest that could beat
+        plain decoding if all were kept (hot.py: a 2-token pass at 1.7 plain ones makes 1-token probes
+        that show nothing the plan could use)."""
+        k = self.setup.kmin[name]
+        if self.setup.regime < hot.HOT or name in FREE:
+            return k
+        for j in range(k, self.setup.caps[name] + 1):
+            if self.plan_for(name, V, kmin=j, kmax=j, found=True, ceiling=True).rate * V[1] > 1.0:
+                return j
+        return k
 
     def could_pay(self, name: str, V, rate: float | None = None) -> bool:
         """Whether the drafter would beat `rate` (default: plain decoding's) if every token it drafted
@@ -117,9 +139,19 @@ class Probes:
         left = self.explore_left.get(name, 0.0)
         if left <= 0.0:
             return 0.0
-        judged = self.ctl.priors.prior(name, 0, self.setup.regime)[1]  # with the prior's own pseudo-trials
+        if self.setup.regime >= hot.HOT and not self.may_pay(name, V):
+            self.explore_left[name] = 0.0  # sampling hot, what the engine saw of the kind rules it out (hot.py)
+            return 0.0
+        judged = self.ctl.priors.prior(name, 0, self.setup.kind)[1]  # with the prior's own pseudo-trials
         own = self.est.acc[name].t  # this request's own judged tokens (decayed): what it has already seen
         return left * max(0.0, 1.0 - judged / EXPLORE_N) * max(0.0, 1.0 - own / EXPLORE_OWN) * V[1]
+
+    def may_pay(self, name: str, V) -> bool:
+        """hot.may_pay, once for each V and pooled count of the drafter at the kind."""
+        key = (name, id(V), *self.ctl.priors.prior(name, 0, self.setup.kind)[:2])
+        if self._may_pay[0] != key:
+            self._may_pay = (key, hot.may_pay(self.ctl, self.setup, self.est, name, V))
+        return self._may_pay[1]
 
     def drafted(self, name: str, displaced: bool = True) -> None:
         """The drafter drafted this step (`displaced`: not a probe that found nothing to draft)."""
@@ -143,5 +175,7 @@ class Probes:
             done = self.follow_up[1] if self.follow_up and self.follow_up[0] == probed else 0
             # all accepted: followed up at once, outside the budget, a few times at most
             good = acc == n and done < FOLLOW_UPS and self.could_pay(probed, V)
+            if good and self.setup.regime >= hot.HOT and probed not in FREE:
+                good = self.may_pay(probed, V)  # sampling hot, kept tokens are news only where it may pay
             self.ctl.learn_probe(probed, good or self.best(V)[0] == probed)
             self.follow_up = (probed, done + 1) if good else None

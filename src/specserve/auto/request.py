@@ -22,6 +22,7 @@ holds its lock for the whole call (see controller.py). It sees the Controller th
 from __future__ import annotations
 
 import logging
+from typing import Sequence
 
 from ..config import SpecParams
 from ..drafters.suffix import SuffixDrafter
@@ -30,12 +31,13 @@ from . import planner
 from .acceptance import OPENING, ConfidenceMap
 from .context import Context
 from .estimates import bucket
+from .hot import HOT
 from .learning import Learner
 from .names import FORCED, FREE, HYBRID, HYBRID_LOOKUPS, MODEL
 from .plans import PlanCache
-from .prefill import Gain, Prefill
+from .draft_prefill import Gain, Prefill
 from .probing import EXPLORE_PASSES, Probes
-from .progress import Setup
+from .request_state import Setup
 from .shared import Shared
 
 trace = logging.getLogger("specserve.auto")  # one DEBUG line a step: SPECSERVE_LOG=debug
@@ -47,11 +49,11 @@ class AutoPolicy:
     sees_offers = True  # the engine tells it, each step, what each lookup drafter would match: see(name, offer)
 
     def __init__(self, ctl: Shared, spec: SpecParams, names: list[str], temperature: float = 0.0,
-                 prefill_gain: Gain | None = None):
+                 prefill_gain: Gain | None = None, prompt: Sequence[int] | None = None):
         """Made by Controller.policy, under its lock. prefill_gain: how a prompt catch-up up front is
-        priced (prefill.spread_gain unless given)."""
+        priced (prefill.spread_gain unless given); prompt: the request's tokens (its kind: kinds.py)."""
         self.ctl = ctl
-        self.setup = setup = Setup.of(spec, names, temperature)
+        self.setup = setup = Setup.of(spec, names, temperature, prompt)
         self.names, self.hybrid, self.caps, self.cap = setup.names, setup.hybrid, setup.caps, setup.cap
         self.regime = setup.regime
         self.ctx = ctx = Context.of(ctl, setup)
@@ -103,7 +105,7 @@ class AutoPolicy:
             acc = self.est.rates(name, OPENING, self.est.opening[name])
         else:
             acc = self.est.rates(name, 0, self.est.acc[name])
-        p = self.ctl.priors.prior(name, 0, self.setup.regime)
+        p = self.ctl.priors.prior(name, 0, self.setup.kind)
         # a known match delivers every token up to `available`, which bounds kmax
         dlv = None if order else self.est.dlv[name].rates(p[2] / p[3])
         option = planner.Option(name, acc, tuple(self.ctl.costs.draft_coef(name, V)), kmax, kmin, dlv, found)
@@ -130,7 +132,7 @@ class AutoPolicy:
         self.cache.check(V)
         best = self.cache.plans[HYBRID].get(head)
         if best is None:
-            p = self.ctl.priors.prior(MODEL, 0, self.setup.regime)
+            p = self.ctl.priors.prior(MODEL, 0, self.setup.kind)
             jmax = min(self.caps[MODEL], self.cap - m)
             option = planner.Option(HYBRID, self.est.rates(MODEL, 0, self.est.acc[MODEL]),
                                     tuple(self.ctl.costs.draft_coef(MODEL, V)), jmax, 1,
@@ -227,7 +229,10 @@ class AutoPolicy:
 
     def prefill(self, name: str, n_missing: int, max_tokens: int) -> bool:
         """Whether a model drafter should take the prompt before the first step (prefill.py)."""
-        return self.prefills.prefill(name, n_missing, max_tokens)
+        took = self.prefills.prefill(name, n_missing, max_tokens)
+        if took and self.setup.regime >= HOT:
+            self.probes.owed.add(name)  # the prompt was taken on what the drafter may keep: find out (hot.py)
+        return took
 
     def prefilled(self, name: str, n_tokens: int, seconds: float) -> None:
         self.prefills.prefilled(name, n_tokens, seconds)
@@ -239,7 +244,7 @@ class AutoPolicy:
             self.est.report()
             self.ctl.learn_length(self.progress.generated)
             if self.setup.has_lookups:
-                self.ctl.learn_lookup_share(self.setup.regime, self.progress.covered, self.progress.generated)
+                self.ctl.learn_lookup_share(self.setup.kind, self.progress.covered, self.progress.generated)
 
     def _trace(self, o: Outcome) -> None:
         """The step as planned and as it went, for SPECSERVE_LOG=debug."""

@@ -20,6 +20,7 @@ on such CPUs (see llama_native.use_extra_buffers) unless SPECSERVE_EXTRA_BUFFERS
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import time
 from typing import Sequence
@@ -28,6 +29,7 @@ import numpy as np
 
 import llama_cpp as C
 
+from . import exact as exact_mod
 from .base import MemoryUse, Model, VocabInfo, common_prefix
 from .cache_reuse import drop_cells, reuse_chunks
 from .llama_cpp_batch import SharedContext
@@ -45,13 +47,24 @@ def _identity(path: str) -> tuple[int, int, int]:
 class LlamaCppModel(Model):
     """A GGUF model loaded by llama.cpp: weights and vocabulary, shared by its contexts."""
 
-    def __init__(self, path: str, n_gpu_layers: int = 0, n_threads: int | None = None):
+    def __init__(self, path: str, n_gpu_layers: int = 0, n_threads: int | None = None, vocab_only: bool = False,
+                 exact: bool = False):
+        """vocab_only: read the vocabulary and metadata, no weights (draft_choice.py pairs candidates so,
+        in about 0.6 s for a 152k vocabulary); such a model tokenizes but has no contexts.
+        exact: passes of any size compute each token's logits as a one-token pass does (backends/exact.py):
+        checked on the loaded model, `exact_check` says what was found."""
         if not os.path.isfile(path):
             raise FileNotFoundError(f"model file not found: {path}")
         init_backend()
         self.path = path
+        self.exact, self.pad_single, self.exact_check = exact, False, None
+        if exact:
+            late = exact_mod.prepare_process(bool(DecodeThreads.live()))
+            if late:
+                logging.getLogger("specserve").warning("--exact: %s", late)
         self.n_gpu_layers = n_gpu_layers
         self.n_threads = n_threads or max(1, os.cpu_count() or 1)
+        self.vocab_only = vocab_only
         self._open()
         model = self.handle
         self.n_ctx_train = C.llama_model_n_ctx_train(model)
@@ -64,11 +77,15 @@ class LlamaCppModel(Model):
                                     for f in ("llama_model_is_recurrent", "llama_model_is_hybrid"))
         self._piece_cache: dict[int, bytes] = {}
         self._llg_tokenizer = None
+        if exact:
+            self.exact_check = exact_mod.check(self)
+            self.pad_single = self.exact_check.pad_single
 
     def _open(self) -> None:
         params = C.llama_model_default_params()
         params.n_gpu_layers = self.n_gpu_layers
-        params.use_extra_bufts = use_extra_buffers()
+        params.use_extra_bufts = use_extra_buffers() and not self.exact  # repacked weights switch kernel at 4 rows
+        params.vocab_only = self.vocab_only
         model, self.load_log = LoadLog.capture(lambda: C.llama_model_load_from_file(self.path.encode(), params))
         if not model:
             raise ValueError(f"llama.cpp could not load {self.path} (not a GGUF model it supports?)")
@@ -177,10 +194,12 @@ class LlamaCppModel(Model):
 
     # --- contexts -----------------------------------------------------------------------------
 
-    def new_context(self, n_ctx: int, n_batch: int = 512, n_ubatch: int | None = None) -> "LlamaCppContext":
-        """n_ubatch: llama.cpp's micro-batch (default n_batch), which sizes the compute buffer."""
+    def new_context(self, n_ctx: int, n_batch: int = 512, n_ubatch: int | None = None,
+                    pad_single: bool | None = None) -> "LlamaCppContext":
+        """n_ubatch: llama.cpp's micro-batch (default n_batch), which sizes the compute buffer; pad_single: see
+        NativeContext._open_native (the exact check compares with and without)."""
         self._native_vocab()
-        return LlamaCppContext(self, n_ctx, n_batch, n_ubatch)
+        return LlamaCppContext(self, n_ctx, n_batch, n_ubatch, pad_single)
 
     def new_shared_context(self, n_ctx: int, n_seq: int, n_batch: int = 512, n_ubatch: int | None = None):
         """n_seq sequences of n_ctx tokens in one context, decoded together (llama_cpp_batch)."""
@@ -204,12 +223,13 @@ class LlamaCppContext(NativeContext):
 
     shared = None  # a context of its own: its passes run alone (Context.shared)
 
-    def __init__(self, model: LlamaCppModel, n_ctx: int, n_batch: int = 512, n_ubatch: int | None = None):
+    def __init__(self, model: LlamaCppModel, n_ctx: int, n_batch: int = 512, n_ubatch: int | None = None,
+                 pad_single: bool | None = None):
         self.model = model
         self.n_ctx = n_ctx
         self.n_batch = min(n_batch, n_ctx)
         self.n_vocab = model.vocab.n_vocab
-        self._open_native(model, n_ctx, self.n_batch, 1, f"{n_ctx} tokens", n_ubatch)
+        self._open_native(model, n_ctx, self.n_batch, 1, f"{n_ctx} tokens", n_ubatch, pad_single=pad_single)
         self._tokens: list[int] = []
         self.t_eval = 0.0
 
@@ -240,7 +260,7 @@ class LlamaCppContext(NativeContext):
             b.n_tokens = len(chunk)
             DecodeThreads.note()
             t0 = time.perf_counter()
-            rc = C.llama_decode(self._ctx, b)
+            rc = self._decode(b)
             self.t_eval += time.perf_counter() - t0
             if rc != 0:
                 self.truncate(start + chunk_start)

@@ -69,7 +69,7 @@ class SharedContext(NativeContext):
         b.n_tokens = total
         DecodeThreads.note()
         t0 = time.perf_counter()
-        rc = C.llama_decode(self._ctx, b)
+        rc = self._decode(b)
         dt = time.perf_counter() - t0
         if rc != 0:
             for seq, _, _ in parts:  # nothing of this batch stays in any cache

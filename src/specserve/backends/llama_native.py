@@ -18,6 +18,7 @@ from typing import Protocol
 import llama_cpp as C
 
 from .base import VocabInfo
+from .exact import EXACT_UBATCH
 
 
 class LoadLog:
@@ -93,6 +94,12 @@ class DecodeThreads:
                     ", ".join(t.name for t in cls._seen.values()))
 
     @classmethod
+    def forget(cls) -> None:
+        """Start over: no thread seen, no warning given (as in a new process)."""
+        with cls._lock:
+            cls._seen, cls._warned = {}, False
+
+    @classmethod
     def live(cls) -> list[str]:
         """The names of the live threads that have run passes."""
         with cls._lock:
@@ -142,6 +149,8 @@ class NativeModel(Protocol):
     vocab: VocabInfo
     can_rollback: bool
     weights_bytes: int
+    exact: bool  # --exact: passes of any size round as one-token passes (backends/exact.py)
+    pad_single: bool  # with exact: one-token passes get a throwaway second token
 
 
 class NativeContext:
@@ -149,29 +158,62 @@ class NativeContext:
     single-sequence context (llama_cpp.LlamaCppContext) and the shared one (llama_cpp_batch.SharedContext)."""
 
     def _open_native(self, model: NativeModel, n_ctx: int, n_batch: int, n_seq: int, what: str,
-                     n_ubatch: int | None = None) -> None:
+                     n_ubatch: int | None = None, pooling: int | None = None,
+                     pad_single: bool | None = None) -> None:
         """n_batch: the most tokens one decode takes; n_ubatch (default n_batch): the most llama.cpp
         computes at once. A decode of more is split by llama.cpp into micro-batches of n_ubatch, and the
         compute buffer is sized for one of them, logits over the vocabulary for each of its tokens
-        (memory.ModelShape.compute_bytes): a draft whose passes are a few tokens needs a small one."""
+        (memory.ModelShape.compute_bytes): a draft whose passes are a few tokens needs a small one.
+        pooling: embeddings on, pooled so (llama.cpp's LLAMA_POOLING_TYPE_*; backends/embedding.py).
+        An exact model's contexts (backends/exact.py) use flash attention and micro-batches of at most
+        EXACT_UBATCH; with pad_single (default: the model's) a sequence of its own takes the throwaway token
+        that makes a one-token micro-batch two."""
+        exact = getattr(model, "exact", False) and pooling is None  # not an embedding context
+        pad = exact and (model.pad_single if pad_single is None else pad_single)
         params = C.llama_context_default_params()
-        params.n_ctx = n_ctx
-        params.n_batch = n_batch
-        self.n_ubatch = params.n_ubatch = max(1, min(n_ubatch or n_batch, n_batch))
-        params.n_seq_max = n_seq
-        params.kv_unified = n_seq > 1  # the slots share one cache (llama.cpp would split it evenly)
+        params.n_ctx = n_ctx + pad
+        params.n_batch = n_batch + pad
+        n_ubatch = max(1, min(n_ubatch or n_batch, n_batch))
+        self.n_ubatch = params.n_ubatch = min(n_ubatch, EXACT_UBATCH) if exact else n_ubatch
+        params.n_seq_max = n_seq + pad
+        params.kv_unified = n_seq + pad > 1  # the slots share one cache (llama.cpp would split it evenly)
         params.n_threads = params.n_threads_batch = model.n_threads
-        params.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED  # halves decode speed on CPU here
+        # flash attention halves decode speed on some CPUs (docs/exactness.md), but computes each query row alone
+        params.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_ENABLED if exact else C.LLAMA_FLASH_ATTN_TYPE_DISABLED
         params.swa_full = True  # a sliding-window cache that reuses cells could not be rolled back
         params.no_perf = True
+        if pooling is not None:
+            params.embeddings, params.pooling_type = True, pooling
         ctx, self.load_log = LoadLog.capture(lambda: C.llama_init_from_model(model.handle, params))
         if not ctx:
             raise MemoryError(f"llama.cpp could not create a context of {what} for {model.path}")
         self._ctx = ctx
         self._mem = C.llama_get_memory(ctx)
-        self._batch = C.llama_batch_init(n_batch, 0, 1)
+        self._batch = C.llama_batch_init(n_batch + pad, 0, 1)
+        self._pad_seq = n_seq if pad else None
         self.kv_bytes = mib_sum(r"KV buffer size", self.load_log)
         self.compute_bytes = mib_sum(r"compute buffer size", self.load_log)
+
+    def _decode(self, b) -> int:
+        """llama_decode; exact with pad_single, the throwaway token goes last where the last micro-batch would
+        hold one token or ask logits of one: llama.cpp computes the output projection only over the rows that
+        ask for logits, so one such row would take the one-row kernel too. It asks for logits (after the real
+        rows, which callers read) and leaves no cell behind."""
+        n = b.n_tokens
+        if self._pad_seq is None or (n % self.n_ubatch != 1
+                                     and sum(b.logits[i] != 0 for i in range(n - 1 - (n - 1) % self.n_ubatch, n)) != 1):
+            return C.llama_decode(self._ctx, b)
+        b.token[n] = b.token[n - 1]
+        b.pos[n] = 0
+        b.n_seq_id[n] = 1
+        b.seq_id[n][0] = self._pad_seq
+        b.logits[n] = True
+        b.n_tokens = n + 1
+        try:
+            return C.llama_decode(self._ctx, b)
+        finally:
+            b.n_tokens = n
+            C.llama_memory_seq_rm(self._mem, self._pad_seq, -1, -1)
 
     def close(self) -> None:
         if self._ctx:

@@ -30,12 +30,15 @@ class EndpointError(RuntimeError):
 class EndpointClient:
     """One OpenAI-compatible server, addressed by its base URL (with or without /v1)."""
 
-    def __init__(self, url: str, timeout: float = 600.0, model: str | None = None, api_key: str | None = None):
+    def __init__(self, url: str, timeout: float = 600.0, model: str | None = None, api_key: str | None = None,
+                 transport: httpx.BaseTransport | None = None):
+        """transport: what carries the requests (httpx's own by default; an httpx.MockTransport answers in place
+        of a server)."""
         base = url.rstrip("/")
         self.url = url
         self.base = base if base.endswith("/v1") else base + "/v1"
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.Client(timeout=timeout, headers=headers)
+        self._client = httpx.Client(timeout=timeout, headers=headers, transport=transport)
         self._model = model
         self._usage_supported = True
 

@@ -86,13 +86,14 @@ class ServedModels:
 
     def __init__(self, target_path: str, draft_paths: dict[str, str], n_ctx: int, threads: int | None,
                  parallel: int, auto_profile: bool, timeout: float = 3600.0, windows: dict[str, int] | None = None,
-                 n_gpu_layers: tuple[int, int] = (0, 0)):
+                 n_gpu_layers: tuple[int, int] = (0, 0), exact: bool = False):
         """windows: a draft's --draft-ctx by its name (default: the server's); n_gpu_layers: the target's and
-        the drafts' layers on the GPU (-ngl, -ngld), as the in-process path loads them."""
+        the drafts' layers on the GPU (-ngl, -ngld), as the in-process path loads them; exact: --exact."""
         common = ["-m", target_path, "-c", str(n_ctx), "-np", str(parallel)]
         common += ["-t", str(threads)] if threads else []
         common += ["-ngl", str(n_gpu_layers[0])] if n_gpu_layers[0] else []
         common += [] if auto_profile else ["--no-auto-profile"]
+        common += ["--exact"] if exact else []
         self.servers: dict[str | None, SpawnedServer] = {}
         self._client = httpx.Client(timeout=timeout)
         try:

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import resource
 import sys
 
 from ..config import DEFAULT_VERIFY, DRAFT_CTX_DEFAULT, DRAFT_CTX_MIN, VERIFY_METHODS
-from .common import CliError, add_model_args, check_offload, draft_windows, gpu_layers
+from .common import DRAFT_WORDS, CliError, add_draft_candidates_arg, add_model_args, auto_draft, check_offload, \
+    draft_windows, gpu_layers
 
 _SPECS = ("draft", "ngram", "suffix", "auto", "auto-fresh", "none")
 _DEFAULT_SPECS = ("draft", "ngram", "suffix", "auto", "none")
@@ -47,7 +49,12 @@ def add_parser(sub) -> None:
     d = p.add_argument_group("draft models")
     d.add_argument("-md", "--model-draft", nargs="+", action="extend", default=[], metavar="DRAFT",
                    help="draft model(s), GGUF path or packaged name; several to compare them "
-                        "(default with no -m: the --pair's draft)")
+                        "(default with no -m: the --pair's draft); auto: the one -md auto chooses")
+    add_draft_candidates_arg(d)
+    d.add_argument("--drafts", choices=("auto",), default=None,
+                   help="auto: every model -md auto finds pairable with the target (cheapest first), each measured "
+                        "end to end (--spec draft unless --spec says otherwise); the fastest, where it beats the "
+                        "target alone, is pinned for this target on this machine, and -md auto chooses it after")
     d.add_argument("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", dest="n_gpu_layers_draft", type=gpu_layers,
                    default=0, metavar="N", help="draft layers on the GPU (default 0; all)")
     d.add_argument("--draft-ctx", "-cd", type=_comma_list(int), default=[DRAFT_CTX_DEFAULT], metavar="LIST",
@@ -138,12 +145,59 @@ def _model_paths(args) -> tuple[str, dict[str, str]]:
             drafts = args.model_draft or [pair_draft]
         else:
             target, drafts = models.resolve(args.model), args.model_draft
+        drafts = _auto_drafts(args, str(target), drafts)
         paths = {d: str(models.resolve(d)) for d in dict.fromkeys(drafts)}
     except (FileNotFoundError, LookupError, RuntimeError, ValueError) as e:
         raise CliError(str(e)) from None
     if len(args.draft_ctx) > 1:  # each draft model at each window: a draft of its own for the bench
         paths = {f"{d}@ctx{w}": p for d, p in paths.items() for w in dict.fromkeys(args.draft_ctx)}
     return str(target), paths
+
+
+def _auto_drafts(args, target: str, drafts: list[str]) -> list[str]:
+    """-md auto: the draft draft_choice.py chooses for the target (printed with its reason); none: dropped."""
+    from .. import models
+
+    if not any(d in DRAFT_WORDS for d in drafts):
+        return drafts
+    out = [d for d in drafts if d not in DRAFT_WORDS]
+    if "auto" in drafts:
+        choice = auto_draft(args, target)
+        print("\n".join(choice.lines()), file=sys.stderr)
+        if choice.chosen is not None:  # named as the user would name it: a packaged name, else its path
+            packaged = any(m.name == choice.chosen.name for m in models.MODELS)
+            out.append(choice.chosen.name if packaged else choice.draft_path)
+    return out
+
+
+def _candidates(args, target: str, given: dict[str, str]) -> dict[str, str]:
+    """--drafts auto: {name: path} of every pairable candidate, cheapest first, then any -md given beside."""
+    choice = auto_draft(args, target)
+    print("\n".join(choice.lines()), file=sys.stderr)
+    if not choice.ranked:
+        raise CliError(f"--drafts auto: {choice.reason.removeprefix('none: ')}", 2)
+    found = {c.name: c.path for c in choice.ranked}
+    if not args.model_draft:  # the --pair's draft _model_paths put there: not asked for
+        return found
+    return {**found, **{k: p for k, p in given.items() if p not in found.values()}}
+
+
+def _pin(args, target: str, draft_paths: dict[str, str], entries: list[dict]) -> None:
+    """--drafts auto: pin the fastest draft for the target (draft_pins.py), or say why none is."""
+    from .. import draft_pins
+    from ..bench.report import ALL
+
+    best, speedups = draft_pins.winner(entries, ALL)
+    measured = ", ".join(f"{name} {x:.2f}x" for name, x in sorted(speedups.items(), key=lambda kv: -kv[1]))
+    if best is None:
+        print(f"drafts: none beat the target alone ({measured}): nothing pinned", file=sys.stderr)
+        return
+    try:
+        where = draft_pins.pin(target, draft_paths[best], args.threads or max(1, os.cpu_count() or 1), speedups)
+    except OSError as e:
+        raise CliError(f"--drafts auto: cannot write the pin: {e}") from None
+    print(f"drafts: pinned {best} for {os.path.basename(target)} (speedups over the target alone: {measured}); "
+          f"-md auto chooses it from now on ({where})", file=sys.stderr)
 
 
 def _load(args, target_path: str, draft_paths: dict[str, str]):
@@ -153,7 +207,7 @@ def _load(args, target_path: str, draft_paths: dict[str, str]):
 
     loaded = []
     try:
-        target = load_model(target_path, args.n_gpu_layers, args.threads)
+        target = load_model(target_path, args.n_gpu_layers, args.threads, exact=args.exact)
         loaded.append(target)
         drafts, by_path = {}, {}
         for name, path in draft_paths.items():
@@ -196,9 +250,11 @@ def run(args) -> int:
     except ValueError as e:
         raise CliError(str(e), 2) from None
     target_path, draft_paths = _model_paths(args)
+    if args.drafts == "auto":
+        draft_paths = _candidates(args, target_path, draft_paths)
     if args.spec is not None and "draft" in args.spec and not draft_paths:
         raise CliError("--spec draft needs a draft model (-md)", 2)
-    specs = args.spec or list(_DEFAULT_SPECS)
+    specs = args.spec or (["draft"] if args.drafts == "auto" else list(_DEFAULT_SPECS))
     if "fim-replay" in workloads:  # editor completion through /infill: a run of its own (bench_fim.py)
         from . import bench_fim
         return bench_fim.run(args, target_path, draft_paths, specs)
@@ -242,6 +298,8 @@ def run(args) -> int:
         for m in loaded:
             m.close()
     entries = summarize(configs, results, memory)
+    if args.drafts == "auto":
+        _pin(args, target_path, draft_paths, entries)
     recommendation = recommend(configs, results, entries)
     turns = summarize_turns(configs, results)
     paths = path_ratios(configs, results)
@@ -278,7 +336,7 @@ def _serve(args, target_path: str, draft_paths: dict[str, str]):
     print(f"starting specserve serve -np {args.parallel} for the served configurations ...", file=sys.stderr)
     return ServedModels(target_path, draft_paths, args.ctx_size, args.threads, args.parallel,
                         auto_profile=not args.no_auto_profile, windows=draft_windows(args, draft_paths),
-                        n_gpu_layers=(args.n_gpu_layers, args.n_gpu_layers_draft))
+                        n_gpu_layers=(args.n_gpu_layers, args.n_gpu_layers_draft), exact=args.exact)
 
 
 def _write(path: str, write) -> None:

@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 from ..config import DEFAULT_VERIFY, DRAFT_CTX_DEFAULT, SPEC_MODES, UBATCH_DEFAULT, UBATCH_DRAFT_DEFAULT, \
     UBATCH_GPU_DEFAULT, VERIFY_METHODS, ModelConfig, SamplingParams, SpecParams, default_ubatch, draft_max_caps_suffix
 from ..models import PAIRS
+
+DRAFT_WORDS = ("auto", "none")  # -md's values that name no file
 
 
 class CliError(Exception):
@@ -24,7 +28,10 @@ def add_model_args(p: argparse.ArgumentParser, draft: bool = True, ubatch: bool 
                    "(default: the --pair's target)")
     if draft:
         g.add_argument("-md", "--model-draft", metavar="DRAFT", help="draft GGUF path or packaged name "
-                       "(default with no -m: the --pair's draft)")
+                       "(default with no -m: the --pair's draft); auto: the cheapest model at hand whose "
+                       "vocabulary pairs with the target (the packaged ones, --draft-candidates, the target's "
+                       "folder), printed with its reason; none: no draft model")
+        add_draft_candidates_arg(g)
     g.add_argument("--pair", choices=tuple(PAIRS), default="qwen",
                    help="packaged target/draft pair used where -m/-md are not given: qwen = Qwen2.5-Coder 1.5B "
                         "F16 target + 0.5B draft, the reference pair (default); smollm2 = SmolLM2-135M F16 "
@@ -41,6 +48,11 @@ def add_model_args(p: argparse.ArgumentParser, draft: bool = True, ubatch: bool 
     g.add_argument("-t", "--threads", type=int, default=None, metavar="N", help="CPU threads (default: all cores)")
     if ubatch:
         add_ubatch_args(g, draft)
+    g.add_argument("--exact", action="store_true",
+                   help="the target's verification passes round bit for bit as its one-token steps (flash "
+                        "attention, micro-batches of at most 63, no repacked weights; checked on the loaded model "
+                        "at start): speculation then never changes a greedy answer, on quantized weights too, at "
+                        "the cost docs/exactness.md measures")
 
 
 def add_ubatch_args(g, draft: bool = True) -> None:
@@ -59,6 +71,12 @@ def add_ubatch_args(g, draft: bool = True) -> None:
                        f"{UBATCH_DRAFT_DEFAULT}: the draft's steps fit in one pass and its prompt prefill keeps its "
                        "speed (as fast as at 512 on a CPU, about 107 tokens per CPU-second; 0.70-0.87x of that at "
                        "16) with a buffer 8x smaller than 512's (docs/models.md)")
+
+
+def add_draft_candidates_arg(g) -> None:
+    g.add_argument("--draft-candidates", action="append", default=[], metavar="DIR|FILE|NAME=FILE",
+                   help="with -md auto: a folder whose GGUF files may draft too, or one file, named NAME if "
+                        "given (repeatable)")
 
 
 def gpu_layers(text: str) -> int:
@@ -153,17 +171,61 @@ def model_config(args) -> ModelConfig:
                 draft = models.ensure(pair_draft)
         else:
             target = models.resolve(target)
-        if draft is not None:
+        if draft is not None and draft not in DRAFT_WORDS:
             draft = models.resolve(draft)
     except (FileNotFoundError, LookupError, RuntimeError) as e:
         raise CliError(str(e)) from None
+    if draft in DRAFT_WORDS:  # -md auto / none: what was chosen and why, shown at start and by the server
+        from ..draft_choice import none_choice
+
+        args.draft_choice = auto_draft(args, str(target)) if draft == "auto" else none_choice(str(target))
+        if draft == "auto":
+            print("\n".join(args.draft_choice.lines()), file=sys.stderr)
+        draft = args.draft_choice.draft_path
     return _config(ModelConfig, target_path=str(target), draft_path=str(draft) if draft else None,
                    n_ctx=args.ctx_size, n_gpu_layers=args.n_gpu_layers,
                    n_gpu_layers_draft=getattr(args, "n_gpu_layers_draft", 0), n_threads=args.threads,
                    draft_ctx=getattr(args, "draft_ctx", DRAFT_CTX_DEFAULT),
                    n_ubatch=_ubatch(args),
                    n_ubatch_draft=getattr(args, "ubatch_size_draft", UBATCH_DRAFT_DEFAULT),
+                   exact=getattr(args, "exact", False),
                    auto_profile=not getattr(args, "no_auto_profile", False))
+
+
+def candidate_sources(items) -> tuple[list[str], dict[str, str]]:
+    """--draft-candidates: (folders and files, {file: NAME} for each NAME=FILE: a store's model by its name)."""
+    sources, names = [], {}
+    for item in items:
+        name, eq, path = item.partition("=")
+        if eq and name and not os.path.exists(item):
+            path = str(Path(path).expanduser())
+            names[path] = name
+            item = path
+        sources.append(item)
+    return sources, names
+
+
+def auto_draft(args, target: str):
+    """`-md auto`: the best draft for `target` among the packaged models, --draft-candidates and the target's
+    folder (draft_choice.py), with the target and the draft's memory counted against this machine's RAM; the
+    one `bench --drafts auto` pinned for it first (draft_pins.py)."""
+    from .. import draft_pins
+    from ..draft_choice import candidate_paths, choose_draft
+    from ..memory import ModelShape, estimate, physical_memory
+
+    try:
+        sources, names = candidate_sources(getattr(args, "draft_candidates", None) or ())
+        candidates = candidate_paths(target, sources)
+        target_memory = estimate(ModelShape.from_gguf(target), args.ctx_size, n_ubatch=_ubatch(args)).total
+        window = getattr(args, "draft_ctx", DRAFT_CTX_DEFAULT)
+        return choose_draft(target, candidates, n_ctx=args.ctx_size,
+                            draft_ctx=window[0] if isinstance(window, list) else window,  # bench's: a list
+                            n_ubatch_draft=getattr(args, "ubatch_size_draft", UBATCH_DRAFT_DEFAULT),
+                            n_threads=args.threads, budget=physical_memory(), target_memory=target_memory,
+                            pinned=draft_pins.pinned(target, args.threads or max(1, os.cpu_count() or 1)),
+                            names=names)
+    except (OSError, ValueError) as e:
+        raise CliError(f"-md auto: cannot read the target {target}: {e}") from None
 
 
 def _ubatch(args) -> int:
@@ -203,6 +265,11 @@ def load_engine(cfg: ModelConfig, quiet: bool = False):
         raise CliError(str(e)) from None
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
+    check = getattr(engine.target, "exact_check", None)
+    if check is not None and not check.exact:
+        print(f"warning: --exact: {check.detail}", file=sys.stderr)
+    elif check is not None and not quiet:
+        print(f"exact: {check.detail}", file=sys.stderr)
     if not quiet:
         from ..memory import loaded_summary
 

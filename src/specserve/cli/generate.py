@@ -92,7 +92,9 @@ def run(args) -> int:
         except ValueError as e:  # the prompt does not fit, or the target cannot speculate in this mode
             raise CliError(str(e), 2) from None
         if args.json:
-            json.dump({"text": "".join(text_parts), "tokens": out_tokens, "stats": stats.as_dict()}, sys.stdout)
+            choice = getattr(args, "draft_choice", None)
+            json.dump({"text": "".join(text_parts), "tokens": out_tokens, "stats": stats.as_dict(),
+                       **({"draft_choice": choice.public()} if choice is not None else {})}, sys.stdout)
             sys.stdout.write("\n")
         else:
             sys.stdout.write("\n")

@@ -219,7 +219,7 @@ def allowed_hosts(bind: str, extra: list[str]) -> frozenset[str]:
 def settings_from(args, target_path: str):
     """ServerSettings from the flags; raises CliError(2) on bad values, before any model loads."""
     from ..server import ServerSettings
-    from ..server.core.profiles import Profile, build_profiles
+    from ..server.core.model_presets import Profile, build_profiles
     from ..server.state import MIN_BATCH
 
     n_batch = args.batch_size
@@ -305,13 +305,14 @@ def run(args) -> int:
         if args.threads is None:  # local replicas share the cores; on a cluster, set -t per replica yourself
             args.threads = max(1, (os.cpu_count() or 1) // max(1, args.replicas or 1))
         return replicas.run(args, *configs(args))
-    from ..server import create_app, logsafe
+    from ..server import create_app, logsafe, server_of
     from ..server.http.listener import serve
 
     logsafe.install()  # clients' strings reach log lines: escape them
     cfg, settings = configs(args)
     template = chat_template(args)
     engine = load_engine(cfg)
+    engine.draft_choice = getattr(args, "draft_choice", None)
     if template is not None:  # the chat template every chat is rendered with (and its tools read by)
         engine.target.metadata["tokenizer.chat_template"] = template
     app = None
@@ -326,6 +327,7 @@ def run(args) -> int:
         serve(app, args.host, args.port, settings)
     finally:
         if app is not None:
-            app.state.server.scheduler.close()  # the engine thread must stop before the models are freed
+            server_of(app).scheduler.close()  # the engine thread must stop before the models are freed
+            server_of(app).close_embedder()
         engine.close()
     return 0

@@ -19,7 +19,7 @@ from ray import serve
 
 from ..config import ModelConfig
 from ..loading import load_checked
-from ..server import create_app, logsafe
+from ..server import create_app, logsafe, server_of
 from ..server.state import ServerSettings
 from .registry import REPORT_EVERY_S
 
@@ -43,7 +43,7 @@ class EngineReplica:
         for w in warnings:
             log.warning("%s", w)
         self.app = create_app(self.engine, spec.settings)
-        self.state = self.app.state.server
+        self.state = server_of(self.app)
         self.registry = registry
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self._reporter: asyncio.Task | None = None
@@ -116,4 +116,5 @@ class EngineReplica:
             self.registry.leave.remote(self.replica_id)
         with contextlib.suppress(Exception):
             self.state.scheduler.close()  # the engine thread stops before the models are freed
+            self.state.close_embedder()
             self.engine.close()

@@ -30,7 +30,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from ..config import Reasoning
+from ..config import ReasoningBlock
 
 START, THINK, FORCE, ANSWER = "start", "think", "force", "answer"
 _BLANK = b" \t\r\n"
@@ -47,7 +47,7 @@ class _State:
 class ReasoningRule:
     """The request's reasoning phases over the committed tokens, around an optional inner constraint."""
 
-    def __init__(self, model, reasoning: Reasoning, inner=None):
+    def __init__(self, model, reasoning: ReasoningBlock, inner=None):
         self.inner = inner
         self.budget = reasoning.budget
         self.open, self.close = reasoning.open.encode(), reasoning.close.encode()
@@ -235,7 +235,7 @@ def _only(row: np.ndarray, ids: Sequence[int]) -> np.ndarray:
     return out
 
 
-def with_reasoning(reasoning: Reasoning | None, inner, model):
+def with_reasoning(reasoning: ReasoningBlock | None, inner, model):
     """The request's constraint with its reasoning rule around it, where one is needed: a budget to
     keep, or an inner constraint that must wait for the block to end. Else `inner` as it is."""
     if reasoning is None or reasoning.budget < 0 and inner is None:

@@ -9,6 +9,6 @@ constraints and tools, metrics, trace). The load and interference tools that mea
 specserve/tools.
 """
 from .app import create_app
-from .state import ServerSettings
+from .state import ServerSettings, server_of
 
-__all__ = ["ServerSettings", "create_app"]
+__all__ = ["ServerSettings", "create_app", "server_of"]

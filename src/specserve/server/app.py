@@ -27,29 +27,30 @@ from ..memory import fmt_bytes
 from . import webui
 from .apis.anthropic import serving as messages
 from .apis.llama import completion, gcp, infill, props, templates
+from .apis.ollama import embed as ollama_embed
 from .apis.ollama import models as ollama_models
 from .apis.ollama import serving as ollama
-from .apis.openai import chat, completions, models, responses
+from .apis.openai import chat, completions, embeddings, models, responses
 from .core.sleep import WakeOnRequest
 from .http.endpoint import Endpoint
 from .http.errors import OPENAI_SHAPES, CatchAll, ErrorShapes, install_handlers
 from .http.guard import OPEN_PATHS, ApiKeyMiddleware, HostOriginGuard, key_scope
-from .state import ServerSettings, ServerState
+from .state import ServerSettings, ServerState, server_of
 
 ADAPTERS = (completions, chat, models, completion, infill, messages, responses,  # one module per endpoint (or a few)
-            props, templates, gcp, ollama, ollama_models)
+            props, templates, gcp, ollama, ollama_models, ollama_embed, embeddings)
 
 log = logging.getLogger("specserve.server")
 
 
 async def health(request: Request) -> Response:
-    info = request.app.state.server.health()
+    info = server_of(request).health()
     return JSONResponse(info, status_code=503 if info["status"] == "draining" else 200)
 
 
 async def metrics(request: Request) -> Response:
     """The whole server's metrics, or, for a key confined to a scope, that scope's requests alone."""
-    state = request.app.state.server
+    state = server_of(request)
     m = state.metrics
     response = Response(m.render(key_scope(request.scope)), headers={"Content-Type": m.content_type})
     # llama-server's header, in its own case: clients that read headers into a plain dict look it up so
@@ -90,6 +91,7 @@ def create_app(engine: Engine, settings: ServerSettings) -> Starlette:
                 await state.sleeper.close()  # after a wake in progress, none more
             state.grammars.close()
             state.scheduler.close()
+            state.close_embedder()  # the engine thread has stopped; the weights are freed after (the caller's)
 
     routes = [*(e.route() for e in endpoints),
               Route("/health", health, methods=["GET"]), Route("/v1/health", health, methods=["GET"]),

@@ -4,12 +4,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from starlette.applications import Starlette
+from starlette.requests import HTTPConnection
+
 from ..engine import Engine
 from ..grammar import GrammarWorker
 from ..memory import rss_bytes
 from .core.batcher import SLOWDOWN
 from .core.metrics import ServerMetrics
-from .core.profiles import Profile
+from .core.model_presets import Profile
 from .core.reasoning import FORMATS as REASONING_FORMATS
 from .core.scheduler import Scheduler
 from .core.sleep import Sleeper
@@ -92,7 +95,7 @@ class ServerSettings:
 
 
 class ServerState:
-    """Per-app state, reached from handlers as `request.app.state.server`."""
+    """Per-app state, reached from handlers as `server_of(request)`."""
 
     def __init__(self, engine: Engine, settings: ServerSettings):
         self.engine = engine
@@ -108,6 +111,13 @@ class ServerState:
         self.grammars = GrammarWorker()  # compiles grammars off the event loop (core/constraints/compiling.py)
         # frees the models while idle (--sleep-idle-seconds); None: they stay loaded
         self.sleeper = Sleeper(self, settings.sleep_idle_seconds) if settings.sleep_idle_seconds > 0 else None
+        self.embedder = None  # the target's embeddings, made by the first request (core/embeddings.py)
+
+    def close_embedder(self) -> None:
+        """Free the embedding context (before the weights it uses: at sleep and at stop), with the engine
+        thread stopped; the next request opens it again."""
+        if self.embedder is not None:
+            self.embedder.close()
 
     @property
     def n_slots(self) -> int:
@@ -128,3 +138,8 @@ class ServerState:
             "is_sleeping": self.sleeper is not None and self.sleeper.asleep,
         }
 
+
+def server_of(request: HTTPConnection | Starlette) -> ServerState:
+    """The state of the server that took `request` (given the app itself: the app's)."""
+    app = request if isinstance(request, Starlette) else request.app
+    return app.state.server

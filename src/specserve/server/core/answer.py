@@ -20,7 +20,7 @@ from ...stats import GenerationStats
 from .constraints.toolcalls import Call
 from .events import Event, Finish, Text
 from .jobs import Job
-from .reading import AnswerReader
+from .answer_reader import AnswerReader
 from .trace import target_alone_tokens_per_s
 
 

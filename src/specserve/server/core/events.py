@@ -1,6 +1,6 @@
 """The answer side of a generation, the same for every API: a stream of typed events an adapter shapes.
 
-`answer.events(job)` yields, in order: `Reasoning` pieces where the answer starts with a reasoning
+`answer.events(job)` yields, in order: `ReasoningText` pieces where the answer starts with a reasoning
 block (`<think>...</think>`, parted once for every API: core/reasoning.py), `Text` pieces (with the
 token ids and, where asked, the trace of who produced each token), `CallStart` and `CallArguments`
 where the request's tools are read back from the text, and one `Finish`. Each piece is final when
@@ -30,7 +30,7 @@ class Text:
 
 
 @dataclass(slots=True)
-class Reasoning:
+class ReasoningText:
     """A piece of the answer's reasoning block, without its markers: OpenAI chat's `reasoning_content`,
     Anthropic's `thinking` block, a Responses reasoning item. `tokens`, `trace` and `logprobs` as Text's:
     those of the steps whose text this piece completed, where it is the last piece they gave."""
@@ -72,4 +72,4 @@ class Finish:
     cut: object = None
 
 
-Event = Union[Reasoning, Text, CallStart, CallArguments, Finish]
+Event = Union[ReasoningText, Text, CallStart, CallArguments, Finish]

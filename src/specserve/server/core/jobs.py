@@ -34,6 +34,7 @@ from .metrics import log_request
 from .reasoning import Parting, resolve
 from .request import GenRequest, exceed_context, fit_context
 from .scheduler import QueueFull, SlotPool, draining, queue_full, stopping
+from .server_parts import ServerParts
 from .trace import Tracer
 
 log = logging.getLogger("specserve.server")
@@ -86,7 +87,7 @@ def _prepare(model, req: GenRequest, template_kwargs: dict | None, n_ctx: int) -
 class Job:
     """A running generation holding a slot. Drive it with `chunks()`; end it with `finish()`."""
 
-    def __init__(self, state, req: GenRequest, slot, tokens: list[int], t_arrival: float, queue_s: float,
+    def __init__(self, state: ServerParts, req: GenRequest, slot, tokens: list[int], t_arrival: float, queue_s: float,
                  parting: Parting | None = None):
         self.state, self.req, self.slot = state, req, slot
         self.prompt_tokens = tokens
@@ -261,7 +262,7 @@ async def _acquire(pool: SlotPool, tokens: list[int], request: Request | None, i
     return acquire.result()
 
 
-def _ending_with_more(state, tokens: list[int], scope: str) -> int:
+def _ending_with_more(state: ServerParts, tokens: list[int], scope: str) -> int:
     """The slot (-1: none) whose request has ended and which is on its way back, holding more of `tokens`
     than any free slot can give."""
     pool = state.scheduler.pool
@@ -277,7 +278,7 @@ def _ending_with_more(state, tokens: list[int], scope: str) -> int:
     return found
 
 
-async def _own_cache_soon(state, tokens: list[int], request: Request | None, req: GenRequest):
+async def _own_cache_soon(state: ServerParts, tokens: list[int], request: Request | None, req: GenRequest):
     """A slot on its way back whose cache holds more of the prompt than any free one, if it is back within
     RESEND_GRACE_S; else None. A client that drops a stream and sends it again at once arrives while its
     slot is still being closed (on the engine thread, after the pass under way): without this it took
@@ -294,7 +295,7 @@ async def _own_cache_soon(state, tokens: list[int], request: Request | None, req
         return None
 
 
-async def start(state, req: GenRequest, request: Request | None = None) -> Job:
+async def start(state: ServerParts, req: GenRequest, request: Request | None = None) -> Job:
     """Validate the prompt, wait for a slot, run the prompt and first step. Raises ApiError.
     With `request`, a client that disconnects while queued is dropped (ApiError(CLIENT_GONE))."""
     t_arrival = time.perf_counter()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ...config import GREEDY_TEMPERATURE, SamplingParams, SpecParams, draft_max_caps_suffix
 from ..http.errors import ApiError, bad_request
-from .profiles import VERIFY_METHODS, Profile
+from .model_presets import VERIFY_METHODS, Profile
 
 _SAMPLING_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
 _SPEC_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SpecParams)}
@@ -39,7 +39,7 @@ MAX_TOKENS = 2**31 - 1  # llama-server's bound on n_predict; more than a context
 
 
 @dataclass(frozen=True)
-class Limit:
+class TokenLimit:
     """A limit on generated tokens: the field that gave it and its value (None: no limit, llama-server's
     `n_predict: -1`, generate until the context fills)."""
 
@@ -99,7 +99,7 @@ def _samplers(value: str | list[str], kw: dict) -> None:
                               f"applies {', '.join(SAMPLER_ORDER)} in that order", "samplers", "unsupported_parameter")
 
 
-def _check_pinned(profile: Profile, kw: dict, asked: dict, limit: Limit | None) -> None:
+def _check_pinned(profile: Profile, kw: dict, asked: dict, limit: TokenLimit | None) -> None:
     """400 `pinned_parameter` where the request changed a sampling field its profile pins."""
     for name in profile.pinned:
         if name == "max_tokens":
@@ -115,8 +115,8 @@ def _pinned(profile: Profile, param: str) -> ApiError:
                        "pinned_parameter")
 
 
-def sampling_params(profile: Profile, n_ctx: int, asked: dict, *, limit: Limit | None = None,
-                    default: Limit | None = None, samplers: str | list[str] | None = None,
+def sampling_params(profile: Profile, n_ctx: int, asked: dict, *, limit: TokenLimit | None = None,
+                    default: TokenLimit | None = None, samplers: str | list[str] | None = None,
                     stop: tuple[str, ...] = ()) -> tuple[SamplingParams, str | None]:
     """SamplingParams over the profile's defaults, and what set max_tokens (GenRequest.limit).
 

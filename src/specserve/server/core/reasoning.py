@@ -2,7 +2,7 @@
 
 A reasoning model (Qwen3, DeepSeek-R1, QwQ) answers `<think>...</think>` first; some templates spell
 their own markers. The server parts that block from the answer once, here, below the adapters: the
-answer's events (events.py) carry it as `Reasoning` pieces before the answer's `Text`, and each API
+answer's events (events.py) carry it as `ReasoningBlock` pieces before the answer's `Text`, and each API
 shapes it (OpenAI chat: `reasoning_content`; Anthropic: `thinking` blocks; Responses: reasoning items).
 
 `--reasoning-format` (and a request's `reasoning_format`), as llama-server's:
@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ...config import Reasoning
+from ...config import ReasoningBlock
 from .request import GenRequest
 
 FORMATS = ("none", "deepseek", "auto")
@@ -69,7 +69,7 @@ def resolve(req: GenRequest, model, tokens: list[int], default_format: str = "au
     inside = opened(model, tokens, tags[0])
     sampling = req.sampling
     if own is not None and chat or inside or budget >= 0:
-        sampling = dataclasses.replace(sampling, reasoning=Reasoning(*tags, inside=inside, budget=budget))
+        sampling = dataclasses.replace(sampling, reasoning=ReasoningBlock(*tags, inside=inside, budget=budget))
     parting = Parting(*tags, inside) if fmt != "none" else None
     return (dataclasses.replace(req, sampling=sampling) if sampling is not req.sampling else req), parting
 

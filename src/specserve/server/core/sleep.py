@@ -27,6 +27,7 @@ from starlette.routing import Match, Route
 from ...memory import fmt_bytes, rss_bytes, trim_heap
 from ..http.errors import ApiError, ErrorShapes, error_response
 from .scheduler import draining
+from .server_parts import ServerParts
 
 log = logging.getLogger("specserve.server")
 POLL_S = 0.25  # how often the idle time is looked at (at most a quarter of it)
@@ -36,7 +37,7 @@ class Sleeper:
     """The sleep/wake state of one server: `awake()` around every request that needs the model, `watch()`
     as a task for the server's lifetime."""
 
-    def __init__(self, state, idle_s: float):
+    def __init__(self, state: ServerParts, idle_s: float):
         self.state, self.idle_s = state, idle_s
         self.unloaded = False  # a request must wake it first: from the start of freeing to the end of loading
         self.asleep = False  # what /props and /health say: the memory is given back, until loaded again
@@ -113,6 +114,7 @@ class Sleeper:
         """Off the event loop: the engine thread and the slots' contexts first, then the weights."""
         engine = self.state.engine
         self.state.scheduler.unload()
+        self.state.close_embedder()
         if engine.controller is not None:
             engine.controller.save()  # kept in memory too; saved as at exit, in case the process ends asleep
         for model in (engine.draft, engine.target):

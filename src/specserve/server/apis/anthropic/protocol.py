@@ -15,7 +15,7 @@ from pydantic import Field, model_validator
 from ...core.constraints.structured import schema_grammar
 from ...core.constraints.tools import NAME
 from ...http.errors import bad_request
-from ..shared.fields import MAX_STOP, MAX_STOP_LEN, Generation
+from ..shared.generation_fields import MAX_STOP, MAX_STOP_LEN, GenerationFields
 from ..shared.validation import Fields
 
 
@@ -91,7 +91,7 @@ class OutputConfig(Fields):
     effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
 
 
-class MessagesRequest(Generation):
+class MessagesRequest(GenerationFields):
     messages: list | None = None
     system: str | list | None = None
     max_tokens: int | None = None

@@ -13,7 +13,7 @@ import re
 
 from ...core.constraints.tools import ToolRequest, ToolSpec
 from ...core.constraints.tools import tool_request as core_tool_request
-from ...core.prefill import prefilled
+from ...core.assistant_prefill import prefilled
 from ...http.errors import bad_request
 from ..shared.builder import Api, Prompt, ServerView
 from ..shared.validation import parse

@@ -20,14 +20,15 @@ from starlette.responses import JSONResponse, Response
 
 from ...core.answer import Answer, answer
 from ...core.jobs import CLIENT_GONE, start
-from ...core.prefill import prefilled
+from ...core.assistant_prefill import prefilled
 from ...core.request import GenRequest
 from ...http.body import read_json
 from ...http.endpoint import Endpoint
 from ...http.errors import ApiError
 from ...http.sse import sse_response
+from ...state import server_of
 from ..shared.builder import request_of
-from ..shared.fields import count_chat_tokens
+from ..shared.generation_fields import count_chat_tokens
 from ..shared.validation import parse
 from . import stream as anthropic_stream
 from .protocol import MessagesRequest
@@ -97,7 +98,7 @@ async def messages(request: Request) -> Response:
 
 async def count_tokens(request: Request) -> Response:
     """The prompt's tokens as /v1/messages would evaluate them: the same chat, tools and template."""
-    state = request.app.state.server
+    state = server_of(request)
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
     fields = parse(MessagesRequest, body)
     chat = chat_messages(fields)

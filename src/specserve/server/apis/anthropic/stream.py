@@ -18,7 +18,7 @@ from typing import AsyncIterator
 
 from ...core.answer import events as answer_events
 from ...core.answer import speculative_usage
-from ...core.events import CallArguments, CallStart, Finish, Reasoning, Text
+from ...core.events import CallArguments, CallStart, Finish, ReasoningText, Text
 from ...core.jobs import Job
 
 STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens"}  # else end_turn (or stop_sequence)
@@ -91,7 +91,7 @@ async def events(job: Job, head: dict) -> AsyncIterator[dict]:
             if text:
                 extra = {"speculative_trace": event.trace} if event.trace is not None else {}
                 yield blocks.delta({"type": "text_delta", "text": text}, **extra)
-        elif kind is Reasoning:  # the answer's reasoning block comes first: a thinking block
+        elif kind is ReasoningText:  # the answer's reasoning block comes first: a thinking block
             if event.text:
                 if blocks.open != "thinking":
                     for e in blocks.start({"type": "thinking", "thinking": ""}):

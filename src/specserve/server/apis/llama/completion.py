@@ -26,11 +26,12 @@ from ...core.jobs import CLIENT_GONE, Job, start
 from ...core.request import GenRequest
 from ...http.endpoint import Endpoint
 from ...http.errors import bad_request
-from ..shared import several
+from ...state import ServerState
+from ..shared import n_completions
 from ..shared.answer import stream, traced
 from ..shared.builder import request_of
-from ..shared.probs import llama_probs, per_token
-from ..shared.progress import progress_events
+from ..shared.logprob_shapes import llama_probs, per_token
+from ..shared.prompt_progress import progress_events
 from ..shared.timings import timings
 from .answer import final
 from .infill_rules import select_fields
@@ -44,7 +45,7 @@ def routes() -> list[Endpoint]:
 
 async def completion(request: Request) -> Response:
     state, req, fields = await request_of(LLAMA, request)
-    n = several.count(fields.n_cmpl if fields.n_cmpl is not None else fields.n, state.n_slots,
+    n = n_completions.count(fields.n_cmpl if fields.n_cmpl is not None else fields.n, state.n_slots,
                       "n_cmpl" if fields.n_cmpl is not None else "n")
     reqs = [dataclasses.replace(req, prompt=p) for p in fields.prompts]
     if len(reqs) == 1 and n == 1:
@@ -52,8 +53,8 @@ async def completion(request: Request) -> Response:
     if req.stream:
         raise bad_request("stream with several prompts or completions is not supported", "stream",
                           "unsupported_parameter")
-    runs = [v for r in reqs for v in several.variants(r, n)]
-    outs = await several.answers(state, runs, request)
+    runs = [v for r in reqs for v in n_completions.variants(r, n)]
+    outs = await n_completions.answers(state, runs, request)
     if outs is None:
         return Response(status_code=CLIENT_GONE)
     per = len(runs) // len(reqs)  # 1 where a greedy request's n completions are one answer
@@ -69,7 +70,7 @@ def _shaped(job: Job, out, fields: LlamaRequest, index: int = 0) -> dict:
     return select_fields(body, fields.response_fields) if fields.response_fields else body
 
 
-async def _one(request: Request, state, req: GenRequest, fields: LlamaRequest) -> Response:
+async def _one(request: Request, state: ServerState, req: GenRequest, fields: LlamaRequest) -> Response:
     job = await start(state, req, request)
     if req.stream:
         return stream(request, job, _chunks(job, fields))

@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response
 from ...http.body import read_json
 from ...http.endpoint import Endpoint
 from ...http.errors import ApiError, bad_request, error_body
+from ...state import server_of
 
 MAX_INSTANCES = 128  # llama-server's
 # @requestFormat -> path
@@ -67,7 +68,7 @@ async def _run(request: Request, path: str, body: dict, gone: asyncio.Event) -> 
 
 
 async def predict(request: Request) -> Response:
-    state = request.app.state.server
+    state = server_of(request)
     if not state.settings.gcp_predict:
         raise ApiError(404, "Not Found: /predict is served with AIP_MODE=PREDICTION (Vertex AI)")
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)

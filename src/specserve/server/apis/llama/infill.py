@@ -13,7 +13,7 @@ llama.cpp's `infill` sampler (in both editors' `samplers`) is served as greedy d
 target's most likely token each step; `id_slot` runs the request on that slot (waiting for it
 while busy), as llama-server does; -1 takes the free slot whose cache shares the longest prefix;
 `n_cmpl` > 1 answers an array of that many completions, as llama-server does (llama.vscode asks for 3):
-sampled ones run at once on as many slots (several.py; at most the server's slots), a greedy request's
+sampled ones run at once on as many slots (n_completions.py; at most the server's slots), a greedy request's
 are one generation handed out n times (they would be identical), at most request.MAX_GREEDY_COPIES
 (the count is checked by the builder: request.check_infill).
 """
@@ -32,7 +32,8 @@ from ...core.events import Text
 from ...core.jobs import CLIENT_GONE, Job, start
 from ...core.request import GenRequest
 from ...http.endpoint import Endpoint
-from ..shared import several
+from ...state import ServerState
+from ..shared import n_completions
 from ..shared.answer import stream
 from ..shared.builder import request_of
 from .answer import final
@@ -76,7 +77,7 @@ async def infill(request: Request) -> Response:
     return JSONResponse(_shaped(job, rules, out.text, own))
 
 
-async def _start(request: Request, state, req: GenRequest, own: InfillRequest) -> tuple[Job, LineRules]:
+async def _start(request: Request, state: ServerState, req: GenRequest, own: InfillRequest) -> tuple[Job, LineRules]:
     t_start = time.perf_counter()
     job = await start(state, req, request)
     # the time rule counts from the end of the prompt, as llama-server's t_start_generation
@@ -90,15 +91,15 @@ def _shaped(job: Job, rules: LineRules, content: str, own: InfillRequest, index:
     return select_fields(out, own.response_fields) if own.response_fields else out
 
 
-async def _several(request: Request, state, req: GenRequest, own: InfillRequest, n: int) -> Response:
-    """n_cmpl > 1: an array of n completions, each under its own line rules (several.variants: one run for a
+async def _several(request: Request, state: ServerState, req: GenRequest, own: InfillRequest, n: int) -> Response:
+    """n_cmpl > 1: an array of n completions, each under its own line rules (n_completions.variants: one run for a
     greedy request). The first refusal is raised once every run has ended."""
     async def one(run: GenRequest):
         job, rules = await _start(request, state, run, own)
         out = await answer(job, request, cut=rules)
         return job, rules, None if out is None else out.text
 
-    results = await asyncio.gather(*(one(r) for r in several.variants(req, n)), return_exceptions=True)
+    results = await asyncio.gather(*(one(r) for r in n_completions.variants(req, n)), return_exceptions=True)
     for r in results:
         if isinstance(r, BaseException):
             raise r

@@ -21,10 +21,12 @@ from starlette.responses import JSONResponse, Response
 
 from .... import __version__
 from ....config import SamplingParams, SpecParams
+from ....draft_choice import of_engine
 from ...core.params import sampling_params
 from ...http.endpoint import Endpoint
 from ...http.errors import ApiError, bad_request
 from ...http.guard import KEY_SCOPE
+from ...state import ServerState, server_of
 
 RANDOM_SEED = 0xFFFFFFFF  # llama-server's LLAMA_DEFAULT_SEED: a random seed per request
 BUILD_INFO = f"specserve {__version__} (llama-cpp-python {llama_cpp.__version__})"
@@ -82,12 +84,12 @@ def generation_settings(sampling: SamplingParams, spec: SpecParams | None = None
     return out
 
 
-def _speculates(state) -> bool:
+def _speculates(state: ServerState) -> bool:
     """Whether requests that ask nothing are speculated (lookup drafters need no draft model)."""
     return state.profiles[state.settings.model_name].spec.get("mode", "auto") != "none"
 
 
-def _defaults(state) -> dict:
+def _defaults(state: ServerState) -> dict:
     """The served model's defaults, as a request that sets nothing gets them."""
     profile = state.profiles[state.settings.model_name]
     sampling, _ = sampling_params(profile, state.engine.n_ctx, {})
@@ -98,7 +100,7 @@ def _defaults(state) -> dict:
 
 
 async def props(request: Request) -> Response:
-    state = request.app.state.server
+    state = server_of(request)
     engine, settings = state.engine, state.settings
     target, v = engine.target, engine.target.vocab
 
@@ -112,13 +114,21 @@ async def props(request: Request) -> Response:
         "model_alias": settings.model_name,
         "model_path": Path(target.path).name,
         "draft_model_path": Path(engine.draft.path).name if engine.draft is not None else None,
+        "draft_choice": of_engine(engine),  # how the draft was chosen (-md auto) and the other candidates
         "modalities": {"vision": False, "video": False, "audio": False},
         "endpoint_slots": settings.slots_endpoint, "endpoint_props": False, "endpoint_metrics": True,
         "ui": settings.webui, "webui": settings.webui,
         "chat_template": target.metadata.get("tokenizer.chat_template") or "",
         "bos_token": text(v.bos), "eos_token": text(v.eos),
         "build_info": BUILD_INFO, "is_sleeping": state.sleeper is not None and state.sleeper.asleep,
+        "exact": _exact(target),
     })
+
+
+def _exact(target) -> dict | None:
+    """--exact's start-up check (backends/exact.py): whether passes of any size round as one-token steps here."""
+    check = getattr(target, "exact_check", None)
+    return None if check is None else {"exact": check.exact, "pad_single": check.pad_single, "detail": check.detail}
 
 
 async def props_change(request: Request) -> Response:
@@ -126,7 +136,7 @@ async def props_change(request: Request) -> Response:
                         "with other flags")
 
 
-def _slot(state, i: int, key_scope: str | None) -> dict:
+def _slot(state: ServerState, i: int, key_scope: str | None) -> dict:
     """Slot i as llama-server shows it; for a key confined to `key_scope`, the request only where the
     slot's last one was of that scope, and no speculation counters (they sum every tenant's requests)."""
     pool, record = state.scheduler.pool, state.slot_records.slots[i]
@@ -152,7 +162,7 @@ def _slot(state, i: int, key_scope: str | None) -> dict:
 
 
 async def slots(request: Request) -> Response:
-    state = request.app.state.server
+    state = server_of(request)
     if not state.settings.slots_endpoint:
         raise not_supported("This server does not support slots endpoint: it was started with --no-slots")
     key_scope = request.scope.get(KEY_SCOPE)
@@ -168,7 +178,7 @@ async def slot_action(request: Request) -> Response:
     """POST /slots/{id}?action=erase empties the slot's caches, waiting while it is busy; save and restore
     (llama-server's --slot-save-path) are not supported. A scoped key acts only on a slot whose cache
     is its scope's (asked again once the slot is held: another scope's request may have run meanwhile)."""
-    state = request.app.state.server
+    state = server_of(request)
     pool = state.scheduler.pool
     try:
         i = int(request.path_params["id_slot"])

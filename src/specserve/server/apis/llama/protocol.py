@@ -7,12 +7,12 @@ from typing import Any
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from ...http.errors import bad_request
-from ..shared.fields import Generation
-from ..shared.probs import count
+from ..shared.generation_fields import GenerationFields
+from ..shared.logprob_shapes import count
 from ..shared.validation import Fields
 
 
-class LlamaRequest(Generation):
+class LlamaRequest(GenerationFields):
     prompt: Any = None  # one prompt or several: request.llama_prompts
     n_predict: int | None = None
     max_tokens: int | None = None
@@ -22,7 +22,7 @@ class LlamaRequest(Generation):
     n_cmpl: int | None = None
     n: int | None = None  # n_cmpl's other name (OpenAI's)
     response_fields: list[str] | None = None  # only these fields of the answer (infill_rules.select_fields)
-    n_probs: int | None = None  # each answer token's logprob and this many alternatives (shared/probs.py)
+    n_probs: int | None = None  # each answer token's logprob and this many alternatives (shared/logprob_shapes.py)
     logprobs: int | None = None  # n_probs's OpenAI name, read where n_probs is absent (as llama-server does)
     post_sampling_probs: bool | None = None  # probabilities of the distribution sampled from, not the model's
     # llama-server's flat spelling of speculation (llama-server's n_max is our draft_max)

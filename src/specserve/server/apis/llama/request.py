@@ -8,10 +8,10 @@ import anyio
 from ....fim import Infill, healed
 from ...core.request import GenRequest
 from ...http.errors import bad_request
-from ..shared import several
+from ..shared import n_completions
 from ..shared.builder import Api, Prompt, ServerView
 from ..shared.constraint_fields import refuse_constraints
-from ..shared.fields import prompt_value, required
+from ..shared.generation_fields import prompt_value, required
 from ..shared.fim_prompts import fim_prompt
 from .protocol import InfillRequest, LlamaRequest
 from .templates import tokenize_mixed
@@ -76,7 +76,7 @@ def check_infill(fields: InfillRequest, req: GenRequest, server: ServerView) -> 
     """n_cmpl from 1 to the server's slots (sampled completions each run on one), or to MAX_GREEDY_COPIES
     for a greedy request (one generation copied); one where the answer is streamed."""
     n_slots = server.n_slots
-    several.count(fields.n_cmpl, max(n_slots, MAX_GREEDY_COPIES) if req.sampling.greedy else n_slots, "n_cmpl",
+    n_completions.count(fields.n_cmpl, max(n_slots, MAX_GREEDY_COPIES) if req.sampling.greedy else n_slots, "n_cmpl",
                   req.stream)
 
 

@@ -20,11 +20,12 @@ from starlette.responses import JSONResponse, Response
 from ....chat import ChatTemplateError, MessageError, render, validate_messages
 from ....prompt import chat_tokens
 from ...core.constraints.tools import template_input
-from ...core.prefill import prefill_joined, prefilled
+from ...core.assistant_prefill import prefill_joined, prefilled
 from ...http.body import read_json
 from ...http.endpoint import Endpoint
 from ...http.errors import bad_request
-from ..shared.fields import template_kwargs_of
+from ...state import server_of
+from ..shared.generation_fields import template_kwargs_of
 from ..shared.validation import parse
 from .protocol import DetokenizeRequest, TemplateRequest, TokenizeRequest
 
@@ -83,7 +84,7 @@ def _json_list(key: str, items: list) -> bytes:
 
 
 async def tokenize(request: Request) -> Response:
-    state = request.app.state.server
+    state = server_of(request)
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
     model = state.engine.target
 
@@ -99,7 +100,7 @@ async def tokenize(request: Request) -> Response:
 
 
 async def detokenize(request: Request) -> Response:
-    state = request.app.state.server
+    state = server_of(request)
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
     model = state.engine.target
 
@@ -139,7 +140,7 @@ def render_chat(model, messages: list, tools: list | None, add_generation_prompt
 
 async def _template_request(request: Request):
     """(state, fields, template kwargs) of a body that names a chat to render (/apply-template, input_tokens)."""
-    state = request.app.state.server
+    state = server_of(request)
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
     fields = parse(TemplateRequest, body)
     if not fields.messages:

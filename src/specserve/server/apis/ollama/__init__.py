@@ -1,1 +1,2 @@
-"""Ollama's API (/api/chat, /api/generate, /api/tags, /api/show, /api/ps, /api/version), single-model mode."""
+"""Ollama's API (/api/chat, /api/generate, /api/tags, /api/show, /api/ps, /api/version, /api/embed,
+/api/embeddings), single-model mode."""

@@ -1,5 +1,5 @@
 """Ollama's model endpoints over the one served model: GET /api/tags, POST /api/show, GET /api/ps,
-GET /api/version; and what this server does not do (pull, push, create, copy, delete, embed): 501 with
+GET /api/version; and what this server does not do (pull, push, create, copy, delete): 501 with
 Ollama's `{"error": ...}` saying why.
 
 The details come from the GGUF header the server read at start (format gguf, family: the architecture,
@@ -18,12 +18,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from .... import __version__
+from ....draft_choice import of_engine
 from ....fim import fim_tokens
 from ....gguf_meta import GGUFError, read_header, tensor_infos
 from ...core.reasoning import template_tags
 from ...http.body import read_json
 from ...http.endpoint import Endpoint
 from ...http.errors import ApiError
+from ...state import ServerState, server_of
 from ..shared.builder import ServerView
 from ..shared.validation import Fields, parse
 from .request import model_known, not_found, served_names
@@ -42,8 +44,7 @@ _FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9
 _NOT_HERE = ("this server serves the local GGUF file it was started with (specserve serve -m FILE): it does not "
              "pull, push, create, copy or delete models")
 _UNSUPPORTED = {"/api/pull": ("POST",), "/api/push": ("POST",), "/api/create": ("POST",),
-                "/api/copy": ("POST",), "/api/delete": ("DELETE",),
-                "/api/embed": ("POST",), "/api/embeddings": ("POST",)}
+                "/api/copy": ("POST",), "/api/delete": ("DELETE",)}
 
 
 def routes() -> list[Endpoint]:
@@ -94,12 +95,12 @@ def _file(target) -> tuple[int, str, str]:
     return st.st_size, modified, digest
 
 
-def _names(state) -> list[str]:
+def _names(state: ServerState) -> list[str]:
     return list(dict.fromkeys([state.settings.model_name, *state.settings.aliases, *state.profiles]))
 
 
 async def tags(request: Request) -> Response:
-    state = request.app.state.server
+    state = server_of(request)
     target = state.engine.target
     size, modified, digest = _file(target)
     info = details(target)
@@ -109,14 +110,15 @@ async def tags(request: Request) -> Response:
 
 async def ps(request: Request) -> Response:
     """The served model, loaded for the server's life: it never expires (keep_alive is not read)."""
-    state = request.app.state.server
+    state = server_of(request)
     target = state.engine.target
     size, _, digest = _file(target)  # the weights' file: the slots' caches are /props' and /metrics' to tell
     info = details(target)
     return JSONResponse({"models": [{"name": name, "model": name, "size": size, "digest": digest, "details": info,
                                      # size_vram: not measured here (0), whatever -ngl offloads
                                      "expires_at": "9999-12-31T23:59:59Z", "size_vram": 0,
-                                     "context_length": state.engine.n_ctx} for name in _names(state)[:1]]})
+                                     "context_length": state.engine.n_ctx,
+                                     "draft_choice": of_engine(state.engine)} for name in _names(state)[:1]]})
 
 
 async def version(request: Request) -> Response:
@@ -154,7 +156,7 @@ def model_info(target) -> dict:
 
 
 async def show(request: Request) -> Response:
-    state = request.app.state.server
+    state = server_of(request)
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
     fields = parse(ShowRequest, body)
     name = fields.model or fields.name
@@ -171,10 +173,10 @@ async def show(request: Request) -> Response:
     return JSONResponse({"modelfile": f"# served by specserve\nFROM {Path(target.path).name}\n",
                          "parameters": parameters, "template": target.metadata.get(_TEMPLATE_KEY) or "",
                          "details": details(target), "model_info": model_info(target),
-                         "capabilities": capabilities(target), "modified_at": modified})
+                         "capabilities": capabilities(target), "modified_at": modified,
+                         "draft_choice": of_engine(state.engine)})
 
 
 async def not_here(request: Request) -> Response:
     what = request.url.path.removeprefix("/api/").split("/")[0]
-    why = "it generates text and computes no embeddings" if what.startswith("embed") else _NOT_HERE
-    raise ApiError(501, f"/api/{what} is not supported: {why}", code="not_supported")
+    raise ApiError(501, f"/api/{what} is not supported: {_NOT_HERE}", code="not_supported")

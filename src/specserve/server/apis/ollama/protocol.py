@@ -15,7 +15,7 @@ from pydantic import model_validator
 
 from ...core.constraints.structured import json_object, schema_grammar
 from ...http.errors import bad_request
-from ..shared.fields import Generation
+from ..shared.generation_fields import GenerationFields
 from ..shared.validation import Fields, parse
 
 TEXT_ONLY = "this server reads text: images are not supported (it serves a text model's GGUF)"
@@ -72,7 +72,7 @@ def _options(value) -> dict:
     return lifted
 
 
-class OllamaFields(Generation):
+class OllamaFields(GenerationFields):
     """What /api/chat and /api/generate share."""
 
     stream: bool | None = True

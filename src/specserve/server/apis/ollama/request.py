@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 
 from ...core.constraints.tools import NAME, ToolRequest, ToolSpec, tool_request
-from ...core.prefill import prefilled
+from ...core.assistant_prefill import prefilled
 from ...core.request import GenRequest
 from ...http.errors import ApiError, bad_request
 from ..shared.builder import Api, Prompt, ServerView

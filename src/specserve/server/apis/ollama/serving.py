@@ -7,7 +7,7 @@ GenRequest. The answer is Ollama's: one JSON object, or with `stream` (Ollama's 
 one with `done: true`, `done_reason` ("stop" or "length"), the counts and durations in nanoseconds
 (`total_duration`, `load_duration`: 0, the model is loaded when the server starts; `prompt_eval_count`:
 the prompt's tokens, those read from the slot's cache among them; `prompt_eval_duration`, `eval_count`,
-`eval_duration`) and `speculative`: what speculation did, as every API's usage carries it. Reasoning
+`eval_duration`) and `speculative`: what speculation did, as every API's usage carries it. ReasoningText
 comes as `thinking`; a chat's tool calls as `message.tool_calls[].function.{name, arguments}` with the
 arguments an object, in a line of their own once each call is whole. A request without messages or prompt
 is Ollama's load request: answered at once (`done_reason: "load"`), the model being always loaded.
@@ -25,13 +25,14 @@ from starlette.responses import JSONResponse, Response
 
 from ...core.answer import answer, events, speculative_usage
 from ...core.constraints.toolcalls import Call
-from ...core.events import CallArguments, CallStart, Finish, Reasoning, Text
+from ...core.events import CallArguments, CallStart, Finish, ReasoningText, Text
 from ...core.jobs import CLIENT_GONE, Job, start
 from ...http.body import read_json
 from ...http.endpoint import Endpoint
 from ...http.errors import ApiError
 from ...http.guard import key_scope
 from ...http.sse import sse_response
+from ...state import server_of
 from ..shared.builder import Api, ServerView, build_request
 from ..shared.validation import parse
 from .request import CHAT, GENERATE, model_known, not_found, served_names
@@ -83,7 +84,7 @@ def _calls(calls: list[Call]) -> list[dict]:
 
 async def _generating(request: Request, api: Api, text_key: str) -> Response:
     t0 = time.perf_counter_ns()
-    state = request.app.state.server
+    state = server_of(request)
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
     server = ServerView.of(state, key_scope(request.scope))
     chat = api is CHAT
@@ -148,7 +149,7 @@ async def _lines(job: Job, head: dict, chat: bool, t0: int) -> AsyncIterator[dic
 
     async for event in events(job):
         kind = type(event)
-        if kind in (Text, Reasoning):
+        if kind in (Text, ReasoningText):
             if event.text:
                 out = piece(event.text) if kind is Text else piece(thinking=event.text)
                 if event.trace is not None:

@@ -16,14 +16,15 @@ from starlette.responses import Response
 
 from ...core.answer import events
 from ...core.constraints.tools import call_form
-from ...core.events import CallStart, Event, Finish, Reasoning, Text
+from ...core.events import CallStart, Event, Finish, ReasoningText, Text
 from ...core.jobs import Job, start
+from ...core.server_parts import ServerParts
 from ...http.endpoint import Endpoint
-from ..shared import several
+from ..shared import n_completions
 from ..shared.answer import stream, traced
 from ..shared.builder import request_of
-from ..shared.probs import llama_probs
-from ..shared.progress import progress_events
+from ..shared.logprob_shapes import llama_probs
+from ..shared.prompt_progress import progress_events
 from ..shared.timings import timings
 from .common import head, respond, stream_end, verbose
 from .protocol import ChatRequest
@@ -40,10 +41,10 @@ def prepare(target) -> None:
 
 
 def delta(event: Event) -> dict:
-    """A Text, Reasoning or tool-call event as the `delta` of an OpenAI chat.completion.chunk."""
+    """A Text, ReasoningText or tool-call event as the `delta` of an OpenAI chat.completion.chunk."""
     if type(event) is Text:
         return {"content": event.text}
-    if type(event) is Reasoning:
+    if type(event) is ReasoningText:
         return {"reasoning_content": event.text}
     if type(event) is CallStart:
         return {"tool_calls": [{"index": event.index, "id": event.id, "type": "function",
@@ -53,11 +54,11 @@ def delta(event: Event) -> dict:
 
 async def chat_completions(request: Request) -> Response:
     state, req, fields = await request_of(CHAT, request)
-    n = several.count(fields.n, state.n_slots, stream=req.stream)
+    n = n_completions.count(fields.n, state.n_slots, stream=req.stream)
     if req.stream:
         job = await start(state, req, request)
         return stream(request, job, _chunks(job, head("chat.completion.chunk", req), fields))
-    outs = await several.answers(state, several.variants(req, n), request)
+    outs = await n_completions.answers(state, n_completions.variants(req, n), request)
     if outs is None:
         return respond([], None)
     jobs = [job for job, _ in outs]
@@ -68,7 +69,7 @@ async def chat_completions(request: Request) -> Response:
         for i, (_, out) in enumerate(choices)], **verbose(state, fields, *outs[0])})
 
 
-def _logprobs(state, fields: ChatRequest, rows) -> dict | None:
+def _logprobs(state: ServerParts, fields: ChatRequest, rows) -> dict | None:
     """A choice's `logprobs` (null unless asked): llama-server's objects, which carry OpenAI's fields."""
     if rows is None:
         return None
@@ -96,9 +97,9 @@ async def _chunks(job: Job, head: dict, fields):
     else:
         yield choice({"role": "assistant", "content": None})  # llama-server's: no text yet
     async for event in events(job):
-        if pending is not None and type(event) in (Text, Reasoning) and event.logprobs:
+        if pending is not None and type(event) in (Text, ReasoningText) and event.logprobs:
             pending.extend(event.logprobs)  # sent with the next chunk (a token's text may come later)
-        if type(event) in (Text, Reasoning):
+        if type(event) in (Text, ReasoningText):
             if event.text:
                 c = choice(delta(event))
                 if event.trace is not None:

@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 from ...core.answer import speculative_usage
 from ...core.jobs import CLIENT_GONE, Job
 from ...core.request import GenRequest
+from ...state import ServerState
 from ..llama.answer import final
 from ..llama.props import SYSTEM_FINGERPRINT
 from ..shared.timings import timings
@@ -57,7 +58,7 @@ def respond(jobs: Job | list[Job], body: dict | None) -> Response:
     return JSONResponse({**body, "usage": usage(*jobs), "timings": timings(jobs[0])})
 
 
-def verbose(state, fields: OpenAIGeneration, job: Job, out) -> dict:
+def verbose(state: ServerState, fields: OpenAIGeneration, job: Job, out) -> dict:
     """llama-server's `__verbose` (the answer in /completion's shape: the prompt as rendered, the settings),
     where the request or the server's --verbose asks for it."""
     if not (fields.verbose or state.settings.verbose and fields.verbose is not False):

@@ -8,10 +8,10 @@ from ...core.answer import events
 from ...core.events import Text
 from ...core.jobs import Job, start
 from ...http.endpoint import Endpoint
-from ..shared import several
+from ..shared import n_completions
 from ..shared.answer import stream, traced
 from ..shared.builder import request_of
-from ..shared.probs import legacy
+from ..shared.logprob_shapes import legacy
 from .common import head, respond, stream_end, verbose
 from .protocol import CompletionRequest
 from .request import COMPLETIONS
@@ -31,11 +31,11 @@ def echoed(job: Job, fields: CompletionRequest) -> str:
 
 async def completions(request: Request) -> Response:
     state, req, fields = await request_of(COMPLETIONS, request)
-    n = several.count(fields.n, state.n_slots, stream=req.stream)
+    n = n_completions.count(fields.n, state.n_slots, stream=req.stream)
     if req.stream:
         job = await start(state, req, request)
         return stream(request, job, _chunks(job, head("text_completion", req), fields))
-    outs = await several.answers(state, several.variants(req, n), request)
+    outs = await n_completions.answers(state, n_completions.variants(req, n), request)
     if outs is None:
         return respond([], None)
     choices = [(job, out) for job, out in outs for _ in range(n // len(outs))]  # greedy: one answer, n times

@@ -17,8 +17,8 @@ from ...core.constraints.structured import json_object, schema_grammar
 from ...core.constraints.tools import NAME
 from ...core.reasoning import FORMATS
 from ...http.errors import bad_request
-from ..shared.fields import Generation
-from ..shared.probs import count
+from ..shared.generation_fields import GenerationFields
+from ..shared.logprob_shapes import count
 from ..shared.validation import Fields, StrictModel
 
 
@@ -26,7 +26,7 @@ class StreamOptions(Fields):
     include_usage: bool | None = None
 
 
-class OpenAIGeneration(Generation):
+class OpenAIGeneration(GenerationFields):
     """The shared fields, OpenAI's `stream_options` and `n`, and llama-server's `verbose` and
     `timings_per_token`."""
 
@@ -71,12 +71,12 @@ class ChatRequest(OpenAIGeneration):
     tool_choice: Any = None  # "none", "auto", "required" or {"type": "function", ...}: tools.py
     parallel_tool_calls: bool | None = None
     add_generation_prompt: bool | None = None  # llama-server's and vLLM's
-    continue_final_message: bool | None = None  # the last (assistant) message is continued (core/prefill.py)
+    continue_final_message: bool | None = None  # the last (assistant) message is continued (core/assistant_prefill.py)
     chat_template_kwargs: dict | None = None  # more variables for the chat template (llama-server's, vLLM's)
     reasoning_format: str | None = None  # llama-server's: "none", "deepseek", "auto" (core/reasoning.py)
     reasoning_budget: int | None = None  # llama-server's: -1 unlimited, 0 no reasoning, n tokens
     thinking_budget_tokens: int | None = None  # Continue's name for it
-    logprobs: bool | None = None  # each answer token's logprob (shared/probs.py: llama-server's objects, OpenAI's)
+    logprobs: bool | None = None  # each answer token's logprob (shared/logprob_shapes.py: both shapes)
     top_logprobs: int | None = None  # and this many alternatives at each
     post_sampling_probs: bool | None = None  # llama-server's: probabilities of the distribution sampled from
 
@@ -140,7 +140,7 @@ class TextConfig(Fields):
     format: TextFormat | None = None
 
 
-class Reasoning(Fields):
+class ReasoningOptions(Fields):
     effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     summary: Literal["auto", "concise", "detailed"] | None = None
 
@@ -164,7 +164,7 @@ class MessageItem(Fields):
     type: Literal["message"] | None = None
 
 
-class ResponsesRequest(Generation):
+class ResponsesRequest(GenerationFields):
     input: str | list | None = None
     instructions: str | None = None
     max_output_tokens: int | None = None
@@ -172,7 +172,7 @@ class ResponsesRequest(Generation):
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
-    reasoning: Reasoning | None = None
+    reasoning: ReasoningOptions | None = None
     store: bool | None = None
     previous_response_id: str | None = None
     background: bool | None = None

@@ -11,11 +11,11 @@ import logging
 
 from ....chat import MessageError, validate_messages
 from ...core.constraints.tools import ToolRequest, ToolSpec, tool_request
-from ...core.params import Limit
-from ...core.prefill import prefill_joined, prefilled
+from ...core.params import TokenLimit
+from ...core.assistant_prefill import prefill_joined, prefilled
 from ...http.errors import bad_request
 from ..shared.builder import Api, Prompt, ServerView
-from ..shared.fields import prompt_value, required, template_kwargs_of
+from ..shared.generation_fields import prompt_value, required, template_kwargs_of
 from ..shared.fim_prompts import openai_fim_prompt
 from ..shared.validation import parse
 from .protocol import (
@@ -62,7 +62,7 @@ def check_messages(messages: list) -> None:
 
 
 async def chat_prompt(fields: ChatRequest, body: dict, server: ServerView, max_tokens: int) -> Prompt:
-    """The chat, its last message continued where it is the assistant's (core/prefill.py)."""
+    """The chat, its last message continued where it is the assistant's (core/assistant_prefill.py)."""
     if not fields.messages:
         raise bad_request("messages must be a non-empty array", "messages")
     check_messages(fields.messages)
@@ -80,7 +80,7 @@ CHAT = Api("chat", ChatRequest, chat_prompt, limits=("max_completion_tokens", "m
            handles=("n", "logprobs", "top_logprobs", "post_sampling_probs"), warms=True, tools=chat_tools)
 
 
-DEFAULT_MAX_TOKENS = Limit("max_tokens", 16)  # /v1/completions without max_tokens: OpenAI's default
+DEFAULT_MAX_TOKENS = TokenLimit("max_tokens", 16)  # /v1/completions without max_tokens: OpenAI's default
 
 
 async def completion_prompt(fields: CompletionRequest, body: dict, server: ServerView, max_tokens: int) -> Prompt:

@@ -20,8 +20,9 @@ from ...core.jobs import CLIENT_GONE, start
 from ...http.body import read_json
 from ...http.endpoint import Endpoint
 from ...http.sse import sse_response
+from ...state import server_of
 from ..shared.builder import request_of
-from ..shared.fields import check_unsupported, count_chat_tokens
+from ..shared.generation_fields import check_unsupported, count_chat_tokens
 from ..shared.validation import parse
 from .protocol import ResponsesRequest
 from .request import RESPONSES, chat_messages, check_stateless, tools_of
@@ -74,7 +75,7 @@ async def responses(request: Request) -> Response:
 
 async def input_tokens(request: Request) -> Response:
     """The prompt's tokens as /v1/responses would evaluate them (OpenAI's `responses.input_tokens.count`)."""
-    state = request.app.state.server
+    state = server_of(request)
     fields = _fields(await read_json(request, state.settings.max_body, state.settings.read_timeout))
     chat = chat_messages(fields)
     tools = tools_of(fields, chat, state.engine.target)

@@ -22,10 +22,10 @@ from __future__ import annotations
 from typing import AsyncIterator
 
 from ...core.answer import events as answer_events
-from ...core.events import CallArguments, CallStart, Finish, Reasoning, Text
+from ...core.events import CallArguments, CallStart, Finish, ReasoningText, Text
 from ...core.jobs import Job
 from ...http.errors import ApiError
-from ..shared.progress import progress_events
+from ..shared.prompt_progress import progress_events
 from ..shared.timings import timings
 from .responses_output import ResponseHead, call_item, message_item, new_id, output_text, reasoning_item
 
@@ -119,7 +119,7 @@ class ResponseStream:
                         continue
                 for e in self._text(text, event.trace) if text else ():
                     yield e
-            elif kind is Reasoning:  # the answer's reasoning block comes first: a reasoning item
+            elif kind is ReasoningText:  # the answer's reasoning block comes first: a reasoning item
                 if event.text:
                     if self.item is None or self.item["type"] != "reasoning":
                         for e in self._open(reasoning_item(new_id("rs"), "")):

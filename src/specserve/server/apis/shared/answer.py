@@ -9,6 +9,7 @@ from starlette.responses import StreamingResponse
 
 from ...core.jobs import Job
 from ...http.sse import sse_response
+from ...state import server_of
 
 
 def traced(choice: dict, trace: list[dict] | None) -> dict:
@@ -18,4 +19,4 @@ def traced(choice: dict, trace: list[dict] | None) -> dict:
 
 def stream(request: Request, job: Job, events: AsyncIterator) -> StreamingResponse:
     """The chunks `events` yields as server-sent events, errors in OpenAI's shape."""
-    return sse_response(events, job, request.app.state.server.metrics.error, f"{request.method} {request.url.path}")
+    return sse_response(events, job, server_of(request).metrics.error, f"{request.method} {request.url.path}")

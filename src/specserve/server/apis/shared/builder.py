@@ -14,16 +14,19 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
+from starlette.requests import Request
+
 from ....grammar import GrammarWorker
 from ...core.constraints.tools import ToolRequest
-from ...core.params import SAMPLING_FIELDS, Limit
-from ...core.profiles import Profile
+from ...core.params import SAMPLING_FIELDS, TokenLimit
+from ...core.model_presets import Profile
 from ...core.request import GenRequest
 from ...http.body import read_json
 from ...http.errors import bad_request
 from ...http.guard import key_scope
+from ...state import ServerState, server_of
 from .constraint_fields import CONSTRAINT_FIELDS, output_grammar
-from .fields import Generation, check_unsupported, params_of, resolve_profile, slot_id
+from .generation_fields import GenerationFields, check_unsupported, params_of, resolve_profile, slot_id
 from .validation import parse
 
 
@@ -43,7 +46,7 @@ class ServerView:
     aliases: tuple[str, ...] = ()  # the served model's other names (--alias a,b)
 
     @classmethod
-    def of(cls, state, key_scope: str | None) -> ServerView:
+    def of(cls, state: ServerState, key_scope: str | None) -> ServerView:
         """The view of a running server (server/state.py's ServerState) for one request."""
         engine = state.engine
         return cls(engine.target, engine.grammar_tokenizer, state.grammars, engine.n_ctx,
@@ -79,10 +82,10 @@ class Api:
     """One API's declaration: what its road from body to GenRequest has of its own."""
 
     endpoint: str  # GenRequest.endpoint: the metrics label
-    fields: type[Generation]  # the body's pydantic model; its methods say what the API spells its own way
+    fields: type[GenerationFields]  # the body's pydantic model; its methods say what the API spells its own way
     prompt: PromptHook
     limits: tuple[str, ...] = ()  # fields that limit generated tokens: the first one set counts
-    default_limit: Limit | None = None  # where neither the request nor its profile gives a limit
+    default_limit: TokenLimit | None = None  # where neither the request nor its profile gives a limit
     limit_required: bool = False  # a request must give a limit (Anthropic's max_tokens)
     handles: tuple[str, ...] = ()  # fields of the refused list (fields.check_unsupported) this API implements
     random_seed: int | None = None  # the seed that asks for a random one (llama-server's -1)
@@ -106,13 +109,13 @@ def warm_body(body: dict) -> dict:
     return {**{k: v for k, v in body.items() if k not in WARM_IGNORED}, "n_predict": 1}
 
 
-def limit_of(api: Api, fields) -> Limit | None:
+def limit_of(api: Api, fields) -> TokenLimit | None:
     """The limit on generated tokens from the first of the API's limit fields that the request set;
     `n_predict: -1` is llama-server's "no limit"."""
     for key in api.limits:
         n = getattr(fields, key)
         if n is not None:
-            return Limit(key, None) if key == "n_predict" and n == -1 else Limit(key, n)
+            return TokenLimit(key, None) if key == "n_predict" and n == -1 else TokenLimit(key, n)
     if api.limit_required:
         raise bad_request(f"{api.limits[0]} is required", api.limits[0])
     return None
@@ -127,8 +130,9 @@ async def build_request(api: Api, body: dict, server: ServerView) -> tuple[GenRe
     fields = parse(api.fields, body)
     check_unsupported(body, api.handles)
     profile = resolve_profile(fields.model, server.profiles, server.model_name)
-    sampling, limit, spec, verify = params_of(server, fields, profile, limit_of(api, fields),
-                                              default=api.default_limit, random_seed=api.random_seed)
+    params = params_of(server, fields, profile, limit_of(api, fields), default=api.default_limit,
+                       random_seed=api.random_seed)
+    sampling, spec = params.sampling, params.spec
     id_slot = slot_id(fields.id_slot, server.n_slots)
     if spec.trace and api.no_trace:
         raise bad_request(f"speculative.trace is not available on /{api.endpoint}: {api.no_trace}", "speculative.trace",
@@ -141,20 +145,20 @@ async def build_request(api: Api, body: dict, server: ServerView) -> tuple[GenRe
     if grammar is not None:
         sampling = dataclasses.replace(sampling, grammar=grammar)
     reasoning_format, reasoning_budget = fields.reasoning_asked()
-    req = GenRequest(api.endpoint, profile.name, sampling, spec, verify, stream=bool(fields.stream),
+    req = GenRequest(api.endpoint, profile.name, sampling, spec, params.verify, stream=bool(fields.stream),
                      prompt=prompt.prompt, messages=prompt.messages, continue_final=prompt.continue_final,
                      template_kwargs=prompt.template_kwargs, cache_prompt=fields.cache_prompt is not False,
-                     limit=limit, tools=tools, id_slot=id_slot, warm=warm, reasoning_format=reasoning_format,
-                     reasoning_budget=reasoning_budget)
+                     limit=params.limited_by, tools=tools, id_slot=id_slot, warm=warm,
+                     reasoning_format=reasoning_format, reasoning_budget=reasoning_budget)
     if api.check is not None:
         api.check(fields, req, server)
     return req, fields
 
 
-async def request_of(api: Api, request) -> tuple[Any, GenRequest, Any]:
+async def request_of(api: Api, request: Request) -> tuple[ServerState, GenRequest, Any]:
     """An endpoint's body read (under the server's size and time limits) and built into the one request, under
     the key's scope: (the server's state, the GenRequest, the parsed fields)."""
-    state = request.app.state.server
+    state = server_of(request)
     body = await read_json(request, state.settings.max_body, state.settings.read_timeout)
     req, fields = await build_request(api, body, ServerView.of(state, key_scope(request.scope)))
     return state, req, fields

@@ -1,0 +1,59 @@
+"""Where one request's `--spec auto` policy stands: its drafters (Setup) and its progress (Progress).
+
+Both are read by the policy's parts (estimates.py, lags.py, probing.py, prefill.py); the policy
+(request.py) is the one that advances Progress.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from ..config import SpecParams
+from .kinds import kind_of
+from .names import FORCED, FREE, HYBRID, HYBRID_LOOKUPS, MODEL
+
+
+@dataclass(frozen=True)
+class Setup:
+    """The drafters one request plans over, their caps and the temperature regime it learns at."""
+
+    names: list[str]  # the drafters planned and probed on their own (not the hybrid)
+    hybrid: bool  # whether the hybrid (a lookup's match, then the draft model) is planned too
+    caps: dict[str, int]  # how far each may draft
+    cap: int  # the most any draft holds, a hybrid's too
+    kmin: dict[str, int]  # the fewest tokens each is asked for
+    regime: float  # pooled priors per 0.25 of temperature
+    kind: float | str  # the kind of work it is (kinds.py), which keys the acceptance it learns and plans from
+
+    @classmethod
+    def of(cls, spec: SpecParams, names: list[str], temperature: float,
+           prompt: Sequence[int] | None = None) -> "Setup":
+        """prompt: the request's tokens, which with its temperature and grammar make its kind (None: the
+        regime alone)."""
+        own = [n for n in names if n != HYBRID]
+        # a model drafter stops at --draft-max; a lookup drafter at its own, longer cap (which a
+        # --draft-max the user set lowers: SpecParams.suffix_max)
+        lookup_cap = spec.suffix_max or spec.draft_max
+        caps = {n: lookup_cap if n in FREE else spec.draft_max for n in own}
+        regime = min(round(temperature * 4) / 4, 2.0)
+        return cls(names=own, hybrid=HYBRID in names and MODEL in names and any(n in names for n in HYBRID_LOOKUPS),
+                   caps=caps, cap=max(caps.values(), default=spec.draft_max),
+                   regime=regime, kind=kind_of(regime, prompt, FORCED in names),
+                   # the draft model returns nothing below --draft-min under greedy: never ask for fewer
+                   kmin={n: max(1, spec.draft_min) if n == MODEL else 1 for n in own})
+
+    @property
+    def has_lookups(self) -> bool:
+        return any(n in FREE for n in self.names)
+
+
+@dataclass
+class Progress:
+    """One request so far, and what its lookups offer now."""
+
+    step: int = 0
+    generated: int = 0  # tokens made
+    clock: float = 0.0  # seconds of its own steps (drafting and verifying); the probe budget accrues with it
+    covered: float = 0.0  # of the tokens made, those a lookup drafted and kept or would have
+    max_tokens: int = 1 << 30  # the request's own cap on what it makes
+    offers: dict[str, tuple[int, int]] = field(default_factory=dict)  # lookup -> (match length, tokens available)
