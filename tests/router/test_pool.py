@@ -47,6 +47,9 @@ class FakeChild:
     def reason(self):
         return "exit status 1: boom"
 
+    async def props(self):
+        return {"draft_choice": {"mode": "auto", "chosen": f"{self.name}-draft", "reason": "the cheapest"}}
+
 
 @pytest.fixture(autouse=True)
 def fake_children(monkeypatch):
@@ -68,6 +71,7 @@ def test_one_load_for_a_storm_of_requests():
         pool = Pool(models("a"), "k")
         children = await asyncio.gather(*(pool.ensure(pool.models["a"]) for _ in range(20)))
         assert len({id(c) for c in children}) == 1
+        assert pool.models["a"].draft_choice["chosen"] == "a-draft"  # as its /props says
         await pool.close()
     run(go())
     assert FakeChild.started == ["a"]

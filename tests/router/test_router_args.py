@@ -31,7 +31,8 @@ def test_preset_sections_flags_and_precedence(tmp_path, serve_parser):
     assert q.args == ["-c", "8192", "--no-webui", "--ctx-size", "4096", "-md", "/d/qwen-0.5b.gguf"]  # [*] first
     assert q.draft == "/d/qwen-0.5b.gguf" and q.load_on_startup and q.model is None
     plain = presets["plain"]
-    assert plain.draft is None and "-md" not in plain.args and plain.args[-2:] == ["--spec", "ngram"]
+    assert plain.draft is None and plain.draft_given and plain.args[-4:] == ["-md", "none", "--spec", "ngram"]
+    assert "/d/global.gguf" not in plain.args  # its own model-draft replaces [*]'s
     custom = presets["custom"]
     assert str(custom.model) == "/models/custom.gguf" and custom.draft == "/d/global.gguf"
     assert "--slots" not in custom.args and "*" not in presets

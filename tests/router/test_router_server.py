@@ -47,14 +47,18 @@ def alive(pid: int) -> bool:
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> Path:
-    """An Ollama store: tiny-a:latest and tiny-b:1b (two tiny models), a manifest naming a missing blob,
-    one whose blob is truncated, and a blob that starts as GGUF and is garbage after."""
+    """An Ollama store: tiny-a:latest and tiny-b:1b (two tiny models), tiny-draft:1b (a smaller one that pairs
+    with them), a manifest naming a missing blob, one whose blob is truncated, and a blob that starts as GGUF
+    and is garbage after."""
     d = tmp_path_factory.mktemp("router_store")
     root = d / "ollama"
     a = tiny_models.write_tiny_model(d / "a.gguf", seed=1).read_bytes()
     b = tiny_models.write_tiny_model(d / "b.gguf", seed=2).read_bytes()
+    small = tiny_models.write_tiny_model(d / "small.gguf", seed=3, n_layer=1, n_embd=32, n_head=2, n_head_kv=1,
+                                         n_ff=64).read_bytes()  # the same vocabulary, a fifth of a pass: a draft
     ollama_model(root, "tiny-a", a)
     ollama_model(root, "tiny-b:1b", b)
+    ollama_model(root, "tiny-draft:1b", small)
     ollama_model(root, "gone:1b", b + b"x", write_blob=False)
     ollama_model(root, "cut:1b", a[:1000], size=len(a))
     ollama_model(root, "garbage:1b", fake_gguf("not really a model" * 10))
@@ -92,14 +96,15 @@ def test_router_props(router):
 
 def test_lists_every_model_with_status_and_why(router):
     data = router.client().get("/v1/models").json()["data"]
-    assert {m["id"] for m in data} == {"tiny-a:latest", "tiny-b:1b", "gone:1b", "cut:1b", "garbage:1b"}
+    assert {m["id"] for m in data} == {"tiny-a:latest", "tiny-b:1b", "tiny-draft:1b", "gone:1b", "cut:1b",
+                                       "garbage:1b"}
     assert status(router, "gone:1b")["failed"] and "missing" in status(router, "gone:1b")["reason"]
     assert "the manifest says" in status(router, "cut:1b")["reason"]
     for m in data:
         assert m["owned_by"] == "specserve" and m["store"] == "ollama" and "path" not in m
     # Ollama's list: the models that can be served, by Ollama's names, with their blobs' digests
     listed = ollama.Client(host=router.url, headers=router.headers).list()
-    assert {m.model for m in listed.models} == {"tiny-a:latest", "tiny-b:1b", "garbage:1b"}
+    assert {m.model for m in listed.models} == {"tiny-a:latest", "tiny-b:1b", "tiny-draft:1b", "garbage:1b"}
     blob = next(m for m in listed.models if m.model == "tiny-a:latest")
     assert blob.details.family == "llama" and len(blob.digest) == 64
 
@@ -157,6 +162,20 @@ def test_unknown_model_404_in_each_apis_shape(router, path, body, shape):
     if shape == "anthropic":
         assert err["type"] == "error" and err["error"]["type"] == "not_found_error"
     assert "no-such-model" in message and "tiny-a:latest" in message  # names some that exist
+
+
+def test_each_model_gets_a_draft_found_among_the_discovered(router):
+    assert chat(router, "tiny-b:1b").status_code == 200
+    entry = next(m for m in router.client().get("/models").json()["data"] if m["id"] == "tiny-b:1b")
+    choice = entry["draft_choice"]
+    assert entry["draft"] == "tiny-draft:1b" and choice["mode"] == "auto"  # named as the store names it
+    assert "tiny-draft:1b" in choice["reason"] and "sha256-" in choice["file"]
+    excluded = {c["name"]: c["reason"] for c in choice["excluded"]}
+    assert "too costly" in excluded["tiny-a:latest"]  # as big as the target: no draft
+    assert "gone:1b" not in excluded and "cut:1b" not in excluded  # found broken: never offered
+    assert "not a GGUF file" in excluded["garbage:1b"]  # found fine, refused on a closer look
+    r = chat(router, "tiny-b:1b", max_tokens=24, temperature=0)
+    assert r.json()["usage"]["speculative"]["mode"] == "auto"
 
 
 def test_ollama_client_unknown_model_raises_404(router):
@@ -310,7 +329,7 @@ def test_models_dir_and_preset(tmp_path):
     try:
         assert wait_for(lambda: status(srv, "tiny")["value"] == "loaded", 60)  # load-on-startup
         entry = next(m for m in srv.client().get("/models").json()["data"] if m["id"] == "tiny")
-        assert entry["draft"] == draft.name and "-md" in entry["status"]["args"]  # named, not where it lies
+        assert entry["draft"] == "draft" and entry["draft_choice"]["mode"] == "given"  # named, not where it lies
         r = chat(srv, "tiny", max_tokens=8)
         assert r.status_code == 200 and r.json()["usage"]["speculative"]["mode"] == "auto"
         assert chat(srv, "extra").status_code == 200

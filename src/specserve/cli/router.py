@@ -98,14 +98,18 @@ def _models(args, parser, argv: list[str]):
     if not by_name:
         raise CliError("the router found no model (--models-dir, --models-from, --models-preset)", 2)
     if args.model_draft:
-        log.warning("-md is not passed to the router's models: give each its draft in --models-preset "
-                    "(model-draft = PATH)")
+        log.warning("-md is not passed to the router's models: each gets -md auto (a draft chosen among the "
+                    "discovered models), or its --models-preset section's model-draft = PATH | none")
     common = child_argv(argv, parser)
+    servable = {n: f for n, f in by_name.items() if f.error is None and f.path is not None}
     models = []
     for name, f in by_name.items():
         preset = presets.get(name)
         names = [name, name.removesuffix(":latest")] if name.endswith(":latest") else [name]
         own = ["-m", str(f.path), "-a", ",".join(names), "--max-connections-per-client", "0"]
+        if not (preset and preset.draft_given):  # -md auto among the discovered models, each by its name
+            own += ["-md", "auto", *(x for n, c in servable.items() if n != name
+                                     for x in ("--draft-candidates", f"{n}={c.path}"))]
         models.append(Model(f, own + (preset.args if preset else []) + common,
                             draft=preset.draft if preset else None))
     return models, [n for n, p in presets.items() if p.load_on_startup]

@@ -1,7 +1,7 @@
 """What the router costs: the switch time (the first request to an unloaded model) and the decode rate
 through the router against the single-model server on the same model.
 
-    python -m specserve.tools.router_speed --model smollm2-f16 --rounds 5 --tokens 128
+    python -m specserve.measure.router_speed --model smollm2-f16 --rounds 5 --tokens 128
 
 Starts `specserve serve -m MODEL` and `specserve serve --models-from packaged` (each with -t, --spec and
 --no-cross-request as given), on free ports. Switch time: a 1-token request to the router while the model

@@ -28,7 +28,7 @@ def child_memory(args: list[str], parser: argparse.ArgumentParser) -> tuple[int,
     slots = max(1, ns.parallel)
     parts, total = [], PROCESS_BYTES
     roles = [("target", ns.model, ns.ctx_size, ns.ubatch_size or default_ubatch(ns.n_gpu_layers))]
-    if ns.model_draft:
+    if ns.model_draft and ns.model_draft not in ("auto", "none"):
         window = cells(ns.ctx_size, getattr(ns, "draft_ctx", DRAFT_CTX_DEFAULT))
         roles.append(("draft", str(models.resolve(ns.model_draft)), window,
                       getattr(ns, "ubatch_size_draft", UBATCH_DRAFT_DEFAULT)))
@@ -37,6 +37,8 @@ def child_memory(args: list[str], parser: argparse.ArgumentParser) -> tuple[int,
         total += est.weights + slots * (est.kv + est.compute)
         parts.append(f"{role} weights {fmt_bytes(est.weights)} + {slots} slot(s) x (KV {fmt_bytes(est.kv)} + "
                      f"compute {fmt_bytes(est.compute)})")
+    if ns.model_draft == "auto":  # the child chooses as it starts: not known here
+        parts.append("the draft -md auto chooses, not counted")
     if not ns.no_cross_request:
         total += int(ns.cross_request_mib * (1 << 20))
         parts.append(f"cross-request store {fmt_bytes(ns.cross_request_mib * (1 << 20))}")

@@ -99,6 +99,15 @@ class Child:
                     raise ChildFailed(f"not ready after {timeout:g} s; its last output: {self.reason()}", None)
                 await asyncio.sleep(0.05)
 
+    async def props(self) -> dict:
+        """Its /props (the draft it chose, its context); {} where it does not answer."""
+        try:
+            async with httpx.AsyncClient(timeout=5.0) as client:
+                r = await client.get(self.url + "/props", headers={"Authorization": f"Bearer {self.key}"})
+                return r.json() if r.status_code == 200 else {}
+        except (httpx.HTTPError, ValueError):
+            return {}
+
     async def _read_output(self) -> None:
         """Its output, line by line, into the log and the tail, read to its end whatever it writes (a pipe
         left unread would stop the child at its next write once full)."""

@@ -25,8 +25,12 @@ def now() -> str:
 
 
 def openai_entry(model: Model, created: float) -> dict:
+    chosen = (model.draft_choice or {}).get("chosen")
     entry = {"id": model.name, "object": "model", "created": int(created), "owned_by": "specserve",
-             "store": model.found.store, "draft": model.draft and redact(model.draft), "status": model.status()}
+             "store": model.found.store, "draft": chosen or (model.draft and redact(model.draft)),
+             "status": model.status()}
+    if model.draft_choice is not None:  # known once loaded: the choice, why, and the other candidates
+        entry["draft_choice"] = model.draft_choice
     if model.memory is not None:  # estimated at its first load under --models-memory
         entry["memory"] = {"bytes": model.memory, "estimate": model.memory_note}
     return entry

@@ -59,6 +59,7 @@ class Model:
     last_used: float = 0.0
     in_flight: int = 0  # requests being answered
     waiting: int = 0  # requests waiting for its load
+    draft_choice: dict | None = None  # the child's -md auto choice and why, as its /props says (file names only)
     memory: int | None = None  # estimated bytes of its child (--models-memory; budget.py), once estimated
     memory_note: str = ""  # how they add up
     loading: asyncio.Task | None = field(default=None, repr=False)
@@ -161,6 +162,7 @@ class Pool:
             except BaseException:
                 model.state = "unloaded"
                 raise
+            model.draft_choice = (await child.props()).get("draft_choice") or model.draft_choice
             model.child, model.state = child, "loaded"
             model.failure, model.exit_code, model.failed_loading = None, None, False
             log.info("model %s: loaded in %.2f s on port %d", model.name, time.monotonic() - child.started_at,

@@ -1,7 +1,8 @@
 """--models-preset FILE: llama-server's INI of per-model flags.
 
 A section per model name holds its `specserve serve` flags without their dashes (`ctx-size = 8192`,
-short forms too: `c = 8192`; `model-draft = /path/draft.gguf`, or `none` for no draft); `[*]` holds
+short forms too: `c = 8192`; `model-draft = /path/draft.gguf`, `none` for no draft, `auto` to choose among
+the discovered models, the router's default); `[*]` holds
 flags for every model. A section naming a model that was not discovered adds it, and must give
 `model = PATH`. A flag's `true` gives it, `false` leaves it out. Beside the flags, as in llama-server:
 `load-on-startup = true` loads the model when the router starts. Precedence, as llama-server's: the
@@ -27,6 +28,7 @@ class Preset:
     args: list[str] = field(default_factory=list)
     model: Path | None = None
     draft: str | None = None
+    draft_given: bool = False  # model-draft was set (a file, or none): the router does not choose one
     load_on_startup: bool = False
 
 
@@ -53,8 +55,11 @@ def _section(name: str, items: dict[str, str], takes_value: Callable[[str], bool
             preset.model = (base / value).resolve() if value else None
             continue
         if key in ("model-draft", "md"):
-            preset.draft = None if value.lower() == "none" else value
-            if preset.draft is not None:
+            preset.draft_given = True
+            preset.draft = None if value.lower() in ("none", "auto") else value
+            if preset.draft is None:
+                preset.args += ["-md", value.lower()]
+            else:
                 path = Path(value).expanduser()
                 preset.args += ["-md", str(path if path.is_absolute() or not path.suffix else (base / path).resolve())]
             continue
@@ -93,6 +98,7 @@ def read_preset(path: str, takes_value: Callable[[str], bool | None]) -> dict[st
             at = [i for i, a in enumerate(inherited) if a == "-md"]
             inherited = [a for i, a in enumerate(inherited) if not any(i in (j, j + 1) for j in at)]
         own.args = inherited + own.args
-        own.draft = own.draft if "model-draft" in items or "md" in items else common.draft
+        if not own.draft_given:
+            own.draft, own.draft_given = common.draft, common.draft_given
         out[name] = own
     return out
