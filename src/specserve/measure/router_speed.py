@@ -4,7 +4,8 @@ through the router against the single-model server on the same model.
     python -m specserve.measure.router_speed --model smollm2-f16 --rounds 5 --tokens 128
 
 Starts `specserve serve -m MODEL` and `specserve serve --models-from packaged` (each with -t, --spec and
---no-cross-request as given), on free ports. Switch time: a 1-token request to the router while the model
+--no-cross-request as given, and no draft: the router's children with a preset's `model-draft = none`), on
+free ports. Switch time: a 1-token request to the router while the model
 is unloaded (its child starts, loads, answers), beside the single server's start to its first answer.
 Then, both warm, rounds of: a 1-token request (latency) and a greedy streamed chat of --tokens tokens
 (ignore_eos) to each, first of a pair alternating; the client counts tokens from its first chunk of text
@@ -22,6 +23,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import httpx
@@ -90,7 +92,10 @@ def main() -> int:
         direct_proc, direct, direct_ready = start(["-m", a.model, *common])
         procs.append(direct_proc)
         direct_first = direct_ready + chat(direct, a.model, 1)[0]  # the single server, started and answering
-        router_proc, router, _ = start(["--models-from", "packaged", *common])
+        preset = tempfile.NamedTemporaryFile("w", suffix=".ini", delete=False)  # like for like: no draft either way
+        preset.write("[*]\nmodel-draft = none\n")
+        preset.close()
+        router_proc, router, _ = start(["--models-from", "packaged", "--models-preset", preset.name, *common])
         procs.append(router_proc)
         cold = chat(router, a.model, 1)[0]
         for url in (direct, router):  # both warm: weights paged in, prompt cached
