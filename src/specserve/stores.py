@@ -74,6 +74,13 @@ def _not_gguf(path: Path) -> str | None:
     return None if magic == _GGUF_MAGIC else f"{path.name} is not a GGUF file (it starts {magic!r}, not b'GGUF')"
 
 
+def from_file(name: str, path: Path, store: str) -> Found:
+    """One model from its file (a preset's `model = PATH`), or why it cannot be served."""
+    if not path.is_file():
+        return Found(name, path, store, 0, f"{path}: no such file")
+    return _checked(name, path, store)
+
+
 def _checked(name: str, path: Path, store: str, size: int | None = None) -> Found:
     try:
         size = path.stat().st_size if size is None else size

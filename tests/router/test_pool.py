@@ -203,8 +203,10 @@ def test_refresh_keeps_the_same_replaces_the_changed_and_drops_the_gone():
         for m in (a, b, c):
             await pool.ensure(m)
         changed_b = Model(Found("b", Path("/m/b2.gguf"), "models-dir", 1), ["-m", "b2"])
-        await pool.refresh([*models("a"), changed_b, *models("d")])
+        a_now = Model(a.found, [*a.args, "--draft-candidates", "d=/m/d.gguf"])  # a new model to draft from
+        await pool.refresh([a_now, changed_b, *models("d")])
         assert pool.models["a"] is a and a.state == "loaded"  # the same: its child kept
+        assert a.args[-1] == "d=/m/d.gguf"  # its next start sees the new candidate
         assert pool.models["b"] is changed_b and b.state == "unloaded"  # its old child stopped
         assert "c" not in pool.models and c.state == "unloaded"
         assert pool.models["d"].state == "unloaded"

@@ -338,6 +338,7 @@ def test_models_dir_and_preset(tmp_path):
         (models / "new.gguf").write_bytes((models / "tiny.gguf").read_bytes())
         assert "new" not in {m["id"] for m in srv.client().get("/models").json()["data"]}
         assert "new" in {m["id"] for m in srv.client().get("/models?reload=1").json()["data"]}
+        assert status(srv, "extra")["value"] == "loaded"  # a new candidate draft does not unload it
         assert chat(srv, "new").status_code == 200
         kids = children_of(srv.proc.pid)
         (models / "new.gguf").unlink()

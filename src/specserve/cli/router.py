@@ -78,7 +78,7 @@ def child_argv(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
 def _models(args, parser, argv: list[str]):
     from ..router.pool import Model
     from ..router.preset import read_preset
-    from ..stores import Found, discover, parse_stores
+    from ..stores import Found, discover, from_file, parse_stores
 
     try:
         stores = parse_stores(args.models_from) if args.models_from else ()
@@ -92,7 +92,7 @@ def _models(args, parser, argv: list[str]):
             if preset.model is None:
                 raise CliError(f"--models-preset [{name}]: no discovered model has this name, and the section "
                                "gives no model = PATH", 2)
-            by_name[name] = discover_one(name, preset.model)
+            by_name[name] = from_file(name, preset.model, "preset")
         elif preset.model is not None:
             by_name[name] = Found(name, preset.model, "preset", by_name[name].size)
     if not by_name:
@@ -113,14 +113,6 @@ def _models(args, parser, argv: list[str]):
         models.append(Model(f, own + (preset.args if preset else []) + common,
                             draft=preset.draft if preset else None))
     return models, [n for n, p in presets.items() if p.load_on_startup]
-
-
-def discover_one(name: str, path):
-    """A model a preset section adds by its path."""
-    from ..stores import Found, _checked
-
-    return _checked(name, path, "preset") if path.is_file() else \
-        Found(name, path, "preset", 0, f"model = {path}: no such file")
 
 
 def _budget(text: str | None) -> int | None:
@@ -163,6 +155,7 @@ def run(args, argv: list[str], parser: argparse.ArgumentParser, settings) -> int
         raise CliError(str(e), 2) from None
     for m in models:
         log.info("model %s (%s)%s", m.name, m.found.store, f": failed, {m.found.error}" if m.found.error else "")
+
     def rediscover():
         try:
             return _models(args, parser, argv)[0]

@@ -41,6 +41,17 @@ def redact(text: str) -> str:
     return _PATH.sub(r"\1", text)
 
 
+def _own(args: list[str]) -> list[str]:
+    """A child's flags less its --draft-candidates (the other models: they change as models come and go)."""
+    out, skip = [], False
+    for a in args:
+        if skip or a == "--draft-candidates":
+            skip = not skip
+            continue
+        out.append(a)
+    return out
+
+
 class _NoOneWaits(Exception):
     """A load whose requests all went away before it had a place: it unloads nothing for nobody."""
 
@@ -278,8 +289,9 @@ class Pool:
         new = {m.name: m for m in found}
         for name, old in list(self.models.items()):
             fresh = new.get(name)
-            if fresh is not None and (fresh.found, fresh.args) == (old.found, old.args):
-                new[name] = old  # the same model: it keeps its state
+            if fresh is not None and (fresh.found, _own(fresh.args)) == (old.found, _own(old.args)):
+                old.args = fresh.args  # the same model (its draft candidates may differ: its next start sees them)
+                new[name] = old  # it keeps its state, its child
                 continue
             if old.loading is not None or old.child is not None:
                 await self.unload(old)
