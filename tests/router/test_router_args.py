@@ -55,7 +55,8 @@ def test_help_documents_the_router_flags(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--help"])
     out = capsys.readouterr().out
-    for flag in ("--models-dir", "--models-from", "--models-max", "--no-models-autoload", "--models-preset"):
+    for flag in ("--models-dir", "--models-from", "--models-max", "--no-models-autoload", "--models-preset",
+                 "--models-memory"):
         assert flag in out
 
 
