@@ -173,6 +173,12 @@ def events(http, path: str, body: dict) -> list[dict]:
         return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ") and line[6:] != "[DONE]"]
 
 
+def streamed_logprobs(http, body: dict) -> list[dict]:
+    """The chat `body` streamed: every chunk's logprobs `content`, in order (the whole answer's, to compare)."""
+    return [lp for e in events(http, "/v1/chat/completions", {**body, "stream": True}) for c in e["choices"]
+            for lp in (c.get("logprobs") or {}).get("content") or []]
+
+
 def metrics(http) -> dict[str, float]:
     """GET /metrics: every sample as 'name{labels}' -> value."""
     from prometheus_client.parser import text_string_to_metric_families

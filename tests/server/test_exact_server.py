@@ -4,7 +4,6 @@ whole and streamed. Without --exact they differ on this build (docs/exactness.md
 a near tie flipped at token 8), which the tolerance of test_logprobs_qwen.py allows for on F16."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from server_fixtures import ServerProcess  # noqa: E402
+from server_fixtures import ServerProcess, streamed_logprobs  # noqa: E402
 
 pytestmark = [pytest.mark.server, pytest.mark.real_models]
 
@@ -45,17 +44,6 @@ def _whole(http, mode: str) -> tuple[list[dict], dict]:
     return r.json()["choices"][0]["logprobs"]["content"], r.json()["usage"]["speculative"]
 
 
-def _streamed(http, mode: str) -> list[dict]:
-    out = []
-    with http.stream("POST", "/v1/chat/completions", json=_body(mode, stream=True)) as r:
-        assert r.status_code == 200
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                for c in json.loads(line[6:])["choices"]:
-                    out += (c.get("logprobs") or {}).get("content") or []
-    return out
-
-
 def test_props_report_the_check(http):
     exact = http.get("/props").json()["exact"]
     assert exact["exact"] is True and exact["pad_single"] is False, exact
@@ -70,4 +58,4 @@ def test_speculation_changes_no_token_and_no_logprob(http):
         assert got == alone, mode  # tokens, logprobs and alternatives: equal floats, not close ones
         drafted[mode] = spec["drafted"]
     assert drafted["draft"] > 0  # it did speculate
-    assert _streamed(http, "draft") == alone
+    assert streamed_logprobs(http, _body("draft")) == alone

@@ -6,7 +6,6 @@ passes round logits differently); where the text parts at a near-tie of the targ
 (greedy), the logprobs are compared up to there."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from lossless_checks import EPS_F16  # noqa: E402  (the gap under which greedy text may part)
-from server_fixtures import ServerProcess, chat  # noqa: E402
+from server_fixtures import ServerProcess, chat, streamed_logprobs  # noqa: E402
 
 pytestmark = [pytest.mark.server, pytest.mark.real_models]
 
@@ -47,17 +46,6 @@ def _whole(http, body: dict) -> tuple[list[dict], dict]:
     return answer["choices"][0]["logprobs"]["content"], answer["usage"]["speculative"]
 
 
-def _streamed(http, body: dict) -> list[dict]:
-    out = []
-    with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
-        assert r.status_code == 200
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                for c in json.loads(line[6:])["choices"]:
-                    out += (c.get("logprobs") or {}).get("content") or []
-    return out
-
-
 def _same(alone: list[dict], other: list[dict], greedy: bool, label: str) -> int:
     ids_a, ids_b = [e["id"] for e in alone], [e["id"] for e in other]
     n = next((i for i, (a, b) in enumerate(zip(ids_a, ids_b)) if a != b), None)
@@ -78,11 +66,11 @@ def _same(alone: list[dict], other: list[dict], greedy: bool, label: str) -> int
 
 
 @pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 0.7, "seed": 1}], ids=["greedy", "seeded"])
-def test_logprobs_with_speculation_are_the_target_alones_whole_and_streamed(http, sampling):
+def test_logprobs_with_speculation_are_the_target_alones_whole_andstreamed_logprobs(http, sampling):
     alone, usage = _whole(http, _body(sampling, "none"))
     assert usage["drafted"] == 0 and len(alone) == 32
     spec, usage = _whole(http, _body(sampling, "draft"))
     assert usage["accepted"] > 8  # the draft wrote much of it: rows from the verification pass
     greedy = not sampling.get("temperature")
     assert _same(alone, spec, greedy, "whole") > 8
-    assert _same(alone, _streamed(http, _body(sampling, "draft")), greedy, "streamed") > 8
+    assert _same(alone, streamed_logprobs(http, _body(sampling, "draft")), greedy, "streamed") > 8
