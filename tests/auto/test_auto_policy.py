@@ -163,7 +163,7 @@ def test_a_saved_profile_plans_the_first_step_as_the_saved_controller(tmp_path, 
     trained.save()
     fresh = Controller(learned.ProfileStore.for_models(str(target), str(draft), 2, directory=tmp_path / "auto"))
     assert fresh.load()
-    trained.costs.verify._table = None  # a table cached some passes ago may lag its estimates by up to 2%
+    trained.costs.verify.refit()  # a table cached some passes ago may lag its estimates by up to 2%
     for offer in [(0, 0), (4, 8)]:  # with and without an n-gram match
         plans = []
         for ctl in (trained, fresh):

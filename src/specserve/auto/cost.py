@@ -175,6 +175,11 @@ class VerifyCost:
                 n >= len(tab) or abs(m[0] - tab[n]) > 0.02 * tab[n] or 4 * since >= self._soonest):
             self._table = None
 
+    def refit(self) -> None:
+        """Drop the cached table: the next `table` is fitted from the estimates as they are now (a cached one may
+        lag them by up to 2%, see observe)."""
+        self._table = None
+
     def table(self, n_max: int) -> list[float] | None:
         """[n_max + 1] seconds of a pass over n tokens (index 0 unused); None before any pass.
 
