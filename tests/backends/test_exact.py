@@ -64,3 +64,10 @@ def test_without_exact_a_pass_rounds_otherwise():
     """What --exact fixes, on the weights that need no environment switch to show it: F16's one-token kernel."""
     got = _diffs("smollm2-f16", exact=False, sizes=(2, 9))
     assert got["check"] is None and all(d > 0 for d in got["diffs"].values()), got
+
+
+def test_check_reports_what_the_start_up_check_found():
+    out = subprocess.run([sys.executable, "-m", "specserve", "check", "-m", "smollm2-f16", "-md", "smollm2-q4_1",
+                          "--exact", "-c", "512", "--no-measure"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "exact: yes: passes of 1-64 tokens round alike (one-token passes padded to two" in out.stdout

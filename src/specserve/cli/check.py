@@ -59,7 +59,10 @@ def run(args) -> int:
     try:
         for role, path in paths.items():
             if path is not None and not args.memory_only:
-                loaded[role] = load_model(path, n_threads=cfg.n_threads)
+                loaded[role] = load_model(path, n_threads=cfg.n_threads, exact=cfg.exact and role == "target")
+        exact = getattr(loaded.get("target"), "exact_check", None)
+        if exact is not None:  # --exact: what the start-up check found on this build
+            print(f"exact: {'yes' if exact.exact else 'NO'}: {exact.detail}")
         if "draft" in loaded:
             report = check_pairing(loaded["target"], loaded["draft"])
         if not args.no_measure:
