@@ -11,7 +11,7 @@ connection and its OpenAI connection, with a screenshot of each answer and of th
 Open WebUI signs the page in by itself without WEBUI_AUTH; the script marks its release notes as read, picks the
 model in the URL, types a prompt into the chat box and sends it, waits for the answer, and saves the page. Open WebUI
 does not fit in CI (7 GB installed, a minute to start): this is the kept run, not a test. Needs Chromium
-(tests/browser_fixtures.py). Open WebUI sends about 8.6k tokens of its own with a chat (its tasks' instructions), so
+(tests/browser_fixtures.py). Beside each chat Open WebUI sends requests of its own of up to 8.6k tokens (its tasks), so
 the model needs a context of 16k: SmolLM2 (8k trained) answers noise there, hence a Qwen2.5-Coder model.
 """
 from __future__ import annotations
