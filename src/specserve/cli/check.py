@@ -14,6 +14,7 @@ import json
 import sys
 
 from .common import CliError, add_model_args, model_config
+from .fitting import add_fit_args, fitted, render_fit
 
 _KV_TYPE = "f16"  # what our llama.cpp contexts allocate
 
@@ -26,8 +27,10 @@ def add_parser(sub) -> None:
     add_model_args(p)
     p.add_argument("--budget", metavar="SIZE", help="memory budget, e.g. 24GiB, 512MiB, 8GB (default: this "
                    "machine's RAM)")
-    p.add_argument("--gpu-budget", metavar="SIZE", help="GPU memory for -ngl/-ngld's share, e.g. 24GiB (default: "
-                   "the free memory of the first GPU llama.cpp sees)")
+    g = p.add_argument_group("GPU (-ngl/-ngld's split, and --fit's choice)")
+    add_fit_args(g)
+    g.add_argument("-np", "--parallel", type=int, default=1, metavar="N", help="--fit for N slots, each with a "
+                   "context of its own, as `serve -np N` (serve's default: 2); default 1")
     p.add_argument("--no-measure", action="store_true", help="estimate only; do not create the contexts")
     p.add_argument("--memory-only", action="store_true", help="the memory estimate from the GGUF headers alone: "
                    "no pairing check, nothing loaded (a header-only GGUF with a model's shapes is enough)")
@@ -43,7 +46,9 @@ def run(args) -> int:
     if args.ctx_size <= 0:
         raise CliError(f"context size must be > 0, got {args.ctx_size}", 2)
     budget, budget_source = _budget(args.budget)
-    cfg = model_config(args)
+    if args.parallel < 1:
+        raise CliError(f"--parallel must be >= 1, got {args.parallel}", 2)
+    cfg = fitted(model_config(args), args, n_seq=args.parallel, plan=True)
     paths = {"target": cfg.target_path, "draft": cfg.draft_path}
     shapes = {}
     for role, path in paths.items():
@@ -78,8 +83,10 @@ def run(args) -> int:
         result["pairing_checked"] = False
     result["devices"] = _devices()
     layers = {"target": cfg.n_gpu_layers, "draft": cfg.n_gpu_layers_draft}
-    if any(layers.values()):
-        result["memory"]["offload"] = _offload(shapes, n_ctx, layers, args.gpu_budget, result["devices"])
+    if getattr(args, "fit_result", None) is not None:
+        result["fit"] = args.fit_result
+    elif any(layers.values()):
+        result["memory"]["offload"] = _offload(shapes, n_ctx, n_ubatch, layers, args.gpu_budget, result["devices"])
     if args.json:
         json.dump(result, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -87,6 +94,8 @@ def run(args) -> int:
         print(_render(paths, report, result["memory"], shapes, measured, args.memory_only))
         if "offload" in result["memory"]:
             print(_render_offload(result["memory"]["offload"]))
+        if "fit" in result:
+            print(render_fit(result["fit"]))
         print(_render_devices(result["devices"]))
     return 2 if report.flagrant else 0
 
@@ -233,7 +242,7 @@ def _render_devices(devices: dict) -> str:
     return "\n".join([*lines, "  " + offload_status(listed, devices["gpu_offload"])])
 
 
-def _offload(shapes, n_ctx: dict, layers: dict, gpu_budget: str | None, devices: dict) -> dict:
+def _offload(shapes, n_ctx: dict, n_ubatch: dict, layers: dict, gpu_budget: str | None, devices: dict) -> dict:
     """-ngl/-ngld's split of each model between GPU memory and RAM (offload.py), and whether the GPU share fits
     --gpu-budget, else the free memory of the first GPU llama.cpp sees (none seen and no --gpu-budget: a plan)."""
     from ..memory import estimate, parse_bytes
@@ -247,7 +256,7 @@ def _offload(shapes, n_ctx: dict, layers: dict, gpu_budget: str | None, devices:
     else:
         gpus = [d for d in devices["list"] if d["kind"] in ("GPU", "iGPU") and d["free"]]
         budget, source = (gpus[0]["free"], f"{gpus[0]['name']}'s free memory") if gpus else (None, None)
-    est = {role: estimate(s, n_ctx[role], _KV_TYPE) for role, s in shapes.items()}
+    est = {role: estimate(s, n_ctx[role], _KV_TYPE, n_ubatch=n_ubatch[role]) for role, s in shapes.items()}
     weights = {role: LayerWeights.from_gguf(s.path, s.n_layer) for role, s in shapes.items()}
     splits = {role: split(shapes[role], weights[role], est[role], layers[role]) for role in shapes}
     out = {"n_gpu_layers": {role: layers[role] for role in shapes}, "gpu_budget_bytes": budget,

@@ -21,6 +21,14 @@ class CliError(Exception):
         self.code = code
 
 
+class Given(argparse.Action):
+    """Stores the value and notes that the flag was given: --fit chooses only what was not (cli/fitting.py)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        namespace.given = {*getattr(namespace, "given", ()), self.dest}
+
+
 def add_model_args(p: argparse.ArgumentParser, draft: bool = True, ubatch: bool = True) -> None:
     """The models and how they are loaded; ubatch: with -ub (and -ubd with a draft)."""
     g = p.add_argument_group("models")
@@ -36,15 +44,17 @@ def add_model_args(p: argparse.ArgumentParser, draft: bool = True, ubatch: bool 
                    help="packaged target/draft pair used where -m/-md are not given: qwen = Qwen2.5-Coder 1.5B "
                         "F16 target + 0.5B draft, the reference pair (default); smollm2 = SmolLM2-135M F16 "
                         "target + its Q4_1, the fast testbed")
-    g.add_argument("-c", "--ctx-size", type=int, default=4096, metavar="N", help="context size (default 4096)")
+    g.add_argument("-c", "--ctx-size", type=int, default=4096, action=Given, metavar="N",
+                   help="context size (default 4096; with --fit on a GPU, the largest that fits)")
     if draft:
         add_draft_ctx_arg(g)
     g.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="n_gpu_layers", type=gpu_layers, default=0,
-                   metavar="N", help="target layers on the GPU (default 0; all: every layer; a build for the CPU "
-                   "only refuses more than 0, naming the install line that fixes it)")
+                   action=Given, metavar="N", help="target layers on the GPU (default 0; all: every layer; a build "
+                   "for the CPU only refuses more than 0, naming the install line that fixes it)")
     if draft:
         g.add_argument("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", dest="n_gpu_layers_draft",
-                       type=gpu_layers, default=0, metavar="N", help="draft layers on the GPU (default 0; all)")
+                       type=gpu_layers, default=0, action=Given, metavar="N",
+                       help="draft layers on the GPU (default 0; all)")
     g.add_argument("-t", "--threads", type=int, default=None, metavar="N", help="CPU threads (default: all cores)")
     if ubatch:
         add_ubatch_args(g, draft)
@@ -85,7 +95,7 @@ def gpu_layers(text: str) -> int:
         return -1
     if text.strip().lower() == "auto":  # llama-server's: as many as fit the free memory
         raise argparse.ArgumentTypeError("auto (llama-server's fit to free memory) is not supported here: give a "
-                                         "number of layers, or all")
+                                         "number of layers, or all, or leave -ngl out and pass --fit")
     try:
         return int(text)
     except ValueError:

@@ -7,12 +7,14 @@ from dataclasses import replace
 
 from .common import CliError, add_model_args, add_sampling_args, add_spec_args, load_engine, model_config, \
     sampling_params, spec_params
+from .fitting import add_fit_args, fitted
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("generate", help="generate text from one prompt with speculative decoding",
                        description="Generate from one prompt. Text streams to stdout, stats go to stderr.")
     add_model_args(p)
+    add_fit_args(p.add_argument_group("GPU fit"))
     add_spec_args(p)
     add_sampling_args(p)
     src = p.add_mutually_exclusive_group(required=True)
@@ -65,7 +67,7 @@ def run(args) -> int:
     prompt = read_prompt(args)
     if not prompt:
         raise CliError("empty prompt", 2)
-    sampling, spec, cfg = sampling_params(args), spec_params(args), model_config(args)
+    sampling, spec, cfg = sampling_params(args), spec_params(args), fitted(model_config(args), args)
     sampling = replace(sampling, grammar=read_grammar(args))
     engine = load_engine(cfg, quiet=args.json)
     try:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from ..config import ModelConfig
 from .common import CliError, add_model_args, add_spec_args, load_engine, model_config, spec_params
+from .fitting import add_fit_args, fitted
 from .router import add_router_args, wants_router
 from .llama_flags import add_llama_args, aliases, chat_template, default_sampling, llama_overrides, template_kwargs
 
@@ -36,6 +37,7 @@ def add_parser(sub) -> None:
                                    "mode, every model discovered, each loaded when asked for in a process of its "
                                    "own (see the router group below).")
     add_model_args(p)
+    add_fit_args(p.add_argument_group("GPU fit"))
     add_spec_args(p)
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1); several, "
@@ -266,7 +268,8 @@ def configs(args) -> tuple[ModelConfig, ServerSettings]:
     """What one engine loads and how it serves, from the flags; raises CliError before any model loads."""
     llama_overrides(args)
     cfg = model_config(args)
-    settings = settings_from(args, cfg.target_path)
+    settings = settings_from(args, cfg.target_path)  # checks -np before --fit counts its slots
+    cfg = fitted(cfg, args, n_seq=args.parallel)
     if args.cache_reuse < 0:
         raise CliError(f"--cache-reuse must be >= 0, got {args.cache_reuse}", 2)
     cfg = dataclasses.replace(cfg, cache_reuse=args.cache_reuse)
