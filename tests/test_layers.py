@@ -21,7 +21,7 @@ ROOT = Path(specserve.__file__).parent
 # lowest first; a name is a module or a package (all its modules)
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("specserve", "config", "text", "chat", "prompt", "fim", "stats", "gguf_meta", "batchcost", "policy")),
-    ("backends", ("backends", "models", "f16", "memory", "offload", "pairing", "stores")),
+    ("backends", ("backends", "models", "f16", "memory", "offload", "fit", "pairing", "stores")),
     ("drafting", ("sampling", "processors", "logprobs", "verifier", "steps", "drafters", "grammar")),
     # auto reads the drafters' names (drafters.hybrid.LOOKUPS) and the policy protocol; the engine reads auto
     ("auto", ("auto", "learned")),

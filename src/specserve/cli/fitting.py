@@ -137,7 +137,9 @@ def render_fit(fit: dict) -> str:
             lines.append(f"  {role + ' ' + str(sp['on_gpu']) + '/' + str(sp['n_layers']) + ' layers on the GPU':<40} "
                          f"GPU {fmt_bytes(sp['gpu']):>10}   RAM {fmt_bytes(sp['ram']):>10}")
     lines.append(f"  {'total':<40} GPU {fmt_bytes(fit['gpu_bytes']):>10}   RAM {fmt_bytes(fit['ram_bytes']):>10}")
-    if fit.get("no_draft_ctx") is not None:
+    if any(0 < fit[r]["on_gpu"] < fit[r]["n_layers"] for r in ("target", "draft") if fit.get(r)):
+        lines.append("  (a model split between the two: its compute buffer counts on both sides, an upper bound)")
+    if fit.get("no_draft_ctx") is not None and not any("layers" in c for c in fit["changed"]):
         whole = fit.get("whole_draft_ctx")
         lines.append(f"  largest context in this budget: {fit['no_draft_ctx']} without the draft, {fit['n_ctx']} "
                      "with it" +
