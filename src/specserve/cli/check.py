@@ -6,7 +6,9 @@ compute buffer at its micro-batch, -ub and -ubd):
 estimated from GGUF metadata alone, measured by creating the contexts, and the largest
 context that fits a memory budget with the draft at its window, with the draft at the
 whole context, and without a draft. --memory-only reads the GGUF headers alone (a file
-holding only a header is enough: the shapes of a model not downloaded).
+holding only a header is enough: the shapes of a model not downloaded). With -ngl/-ngld, each model's
+split between GPU memory and RAM; with --fit, the context and layers `serve --fit` would choose for a GPU
+(cli/fitting.py), planned for --gpu-budget on any build, the report then at that context.
 """
 from __future__ import annotations
 
