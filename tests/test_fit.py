@@ -85,6 +85,8 @@ def test_fewer_target_layers_where_even_the_least_context_does_not_fit(pair):
     assert got.splits["target"].ram > left  # with their cache, and a compute buffer on the CPU too
     lower = fit(target, draft, 10 * GiB, n_ctx_min=2048)  # --fit-ctx 2048: more context given up, more layers kept
     assert lower.n_ctx == 2048 and lower.n_gpu_layers > got.n_gpu_layers
+    above = fit(target, draft, 16 * GiB, n_ctx_min=65536)  # --fit-ctx above the training context: kept
+    assert above.n_ctx == 40960 and above.changed == (f"target layers 41 -> {above.n_gpu_layers}",)
 
 
 def test_nothing_fits_is_refused_with_the_numbers(pair):

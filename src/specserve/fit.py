@@ -138,10 +138,11 @@ def _fit(target: Model, draft: Model | None, budget: int, n_ctx: int | None, n_c
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if gpu(options[mid], layers) <= budget else (lo, mid)
         ctx = options[max(lo, 0)]
-        changed.append(f"context {start} -> {ctx}" + (" (--fit-ctx)" if lo < 0 and ctx == n_ctx_min else ""))
+        if ctx != start:  # a training context below --fit-ctx stays as it is, as in llama.cpp
+            changed.append(f"context {start} -> {ctx}" + (" (--fit-ctx)" if lo < 0 else ""))
         if lo >= 0:
             return done(ctx, layers, changed)
-    for role, beside in (("target", "draft"), ("draft", "target")):  # fewer layers: the target's first
+    for role in ("target", "draft"):  # fewer layers: the target's first
         if role not in models or models[role].n_gpu_layers is not None:
             continue
         rest = sum(s.gpu for r, s in splits(ctx, layers).items() if r != role)
@@ -151,7 +152,7 @@ def _fit(target: Model, draft: Model | None, budget: int, n_ctx: int | None, n_c
         if gpu(ctx, {**layers, role: most}) <= budget:
             changed.append(f"{role} layers {models[role].all_layers} -> {most}")
             return done(ctx, {**layers, role: most}, changed)
-    raise FitError(_nothing_fits(models, layers, splits(ctx, layers), budget, ctx, n_ctx, n_seq))
+    raise FitError(_nothing_fits(models, layers, splits(ctx, layers), budget, ctx, n_ctx, n_ctx_min, n_seq))
 
 
 def _layers(m: Model, n: int) -> int:
@@ -159,10 +160,10 @@ def _layers(m: Model, n: int) -> int:
 
 
 def _nothing_fits(models: dict[str, Model], layers: dict[str, int], splits: dict[str, OffloadSplit], budget: int,
-                  ctx: int, n_ctx: int | None, n_seq: int) -> str:
+                  ctx: int, n_ctx: int | None, n_ctx_min: int, n_seq: int) -> str:
     flags = {"target": "-ngl", "draft": "-ngld"}
-    at = f"at context {ctx}" + (" (-c)" if n_ctx is not None else " (--fit-ctx)") + \
-        (f" in each of {n_seq} slots" if n_seq > 1 else "")
+    why = "-c" if n_ctx is not None else "--fit-ctx" if ctx == n_ctx_min else "the training context"
+    at = f"at context {ctx} ({why})" + (f" in each of {n_seq} slots" if n_seq > 1 else "")
     parts = []
     for role, m in models.items():
         given = f", {flags[role]} given" if m.n_gpu_layers is not None else ""
