@@ -86,3 +86,18 @@ def test_check_memory_only_prices_the_split_even_on_a_cpu_build(tiny_paths, caps
     out = capsys.readouterr().out
     assert "GPU offload (-ngl 2 -ngld all; estimated from the GGUF headers)" in out
     assert "GPU budget 64.0 KiB (--gpu-budget): does not fit" in out
+
+
+def test_check_prices_each_compute_buffer_at_its_micro_batch(tiny_paths, capsys):
+    """-ub/-ubd size the compute buffers the split puts on the GPU, as they size the memory report's."""
+    from specserve.cli import main
+
+    argv = ["check", "--memory-only", "-m", str(tiny_paths["target"]), "-md", str(tiny_paths["draft_close"]),
+            "-c", "512", "-ngl", "all", "-ngld", "all", "--gpu-budget", "1GiB", "--json"]
+    got = {}
+    for ubd in (16, 512):
+        assert main([*argv, "-ubd", str(ubd)]) == 0
+        mem = json.loads(capsys.readouterr().out)["memory"]
+        got[ubd] = mem["offload"]["draft"]["gpu"], mem["draft"]["compute"]
+    assert got[512][1] > got[16][1]
+    assert got[512][0] - got[16][0] == got[512][1] - got[16][1]
