@@ -1,0 +1,285 @@
+"""`specserve bench --clients 1,4,8`: each configuration under load, beside its own no-speculation rate.
+
+At each client count N, N clients send at once, each its own R requests one after another (the next as the
+last one's answer ends). Client i's requests are fixed by the seed and i alone (`client_work`): the same work
+for every configuration and at every count, its workloads taken in turn so that each client's work is mixed.
+Every request is a streamed llama-server `/completion` with the prompt as token ids, the one body that
+llama-server and specserve both take, so every server is sent the same work and timed by the same code:
+
+- aggregate tok/s: completion tokens of all N clients over the wall time from the first send to the last answer;
+- per request: the decode rate after the first token, (n - 1) / (last chunk - first chunk); the time to the
+  first token from sending; and the time it waited for a slot where the server says so (specserve:
+  `speculative.queue_s` in the last event; llama-server does not report it).
+
+Baselines are interleaved: each configuration's no-speculation counterpart (the same specserve server with
+`speculative.mode` none, or the endpoint --endpoint-baseline pairs it with) runs at the same client count right
+before it, then right after the next configuration, alternating (`interleave`), so the ratio of the two
+aggregates is measured within a minute and a drifting machine moves both alike.
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+
+import httpx
+
+WARMUP_TOKENS = 8
+
+
+class LoadError(RuntimeError):
+    """A server answered a load run's request with an error, or not at all."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request of a client's work: the prompt as token ids and how to sample it."""
+
+    workload: str
+    index: int
+    tokens: tuple[int, ...]
+    max_tokens: int
+    temperature: float
+    seed: int
+
+
+@dataclass(frozen=True)
+class LoadTarget:
+    """Where a configuration's requests go: a server's base URL, and what the configuration adds to each body
+    (specserve: its `speculative` object; an endpoint: nothing, its own mode)."""
+
+    name: str
+    url: str
+    extra: dict = field(default_factory=dict, hash=False)
+    ignore_eos: bool = False
+
+    def body(self, r: Request) -> dict:
+        body = {"prompt": list(r.tokens), "n_predict": r.max_tokens, "temperature": r.temperature, "seed": r.seed,
+                "stream": True, "cache_prompt": False, **self.extra}  # cold, as the bench's other runs
+        if self.ignore_eos:
+            body["ignore_eos"] = True
+        return body
+
+
+def client_work(prompts: dict[str, list[Request]], n_clients: int, per_client: int, seed: int) -> list[list[Request]]:
+    """Each client's requests, in order: request j of client i is from workload (i + j) mod W, a prompt of it
+    drawn by a generator seeded with (seed, i), so client i's work is the same whatever N and whatever the
+    configuration."""
+    import random
+
+    names = [w for w, ps in prompts.items() if ps]
+    work = []
+    for i in range(n_clients):
+        rng = random.Random(seed * 1_000_003 + i)
+        work.append([rng.choice(prompts[names[(i + j) % len(names)]]) for j in range(per_client)])
+    return work
+
+
+def request_seed(seed: int, workload: str, index: int) -> int:
+    """A prompt's sampling seed, as the bench's other runs seed it (runner.BenchPlan.sampling)."""
+    return (seed * 1_000_003 + zlib.crc32(f"{workload}/{index}".encode())) % 2**31
+
+
+def interleave(pairs: list[tuple[str, str]], levels: list[int]) -> list[tuple[int, str, str]]:
+    """The runs in order, as (clients, what runs, the configuration whose pair it belongs to): at each level,
+    each (configuration, baseline) pair back to back, the baseline first for the first pair, last for the
+    next, and so on. A pair whose configuration is its own baseline runs once."""
+    order, baseline_first = [], True
+    for n in levels:
+        for config, base in pairs:
+            if config == base:
+                order.append((n, config, config))
+                continue
+            runs = (base, config) if baseline_first else (config, base)
+            order += [(n, who, config) for who in runs]
+            baseline_first = not baseline_first
+    return order
+
+
+def stream_one(client: httpx.Client, target: LoadTarget, r: Request) -> dict:
+    """One streamed /completion: tokens, time to first token, decode rate after it, queue time (or None)."""
+    url = target.url + "/completion"
+    t0 = time.perf_counter()
+    t_first = t_last = 0.0
+    chunks, last = 0, {}
+    try:
+        with client.stream("POST", url, json=target.body(r)) as resp:
+            if resp.status_code != 200:
+                resp.read()
+                raise LoadError(f"{target.name}: {url}: HTTP {resp.status_code}: {resp.text[:300]}")
+            for line in resp.iter_lines():
+                if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                    continue
+                event = json.loads(line[5:])
+                if "error" in event:
+                    raise LoadError(f"{target.name}: {url}: {event['error']}")
+                if event.get("content"):
+                    t_last = time.perf_counter() - t0
+                    t_first = t_first or t_last
+                    chunks += 1
+                if event.get("stop"):
+                    last = event
+    except (httpx.HTTPError, json.JSONDecodeError) as e:
+        raise LoadError(f"{target.name}: {url}: {e}") from None
+    t_done = time.perf_counter() - t0
+    timings = last.get("timings") or {}
+    n = int(last.get("tokens_predicted") or timings.get("predicted_n") or chunks)
+    queue = (last.get("speculative") or {}).get("queue_s")
+    span = t_last - t_first
+    return {"workload": r.workload, "prompt_index": r.index, "n_generated": n, "n_chunks": chunks,
+            "ttft_s": round(t_first, 4), "t_done_s": round(t_done, 4),
+            "decode_tokens_per_s": round((n - 1) / span, 2) if n > 1 and span > 0 else None,
+            "queue_s": None if queue is None else float(queue),
+            "n_drafted": int(timings.get("draft_n") or 0), "n_accepted": int(timings.get("draft_n_accepted") or 0)}
+
+
+def run_level(target: LoadTarget, work: list[list[Request]], timeout: float = 3600.0,
+              transport: httpx.BaseTransport | None = None) -> dict:
+    """N clients (one thread each, len(work)) sending their work at once; the level's aggregate and its requests.
+
+    The clients start together at a barrier; the wall time runs from the first send to the last answer."""
+    results: list[list[dict]] = [[] for _ in work]
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(len(work))
+    sent, done = [math.inf] * len(work), [0.0] * len(work)
+
+    def client(i: int) -> None:
+        with httpx.Client(timeout=timeout, transport=transport) as c:
+            try:
+                barrier.wait()
+                sent[i] = time.perf_counter()
+                for r in work[i]:
+                    results[i].append(stream_one(c, target, r))
+                done[i] = time.perf_counter()
+            except Exception as e:  # noqa: BLE001 - raised in the caller's thread below
+                errors.append(e)
+                barrier.abort()
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(len(work))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0] if isinstance(errors[0], LoadError) else LoadError(f"{target.name}: {errors[0]}")
+    wall = max(done) - min(sent)
+    requests = [{**r, "client": i} for i, rs in enumerate(results) for r in rs]
+    tokens = sum(r["n_generated"] for r in requests)
+    return {"config": target.name, "clients": len(work), "n_requests": len(requests), "n_generated": tokens,
+            "wall_s": round(wall, 4), "aggregate_tokens_per_s": round(tokens / wall, 2) if wall > 0 else 0.0,
+            "requests": requests}
+
+
+def warm_up(target: LoadTarget, r: Request, transport: httpx.BaseTransport | None = None) -> None:
+    """One short request, unmeasured: the server's first pass (buffers, threads) kept out of the numbers."""
+    with httpx.Client(timeout=3600.0, transport=transport) as c:
+        stream_one(c, target, Request(r.workload, r.index, r.tokens, WARMUP_TOKENS, 0.0, r.seed))
+
+
+def run_load(targets: dict[str, LoadTarget], pairs: list[tuple[str, str]], levels: list[int],
+             work: dict[int, list[list[Request]]], progress=None, transport: httpx.BaseTransport | None = None
+             ) -> list[dict]:
+    """Every run of `interleave(pairs, levels)`, each a `run_level` record with its place: `pair` (the
+    configuration it was run for) and `order` (its position in the run)."""
+    first = next(r for client in work[levels[0]] for r in client)
+    for name in dict.fromkeys(who for config, base in pairs for who in (base, config)):
+        warm_up(targets[name], first, transport)
+    runs = []
+    for k, (n, who, pair) in enumerate(interleave(pairs, levels)):
+        if progress is not None:
+            progress(f"{n} client(s): {who}" + (f" (the baseline of {pair})" if who != pair else ""))
+        runs.append({**run_level(targets[who], work[n], transport=transport), "pair": pair, "order": k})
+    return runs
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The nearest-rank q-quantile (None for no values): p95 of 12 requests is the 12th, not an interpolation."""
+    v = sorted(values)
+    return v[max(0, math.ceil(q * len(v)) - 1)] if v else None
+
+
+def request_summary(requests: list[dict]) -> dict:
+    """p50/p95 of the per-request decode rate, time to first token and queue time (None where unreported)."""
+    def pcts(key: str, label: str, scale: int = 4) -> dict:
+        values = [r[key] for r in requests if r.get(key) is not None]
+        return {f"{label}_p{int(100 * q)}": None if (x := percentile(values, q)) is None else round(x, scale)
+                for q in (0.5, 0.95)}
+
+    return {**pcts("decode_tokens_per_s", "decode", 2), **pcts("ttft_s", "ttft"), **pcts("queue_s", "queue")}
+
+
+def summarize_load(runs: list[dict], pairs: list[tuple[str, str]], levels: list[int]) -> list[dict]:
+    """One row per (clients, configuration): its aggregate (the median over its runs at that count, one for a
+    configuration), its baseline's aggregate from the runs beside it, their ratio, and its requests' p50/p95."""
+    rows = []
+    names = list(dict.fromkeys(who for config, base in pairs for who in (base, config)))
+    base_of = dict(pairs)
+    for n in levels:
+        at_n = [r for r in runs if r["clients"] == n]
+        for name in names:
+            own = [r for r in at_n if r["config"] == name]
+            if not own:
+                continue
+            base = base_of.get(name, name)
+            beside = [r for r in at_n if r["config"] == base and r["pair"] == name] if base != name else []
+            agg = statistics.median(r["aggregate_tokens_per_s"] for r in own)
+            base_agg = statistics.median(r["aggregate_tokens_per_s"] for r in beside) if beside else None
+            requests = [q for r in own for q in r["requests"]]
+            rows.append({"clients": n, "config": name, "baseline": base if base != name else None,
+                         "n_runs": len(own), "n_requests": len(requests),
+                         "n_generated": sum(r["n_generated"] for r in own),
+                         "aggregate_tokens_per_s": round(agg, 2),
+                         "baseline_tokens_per_s": None if base_agg is None else round(base_agg, 2),
+                         "ratio": round(agg / base_agg, 4) if base_agg else None,
+                         **request_summary(requests),
+                         "acceptance": _acceptance(requests)})
+    return rows
+
+
+def _acceptance(requests: list[dict]) -> float | None:
+    drafted = sum(r["n_drafted"] for r in requests)
+    return round(sum(r["n_accepted"] for r in requests) / drafted, 4) if drafted else None
+
+
+def render_load(rows: list[dict], per_client: int, workloads: list[str]) -> str:
+    """A table per client count, then aggregate tok/s by configuration and count with each ratio beside."""
+    def f(x, spec: str, unit: str = "") -> str:
+        return "-" if x is None else f"{x:{spec}}{unit}"
+
+    width = max(len("configuration"), *(len(r["config"]) for r in rows)) if rows else 13
+    lines = [f"mixed work: {', '.join(workloads)}; aggregate: completion tokens over the wall time from the first "
+             "send to the last answer;",
+             "no-spec: the configuration's own baseline (speculation off, or its --endpoint-baseline), run beside "
+             "it; ratio: aggregate / no-spec;",
+             "per request: decode tok/s after the first token, time to first token and time queued for a slot "
+             "(s), p50 and p95", ""]
+    for n in dict.fromkeys(r["clients"] for r in rows):
+        lines += [f"{n} client{'s' if n > 1 else ''} at once, {per_client} requests each",
+                  f"{'configuration':<{width}} {'aggregate':>9} {'no-spec':>8} {'ratio':>6} {'decode p50':>10} "
+                  f"{'p95':>8} {'ttft p50':>8} {'p95':>6} {'queue p50':>9} {'p95':>6} {'accept':>6}"]
+        for r in (r for r in rows if r["clients"] == n):
+            lines.append(f"{r['config']:<{width}} {r['aggregate_tokens_per_s']:>9.1f} "
+                         f"{f(r['baseline_tokens_per_s'], '.1f'):>8} {f(r['ratio'], '.2f', 'x'):>6} "
+                         f"{f(r['decode_p50'], '.1f'):>10} {f(r['decode_p95'], '.1f'):>8} "
+                         f"{f(r['ttft_p50'], '.2f'):>8} {f(r['ttft_p95'], '.2f'):>6} "
+                         f"{f(r['queue_p50'], '.2f'):>9} {f(r['queue_p95'], '.2f'):>6} "
+                         f"{f(None if r['acceptance'] is None else 100 * r['acceptance'], '.0f', '%'):>6}")
+        lines.append("")
+    levels = list(dict.fromkeys(r["clients"] for r in rows))
+    cell = {(r["config"], r["clients"]): r for r in rows}
+    lines.append("aggregate tok/s by clients (its ratio to its own no-speculation rate beside it)")
+    lines.append(f"{'configuration':<{width}} " + " ".join(f"{f'{n} client' + ('s' if n > 1 else ''):>16}"
+                                                           for n in levels))
+    for name in dict.fromkeys(r["config"] for r in rows):
+        cells = []
+        for n in levels:
+            r = cell.get((name, n))
+            text = "-" if r is None else f"{r['aggregate_tokens_per_s']:.1f}" + (
+                f" ({r['ratio']:.2f}x)" if r["ratio"] is not None else "")
+            cells.append(f"{text:>16}")
+        lines.append(f"{name:<{width}} " + " ".join(cells))
+    return "\n".join(lines)

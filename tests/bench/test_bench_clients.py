@@ -1,0 +1,155 @@
+"""`specserve bench --clients`: configurations under load, each beside its own no-speculation rate, interleaved.
+
+The load runs are checked against servers whose speed is known: fake llama-servers that stream each token
+after a fixed delay (the aggregate and per-request rates must come out of the timings, within bounds), and
+the bench's own `specserve serve` on a tiny model."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from specserve.bench.clients import Request, client_work, interleave, percentile, summarize_load
+from bench_runs import PROMPTS, run_cli
+
+
+class FakeLlamaServer:
+    """llama-server's streamed /completion at a known speed: each of n_predict tokens `delay` seconds after the
+    last; the last event carries timings (and speculative.queue_s where `queue_s` is set). Logs each request's
+    arrival as (name, time)."""
+
+    def __init__(self, name: str, delay: float, log: list, queue_s: float | None = None):
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                log.append((name, time.perf_counter(), body))
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                n = body["n_predict"]
+                for _ in range(n):
+                    time.sleep(delay)
+                    self.wfile.write(b'data: {"content": "x", "stop": false}\n\n')
+                    self.wfile.flush()
+                last = {"content": "", "stop": True, "tokens_predicted": n,
+                        "timings": {"predicted_n": n, "predicted_ms": 1000 * n * delay}}
+                if fake.queue_s is not None:
+                    last["speculative"] = {"queue_s": fake.queue_s}
+                self.wfile.write(f"data: {json.dumps(last)}\n\n".encode())
+                self.close_connection = True
+
+        self.queue_s = queue_s
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_baselines_run_beside_their_configurations_alternating():
+    order = interleave([("auto", "target"), ("ls-ngram", "ls-plain"), ("lonely", "lonely")], [1, 4])
+    assert order == [(1, "target", "auto"), (1, "auto", "auto"),  # baseline first
+                     (1, "ls-ngram", "ls-ngram"), (1, "ls-plain", "ls-ngram"),  # then last
+                     (1, "lonely", "lonely"),  # its own baseline: once
+                     (4, "target", "auto"), (4, "auto", "auto"),
+                     (4, "ls-ngram", "ls-ngram"), (4, "ls-plain", "ls-ngram"),
+                     (4, "lonely", "lonely")]
+
+
+def test_each_clients_work_is_fixed_by_the_seed_and_mixed():
+    prompts = {w: [Request(w, i, (i,), 8, 0.0, 0) for i in range(5)] for w in ("edit", "question", "story")}
+    four, eight = client_work(prompts, 4, 3, seed=1), client_work(prompts, 8, 3, seed=1)
+    assert eight[:4] == four  # client i's work does not depend on how many clients there are
+    assert client_work(prompts, 4, 3, seed=2) != four
+    for i, work in enumerate(four):
+        assert [r.workload for r in work] == [["edit", "question", "story"][(i + j) % 3] for j in range(3)]
+
+
+def test_percentiles_are_nearest_rank_and_rows_pair_each_run_with_the_baseline_beside_it():
+    assert percentile([3.0, 1.0, 2.0, 4.0], 0.5) == 2.0 and percentile([3.0, 1.0, 2.0, 4.0], 0.95) == 4.0
+    assert percentile([], 0.5) is None
+
+    def run(config, pair, agg):
+        return {"config": config, "pair": pair, "clients": 2, "aggregate_tokens_per_s": agg, "n_generated": 10,
+                "requests": [{"decode_tokens_per_s": agg / 2, "ttft_s": 0.5, "queue_s": None, "n_drafted": 0,
+                              "n_accepted": 0}]}
+    runs = [run("target", "a", 10.0), run("a", "a", 15.0), run("b", "b", 30.0), run("target", "b", 20.0)]
+    rows = {r["config"]: r for r in summarize_load(runs, [("a", "target"), ("b", "target")], [2])}
+    assert (rows["a"]["baseline_tokens_per_s"], rows["a"]["ratio"]) == (10.0, 1.5)  # not the later 20.0
+    assert (rows["b"]["baseline_tokens_per_s"], rows["b"]["ratio"]) == (20.0, 1.5)
+    assert rows["target"]["aggregate_tokens_per_s"] == 15.0 and rows["target"]["ratio"] is None
+    assert rows["a"]["decode_p50"] == 7.5 and rows["a"]["queue_p50"] is None
+
+
+@pytest.mark.server
+def test_clients_table_against_specserve_and_two_known_speed_servers(tiny_paths, tmp_path):
+    """--clients 1,2 through the bench's own `specserve serve` (ngram, beside the same server with speculation
+    off) and two fake llama-servers (tokens every 10 ms, paired with one at every 20 ms): the table's
+    structure, aggregates that follow from the fakes' speed, queue time where reported, and the order of runs
+    as the fake servers saw it."""
+    log: list = []
+    fast = FakeLlamaServer("fast", 0.01, log, queue_s=0.125)
+    plain = FakeLlamaServer("plain", 0.02, log)
+    workload = tmp_path / "w.jsonl"
+    workload.write_text("".join(json.dumps({"prompt": p, "category": "toy"}) + "\n" for p in PROMPTS))
+    try:
+        code, out = run_cli("bench", "-m", tiny_paths["target"], "-c", 512, "-t", 1, "--spec", "ngram",
+                            "--draft-max", 3, "-np", 2, "--clients", "1,2", "--requests-per-client", 2,
+                            "--workload", workload, f"{workload}@0.8", "-n", 16, "--ignore-eos",
+                            "--endpoint", f"fast={fast.url}", f"plain={plain.url}/v1", "--endpoint-baseline", "plain",
+                            "--no-auto-profile", "--no-progress", "--json", tmp_path / "out.json")
+    finally:
+        fast.close()
+        plain.close()
+    assert code == 0
+    report = json.loads((tmp_path / "out.json").read_text())
+    rows = {(r["config"], r["clients"]): r for r in report["load"]}
+    assert set(rows) == {(c, n) for c in ("target", "ngram k=3", "fast", "plain") for n in (1, 2)}
+    for header in ("1 client at once, 2 requests each", "2 clients at once, 2 requests each",
+                   "aggregate tok/s by clients"):
+        assert header in out
+
+    # what ran, in order: each configuration beside its baseline, and each run's aggregate from its own timings
+    runs = report["runs"]
+    assert [(r["clients"], r["config"], r["pair"]) for r in runs] == interleave(
+        [("ngram k=3", "target"), ("fast", "plain")], [1, 2])
+    for r in runs:
+        assert r["n_requests"] == 2 * r["clients"] and r["n_generated"] == 16 * r["n_requests"]
+        assert r["aggregate_tokens_per_s"] == pytest.approx(r["n_generated"] / r["wall_s"], rel=1e-3)
+        if r["config"] in ("fast", "plain"):  # N clients streaming a token every d seconds: at most N/d tok/s
+            ceiling = r["clients"] / (0.01 if r["config"] == "fast" else 0.02)
+            assert 0.4 * ceiling < r["aggregate_tokens_per_s"] < ceiling
+    # the fakes saw the same order: warm-ups, then at each count the pair's two runs back to back
+    seen = [name for name, _, _ in log]
+    blocks = [name for i, name in enumerate(seen) if i == 0 or seen[i - 1] != name]
+    assert blocks == ["plain", "fast", "plain", "fast", "plain"]
+    assert seen[2:] == ["fast"] * 2 + ["plain"] * 2 + ["fast"] * 4 + ["plain"] * 4
+    # every server got the same work, as token ids, at the workloads' temperatures
+    def work(start, stop):
+        return sorted((b["prompt"], b["temperature"], b["seed"]) for _, _, b in log[start:stop])
+    assert work(2, 4) == work(4, 6) and work(6, 10) == work(10, 14)  # fast's and plain's, at 1 and at 2 clients
+    assert {t for _, t, _ in work(6, 10)} == {0.0, 0.8} and all(isinstance(t, int) for t in log[2][2]["prompt"])
+
+    for n in (1, 2):
+        f, p, ngram = rows[("fast", n)], rows[("plain", n)], rows[("ngram k=3", n)]
+        assert f["baseline"] == "plain" and 1.4 < f["ratio"] < 2.1  # twice as fast, less the requests' overhead
+        assert f["ratio"] == pytest.approx(f["aggregate_tokens_per_s"] / f["baseline_tokens_per_s"], rel=1e-3)
+        assert f["decode_p50"] <= 100 and p["decode_p50"] <= 50  # after the first token: at most 1/d tok/s
+        assert (f["queue_p50"], f["queue_p95"]) == (0.125, 0.125) and p["queue_p50"] is None
+        assert ngram["baseline"] == "target" and ngram["ratio"] > 0 and ngram["queue_p50"] is not None
+        assert rows[("target", n)]["ratio"] is None and rows[("target", n)]["ttft_p95"] > 0
+    assert rows[("fast", 2)]["aggregate_tokens_per_s"] > 1.4 * rows[("fast", 1)]["aggregate_tokens_per_s"]
