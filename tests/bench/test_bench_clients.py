@@ -153,3 +153,38 @@ def test_clients_table_against_specserve_and_two_known_speed_servers(tiny_paths,
         assert ngram["baseline"] == "target" and ngram["ratio"] > 0 and ngram["queue_p50"] is not None
         assert rows[("target", n)]["ratio"] is None and rows[("target", n)]["ttft_p95"] > 0
     assert rows[("fast", 2)]["aggregate_tokens_per_s"] > 1.4 * rows[("fast", 1)]["aggregate_tokens_per_s"]
+
+
+def test_a_profile_learnt_elsewhere_is_what_the_benchs_server_starts_from(tiny_paths, tiny_models, tmp_path,
+                                                                         monkeypatch):
+    """--auto-profile-from FILE: a profile saved for other models (here the draft as target, another key) is
+    written under the key the bench's server looks for, in a directory of its own; `empty` holds none."""
+    from specserve import learned
+    from specserve.auto import Controller
+    from specserve.auto.profile import learning_controller
+    from specserve.bench.profiles import EMPTY, ProfileHome
+    from specserve.config import ModelConfig
+
+    state = Controller().state_dict()
+    state["marker"] = "from the other pair"  # kept as given: the controller keeps what it does not read
+    other = learned.ProfileStore.for_models(str(tiny_paths["draft_far"]), None, 1, tmp_path / "elsewhere")
+    other.save(state, requests=5)
+    target = str(tiny_paths["target"])
+    for source, loaded in ((str(other.path), True), (EMPTY, False)):
+        home = ProfileHome(source, target, [None], n_threads=1)
+        try:
+            for key, value in home.env.items():
+                monkeypatch.setenv(key, value)
+            controller = learning_controller(ModelConfig(target), tiny_models["target"])
+            assert controller.profile.loaded is loaded
+            assert controller.profile.store.path == home.paths[0]
+            if loaded:
+                assert controller.profile.as_loaded[1] == state
+        finally:
+            home.close()
+        assert not home.paths[0].exists()
+    (tmp_path / "other.json").write_text('{"format": "something else"}')
+    with pytest.raises(ValueError, match="not an auto profile"):
+        ProfileHome(str(tmp_path / "other.json"), target, [None], 1)
+    with pytest.raises(ValueError, match="cannot read it"):
+        ProfileHome(str(tmp_path / "missing.json"), target, [None], 1)
