@@ -104,7 +104,7 @@ class ServedModels:
                 draft = ["-md", path] if path else []
                 draft += ["-ngld", str(n_gpu_layers[1])] if path and n_gpu_layers[1] else []
                 draft += ["--draft-ctx", str(window)] if path and window is not None else []
-                self.servers[name] = SpawnedServer(common + draft, home.env if home else None)
+                self.servers[name] = SpawnedServer(common + draft, env=home.env if home else None)
         except BaseException:
             self.close()
             raise
