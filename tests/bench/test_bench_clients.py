@@ -77,6 +77,21 @@ def test_each_clients_work_is_fixed_by_the_seed_and_mixed():
     assert client_work(prompts, 4, 3, seed=2) != four
     for i, work in enumerate(four):
         assert [r.workload for r in work] == [["edit", "question", "story"][(i + j) % 3] for j in range(3)]
+    sent = [(r.workload, r.index) for work in four for r in work]
+    assert len(set(sent)) == len(sent) == 12  # 4 of each workload's 5 prompts: none twice
+    sent = [(r.workload, r.index) for work in eight for r in work]
+    assert len(set(sent)) == 15 and len(sent) == 24  # 8 of each: all 5, then dealt again
+
+
+def test_specserve_gets_each_runs_scope_and_an_endpoint_nothing_of_specserves():
+    from specserve.bench.clients import LoadTarget
+
+    r = Request("edit", 0, (1, 2), 8, 0.0, 7)
+    served = LoadTarget("auto", "http://x", {"speculative": {"mode": "auto", "draft_max": 8}}, ignore_eos=True)
+    assert served.body(r, "bench-clients-3") == {
+        "prompt": [1, 2], "n_predict": 8, "temperature": 0.0, "seed": 7, "stream": True, "cache_prompt": False,
+        "speculative": {"mode": "auto", "draft_max": 8, "cross_request_scope": "bench-clients-3"}, "ignore_eos": True}
+    assert "speculative" not in LoadTarget("ls", "http://y").body(r, "bench-clients-3")
 
 
 def test_percentiles_are_nearest_rank_and_rows_pair_each_run_with_the_baseline_beside_it():
@@ -143,6 +158,10 @@ def test_clients_table_against_specserve_and_two_known_speed_servers(tiny_paths,
         return sorted((b["prompt"], b["temperature"], b["seed"]) for _, _, b in log[start:stop])
     assert work(2, 4) == work(4, 6) and work(6, 10) == work(10, 14)  # fast's and plain's, at 1 and at 2 clients
     assert {t for _, t, _ in work(6, 10)} == {0.0, 0.8} and all(isinstance(t, int) for t in log[2][2]["prompt"])
+    assert len({(tuple(p), t) for p, t, _ in work(6, 10)}) == 4  # 2 clients, 2 requests each: none twice
+    assert log[0][2]["prompt"] == log[1][2]["prompt"] and log[0][2]["n_predict"] == 8  # the warm-ups: a prompt
+    assert log[0][2]["prompt"] not in [b["prompt"] for _, _, b in log[2:]]  # that no measured run sends
+    assert not any("speculative" in b for _, _, b in log)
 
     for n in (1, 2):
         f, p, ngram = rows[("fast", n)], rows[("plain", n)], rows[("ngram k=3", n)]

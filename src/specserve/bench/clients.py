@@ -24,7 +24,7 @@ import statistics
 import threading
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import httpx
 
@@ -57,25 +57,37 @@ class LoadTarget:
     extra: dict = field(default_factory=dict, hash=False)
     ignore_eos: bool = False
 
-    def body(self, r: Request) -> dict:
+    def body(self, r: Request, scope: str = "") -> dict:
+        """scope: the cross-request scope of specserve's store for this run (`run_load`: one per run)."""
         body = {"prompt": list(r.tokens), "n_predict": r.max_tokens, "temperature": r.temperature, "seed": r.seed,
                 "stream": True, "cache_prompt": False, **self.extra}  # cold, as the bench's other runs
+        if "speculative" in body and scope:
+            body["speculative"] = {**body["speculative"], "cross_request_scope": scope}
         if self.ignore_eos:
             body["ignore_eos"] = True
         return body
 
 
 def client_work(prompts: dict[str, list[Request]], n_clients: int, per_client: int, seed: int) -> list[list[Request]]:
-    """Each client's requests, in order: request j of client i is from workload (i + j) mod W, a prompt of it
-    drawn by a generator seeded with (seed, i), so client i's work is the same whatever N and whatever the
-    configuration."""
+    """Each client's requests, in order: request j of client i is from workload (i + j) mod W, dealt from that
+    workload's prompts shuffled by the seed, in the order of (client, request): client i's work depends on the
+    clients before it, never on how many come after, so it is the same whatever N and whatever the configuration;
+    no prompt is sent twice in a run until a workload's prompts are all dealt (a repeat is another workload)."""
     import random
 
     names = [w for w, ps in prompts.items() if ps]
+    decks = {}
+    for w in names:
+        decks[w] = list(prompts[w])
+        random.Random(seed * 1_000_003 + zlib.crc32(w.encode())).shuffle(decks[w])
+    dealt = dict.fromkeys(names, 0)
     work = []
     for i in range(n_clients):
-        rng = random.Random(seed * 1_000_003 + i)
-        work.append([rng.choice(prompts[names[(i + j) % len(names)]]) for j in range(per_client)])
+        work.append([])
+        for j in range(per_client):
+            w = names[(i + j) % len(names)]
+            work[-1].append(decks[w][dealt[w] % len(decks[w])])
+            dealt[w] += 1
     return work
 
 
@@ -100,14 +112,14 @@ def interleave(pairs: list[tuple[str, str]], levels: list[int]) -> list[tuple[in
     return order
 
 
-def stream_one(client: httpx.Client, target: LoadTarget, r: Request) -> dict:
+def stream_one(client: httpx.Client, target: LoadTarget, r: Request, scope: str = "") -> dict:
     """One streamed /completion: tokens, time to first token, decode rate after it, queue time (or None)."""
     url = target.url + "/completion"
     t0 = time.perf_counter()
     t_first = t_last = 0.0
     chunks, last = 0, {}
     try:
-        with client.stream("POST", url, json=target.body(r)) as resp:
+        with client.stream("POST", url, json=target.body(r, scope)) as resp:
             if resp.status_code != 200:
                 resp.read()
                 raise LoadError(f"{target.name}: {url}: HTTP {resp.status_code}: {resp.text[:300]}")
@@ -137,7 +149,7 @@ def stream_one(client: httpx.Client, target: LoadTarget, r: Request) -> dict:
             "n_drafted": int(timings.get("draft_n") or 0), "n_accepted": int(timings.get("draft_n_accepted") or 0)}
 
 
-def run_level(target: LoadTarget, work: list[list[Request]], timeout: float = 3600.0,
+def run_level(target: LoadTarget, work: list[list[Request]], scope: str = "", timeout: float = 3600.0,
               transport: httpx.BaseTransport | None = None) -> dict:
     """N clients (one thread each, len(work)) sending their work at once; the level's aggregate and its requests.
 
@@ -153,7 +165,7 @@ def run_level(target: LoadTarget, work: list[list[Request]], timeout: float = 36
                 barrier.wait()
                 sent[i] = time.perf_counter()
                 for r in work[i]:
-                    results[i].append(stream_one(c, target, r))
+                    results[i].append(stream_one(c, target, r, scope))
                 done[i] = time.perf_counter()
             except Exception as e:  # noqa: BLE001 - raised in the caller's thread below
                 errors.append(e)
@@ -170,29 +182,29 @@ def run_level(target: LoadTarget, work: list[list[Request]], timeout: float = 36
     requests = [{**r, "client": i} for i, rs in enumerate(results) for r in rs]
     tokens = sum(r["n_generated"] for r in requests)
     return {"config": target.name, "clients": len(work), "n_requests": len(requests), "n_generated": tokens,
-            "wall_s": round(wall, 4), "aggregate_tokens_per_s": round(tokens / wall, 2) if wall > 0 else 0.0,
+            "wall_s": round(wall, 6), "aggregate_tokens_per_s": round(tokens / wall, 2) if wall > 0 else 0.0,
             "requests": requests}
 
 
-def warm_up(target: LoadTarget, r: Request, transport: httpx.BaseTransport | None = None) -> None:
-    """One short request, unmeasured: the server's first pass (buffers, threads) kept out of the numbers."""
-    with httpx.Client(timeout=3600.0, transport=transport) as c:
-        stream_one(c, target, Request(r.workload, r.index, r.tokens, WARMUP_TOKENS, 0.0, r.seed))
-
-
 def run_load(targets: dict[str, LoadTarget], pairs: list[tuple[str, str]], levels: list[int],
-             work: dict[int, list[list[Request]]], progress=None, transport: httpx.BaseTransport | None = None
-             ) -> list[dict]:
+             work: dict[int, list[list[Request]]], warm: Request, progress=None,
+             transport: httpx.BaseTransport | None = None) -> list[dict]:
     """Every run of `interleave(pairs, levels)`, each a `run_level` record with its place: `pair` (the
-    configuration it was run for) and `order` (its position in the run)."""
-    first = next(r for client in work[levels[0]] for r in client)
+    configuration it was run for) and `order` (its position in the run).
+
+    First, one short unmeasured request to each server (`warm`, a prompt no run sends: its first pass's buffers
+    and threads kept out of the numbers). Each run has a cross-request scope of its own on specserve's servers:
+    its requests draft from each other's answers, as users' do, never from another run's answers to the same
+    prompts (a baseline's greedy answers would make the configuration after it a run of repeats)."""
     for name in dict.fromkeys(who for config, base in pairs for who in (base, config)):
-        warm_up(targets[name], first, transport)
+        with httpx.Client(timeout=3600.0, transport=transport) as c:
+            stream_one(c, targets[name], replace(warm, max_tokens=WARMUP_TOKENS), "bench-clients-warm-up")
     runs = []
     for k, (n, who, pair) in enumerate(interleave(pairs, levels)):
         if progress is not None:
             progress(f"{n} client(s): {who}" + (f" (the baseline of {pair})" if who != pair else ""))
-        runs.append({**run_level(targets[who], work[n], transport=transport), "pair": pair, "order": k})
+        record = run_level(targets[who], work[n], f"bench-clients-{k}", transport=transport)
+        runs.append({**record, "pair": pair, "order": k})
     return runs
 
 

@@ -29,7 +29,7 @@ def run(args, target_path: str, draft_paths: dict[str, str], specs: list[str]) -
         raise CliError("--clients and --requests-per-client must be >= 1", 2)
     workloads = args.workload or list(DEFAULT_WORKLOADS)
     configs = _configs(args, specs, draft_paths)
-    prompts = _requests(args, target_path, workloads)
+    prompts, warm = _requests(args, target_path, workloads)
     work = {n: client_work(prompts, n, args.requests_per_client, args.seed) for n in args.clients}
     pairs = pair_up(configs)
     served = None
@@ -39,7 +39,7 @@ def run(args, target_path: str, draft_paths: dict[str, str], specs: list[str]) -
             served = _serve(args, target_path, draft_paths)
         targets = {c.name: _target(args, c, served) for c in configs}
         progress = None if args.no_progress else (lambda text: print(text, file=sys.stderr, flush=True))
-        runs = run_load(targets, pairs, args.clients, work, progress)
+        runs = run_load(targets, pairs, args.clients, work, warm, progress)
     except (LoadError, EndpointError, ServerFailed) as e:
         raise CliError(str(e)) from None
     finally:
@@ -106,12 +106,13 @@ def _target(args, config, served):
     return LoadTarget(config.name, served.url(config.draft_model), {"speculative": speculative}, args.ignore_eos)
 
 
-def _requests(args, target_path: str, workloads: list[str]) -> dict:
-    """{workload: its prompts as Requests}: token ids by the target's own tokenizer and chat template, each
-    prompt's temperature (--temp, else the workload's own, else 0), length (-n, else its own, else 128)
-    and seed; prompts that do not fit the context with their answer are left out."""
+def _requests(args, target_path: str, workloads: list[str]) -> tuple[dict, object]:
+    """({workload: its prompts as Requests}, the warm-up's Request): token ids by the target's own tokenizer
+    and chat template, each prompt's temperature (--temp, else the workload's own, else 0), length (-n, else
+    its own, else 128) and seed; prompts that do not fit the context with their answer are left out."""
     from ..backends.llama_cpp import LlamaCppModel
     from ..bench.clients import Request, request_seed
+    from ..bench.runner import WARMUP_MESSAGES
     from ..bench.workloads import load_workload
     from ..prompt import chat_tokens, prompt_tokens
 
@@ -137,6 +138,7 @@ def _requests(args, target_path: str, workloads: list[str]) -> dict:
                     continue
                 t = args.temp[0] if args.temp else (p.temperature or 0.0)
                 out[w].append(Request(w, p.index, tuple(tokens), n, t, request_seed(args.seed, w, p.index)))
+        warm = Request("warm-up", 0, tuple(chat_tokens(vocab, list(WARMUP_MESSAGES))), 8, 0.0, args.seed)
     finally:
         vocab.close()
     if skipped:
@@ -144,4 +146,4 @@ def _requests(args, target_path: str, workloads: list[str]) -> dict:
               "skipped (raise -c)", file=sys.stderr)
     if not any(out.values()):
         raise CliError("no prompt fits the context", 2)
-    return out
+    return out, warm
