@@ -76,7 +76,8 @@ def add_parser(sub) -> None:
                         "/v1/chat/completions, docs/agents.md) or a JSONL file of "
                         "{prompt|messages, temperature, max_tokens, category}; NAME:twice sends each prompt, then "
                         "the same request again; NAME:again sends its prompts, then the other workloads', then its "
-                        "own again; long-file:N and long-chat:N cut their source files to about N tokens "
+                        "own again; NAME@T sends them at temperature T (writing@0.8); long-file:N and long-chat:N "
+                        "cut their source files to about N tokens "
                         "(default: code-edit spec-bench)")
     g.add_argument("--prompts-per-workload", type=int, default=10, metavar="P",
                    help="prompts per workload (default 10; multi-turn: requests, 4 a conversation; fim-replay: cut "
@@ -117,7 +118,8 @@ def add_parser(sub) -> None:
                         "streamed /completion; aggregate tok/s per configuration and client count, each beside its "
                         "own no-speculation rate run next to it (specserve's: the same server with speculation off; "
                         "an endpoint's: its --endpoint-baseline), per-request decode rate, time to first token and "
-                        "queue time (p50, p95). Through servers only; -np sets the bench's own server's slots")
+                        "queue time (p50, p95). Through servers only; -np sets the bench's own server's slots; --spec "
+                        "defaults to auto; docs/serving-speed.md")
     g.add_argument("--requests-per-client", type=int, default=3, metavar="R",
                    help="with --clients: requests each client sends, one after another (default 3)")
     g.add_argument("--auto-profile-from", metavar="empty|FILE",
