@@ -207,3 +207,17 @@ def test_a_profile_learnt_elsewhere_is_what_the_benchs_server_starts_from(tiny_p
         ProfileHome(str(tmp_path / "other.json"), target, [None], 1)
     with pytest.raises(ValueError, match="cannot read it"):
         ProfileHome(str(tmp_path / "missing.json"), target, [None], 1)
+
+
+def test_a_workload_at_a_temperature(tmp_path):
+    """NAME@T: the workload's prompts at temperature T (the mixed work's stories at 0.8); a name whose tail is
+    no temperature stays a file name."""
+    from specserve.bench.workloads import load_workload
+
+    stories = load_workload("writing@0.8", 3)
+    assert [(p.workload, p.temperature) for p in stories] == [("writing@0.8", 0.8)] * 3
+    assert [p.messages for p in stories] == [p.messages for p in load_workload("writing", 3)]
+    odd = tmp_path / "me@home.jsonl"
+    odd.write_text(json.dumps({"prompt": "hi", "temperature": 0.3}) + "\n")
+    assert [p.temperature for p in load_workload(str(odd), 1)] == [0.3]
+    assert [p.temperature for p in load_workload(f"{odd}@0", 1)] == [0.0]
