@@ -12,7 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from specserve.bench.clients import Request, client_work, interleave, percentile, summarize_load
+from specserve.bench.clients import Request, client_work, interleave
+from specserve.bench.load_report import percentile, summarize_load
 from bench_runs import PROMPTS, run_cli
 
 
@@ -221,3 +222,23 @@ def test_a_workload_at_a_temperature(tmp_path):
     odd.write_text(json.dumps({"prompt": "hi", "temperature": 0.3}) + "\n")
     assert [p.temperature for p in load_workload(str(odd), 1)] == [0.3]
     assert [p.temperature for p in load_workload(f"{odd}@0", 1)] == [0.0]
+
+
+def test_a_failed_request_fails_the_run_naming_the_server_and_stops_the_other_clients():
+    import httpx
+
+    from specserve.bench.clients import LoadError, LoadTarget, run_level
+
+    seen = []
+
+    def answer(request):
+        body = json.loads(request.content)
+        seen.append(body["seed"])
+        if body["seed"] == 0:  # client 0's requests fail at once
+            return httpx.Response(500, text="no slot")
+        time.sleep(0.3)  # client 1's are answered, slowly
+        return httpx.Response(200, text='data: {"content": "x", "stop": true, "tokens_predicted": 1}\n\n')
+    work = [[Request("edit", i, (1, 2), 8, 0.0, i)] * 3 for i in range(2)]
+    with pytest.raises(LoadError, match="ls: http://x/completion: HTTP 500: no slot"):
+        run_level(LoadTarget("ls", "http://x"), work, transport=httpx.MockTransport(answer))
+    assert sorted(seen) == [0, 1]  # client 1 sent no more once client 0's request had failed

@@ -18,7 +18,8 @@ DEFAULT_SPECS = ("auto",)
 
 
 def run(args, target_path: str, draft_paths: dict[str, str], specs: list[str]) -> int:
-    from ..bench.clients import LoadError, client_work, render_load, run_load, summarize_load
+    from ..bench.clients import LoadError, client_work, run_load
+    from ..bench.load_report import render_load, summarize_load
     from ..bench.endpoint import EndpointError
     from ..bench.report import machine_info
     from ..bench.served import ServerFailed
