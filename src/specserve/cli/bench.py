@@ -274,7 +274,8 @@ def run(args) -> int:
         raise CliError("--spec draft needs a draft model (-md)", 2)
     if args.clients:  # load: N clients at once, each configuration beside its own baseline (bench_clients.py)
         from . import bench_clients
-        return bench_clients.run(args, target_path, draft_paths, args.spec or list(bench_clients.DEFAULT_SPECS))
+        return bench_clients.run(args, target_path, draft_paths, args.spec or list(bench_clients.DEFAULT_SPECS),
+                                 _serve)
     specs = args.spec or (["draft"] if args.drafts == "auto" else list(_DEFAULT_SPECS))
     if "fim-replay" in workloads:  # editor completion through /infill: a run of its own (bench_fim.py)
         from . import bench_fim

@@ -17,7 +17,8 @@ DEFAULT_WORKLOADS = ("code-edit", "coding", "writing@0.8")  # issue 60's mixed w
 DEFAULT_SPECS = ("auto",)
 
 
-def run(args, target_path: str, draft_paths: dict[str, str], specs: list[str]) -> int:
+def run(args, target_path: str, draft_paths: dict[str, str], specs: list[str], serve) -> int:
+    """serve(args, target_path, draft_paths): the bench's own servers (bench.py's, with its flags)."""
     from ..bench.clients import LoadError, client_work, run_load
     from ..bench.load_report import render_load, summarize_load
     from ..bench.endpoint import EndpointError
@@ -36,8 +37,7 @@ def run(args, target_path: str, draft_paths: dict[str, str], specs: list[str]) -
     served = None
     try:
         if any(c.spec != "endpoint" for c in configs):
-            from .bench import _serve
-            served = _serve(args, target_path, draft_paths)
+            served = serve(args, target_path, draft_paths)
         targets = {c.name: _target(args, c, served) for c in configs}
         progress = None if args.no_progress else (lambda text: print(text, file=sys.stderr, flush=True))
         runs = run_load(targets, pairs, args.clients, work, warm, progress)
