@@ -1,8 +1,9 @@
 """`specserve bench --clients 1,4,8`: the configurations under load, each beside its own no-speculation rate.
 
-The run itself, the tables and what is timed how: bench/clients.py. This module turns the bench's flags into
-its plan: the prompts as token ids (the target's vocabulary alone is read, no weights), each client's work, the
-bench's own `specserve serve` and any --endpoint servers as load targets, each paired with its baseline.
+The runs and what is timed how: bench/clients.py; the rows and tables: bench/load_report.py. This module turns
+the bench's flags into its plan: the prompts as token ids (the target's vocabulary alone is read, no weights),
+each client's work, the bench's own `specserve serve` and any --endpoint servers as load targets, each paired
+with its baseline.
 """
 from __future__ import annotations
 
@@ -21,14 +22,11 @@ def run(args, target_path: str, draft_paths: dict[str, str], specs: list[str], s
     """serve(args, target_path, draft_paths): the bench's own servers (bench.py's, with its flags)."""
     from ..bench.clients import LoadError, client_work, run_load
     from ..bench.load_report import render_load, summarize_load
-    from ..bench.endpoint import EndpointError
     from ..bench.report import machine_info
     from ..bench.served import ServerFailed
 
     if "inprocess" in args.via:
         raise CliError("--clients runs through servers only (--via server, --endpoint)", 2)
-    if args.requests_per_client < 1 or min(args.clients) < 1:
-        raise CliError("--clients and --requests-per-client must be >= 1", 2)
     workloads = args.workload or list(DEFAULT_WORKLOADS)
     configs = _configs(args, specs, draft_paths)
     prompts, warm = _requests(args, target_path, workloads)
@@ -41,7 +39,7 @@ def run(args, target_path: str, draft_paths: dict[str, str], specs: list[str], s
         targets = {c.name: _target(args, c, served) for c in configs}
         progress = None if args.no_progress else (lambda text: print(text, file=sys.stderr, flush=True))
         runs = run_load(targets, pairs, args.clients, work, warm, progress)
-    except (LoadError, EndpointError, ServerFailed) as e:
+    except (LoadError, ServerFailed) as e:
         raise CliError(str(e)) from None
     finally:
         if served is not None:
