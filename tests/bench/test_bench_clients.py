@@ -242,3 +242,14 @@ def test_a_failed_request_fails_the_run_naming_the_server_and_stops_the_other_cl
     with pytest.raises(LoadError, match="ls: http://x/completion: HTTP 500: no slot"):
         run_level(LoadTarget("ls", "http://x"), work, transport=httpx.MockTransport(answer))
     assert sorted(seen) == [0, 1]  # client 1 sent no more once client 0's request had failed
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--via", "inprocess"], "--clients runs through servers only"),
+    (["--auto-profile-from", "empty", "--no-auto-profile"], "contradict each other"),
+    (["--requests-per-client", "0"], "--requests-per-client must be > 0"),
+    (["--workload", "multi-turn"], "multi-turn workloads are not supported"),
+])
+def test_what_clients_cannot_run_is_refused_before_any_server_starts(tiny_paths, capsys, flags, message):
+    code, _ = run_cli("bench", "-m", tiny_paths["target"], "--clients", "1,2", *flags)
+    assert code == 2 and message in capsys.readouterr().err
