@@ -8,7 +8,7 @@ def test_the_bench_servers_get_the_gpu_layers(monkeypatch):
     started = []
 
     class NoServer:
-        def __init__(self, args):
+        def __init__(self, args, env=None):
             started.append(args)
 
         def close(self):
@@ -22,3 +22,29 @@ def test_the_bench_servers_get_the_gpu_layers(monkeypatch):
     started.clear()
     served.ServedModels("t.gguf", {}, 512, 1, 1, auto_profile=False)  # the target alone, on the CPU
     assert "-ngl" not in started[0] and "-ngld" not in started[0]
+
+
+def test_the_bench_servers_start_from_the_profile_home_and_it_goes_with_them(monkeypatch):
+    """--auto-profile-from: every server of the bench's gets the home's environment; closing them removes it."""
+    envs = []
+
+    class NoServer:
+        def __init__(self, args, env=None):
+            envs.append(env)
+
+        def stop(self):
+            envs.append("stopped")
+
+    class Home:
+        env = {"SPECSERVE_HOME": "/somewhere/models"}
+        closed_after = None
+
+        def close(self):
+            self.closed_after = list(envs)
+
+    monkeypatch.setattr(served, "SpawnedServer", NoServer)
+    home = Home()
+    models = served.ServedModels("t.gguf", {"d": "d.gguf", "e": "e.gguf"}, 512, 1, 1, auto_profile=True, home=home)
+    assert envs == [home.env, home.env]
+    models.close()
+    assert home.closed_after == [home.env, home.env, "stopped", "stopped"]  # after the servers saved into it

@@ -82,3 +82,25 @@ def test_interference_check_measures_streams_around_a_long_prompt(server, tmp_pa
     # the control: the same streams alone first, timed over the same token positions as the window
     assert timed(report), json.dumps(report)
     assert report["slowdown_vs_control_max"] and report["growth_max"]
+
+
+def test_each_requests_queue_time_and_rate_are_in_its_usage_and_in_metrics(server):
+    """Five clients at once on three slots: two wait. Each answer's usage.speculative says how long it waited
+    (queue_s) and at what rate it decoded (tokens_per_s), and /metrics' histograms sum the same values: what
+    `specserve bench --clients` reports per request, the server's own counters agree with."""
+    bodies = [{"prompt": p, "max_tokens": 120, "temperature": 0, "ignore_eos": True, "speculative": s}
+              for p, s in zip(PROMPTS + PROMPTS[:2], SPECS + SPECS[:2])]
+    with server.client() as c:
+        before = metrics(c)
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        usages = [u["speculative"] for u in pool.map(lambda b: post(server, "/v1/completions", b)["usage"], bodies)]
+    with server.client() as c:
+        after = metrics(c)
+
+    def delta(name: str) -> float:
+        return after[name] - before.get(name, 0.0)
+    assert delta("specserve:queue_time_seconds_count") == delta("specserve:request_tokens_per_second_count") == 5
+    assert sorted(u["queue_s"] > 0 for u in usages).count(True) >= 2  # two of five found no free slot
+    assert delta("specserve:queue_time_seconds_sum") == pytest.approx(sum(u["queue_s"] for u in usages), abs=5e-4)
+    assert delta("specserve:request_tokens_per_second_sum") == pytest.approx(
+        sum(u["tokens_per_s"] for u in usages), abs=0.05)

@@ -22,11 +22,11 @@ pytestmark = pytest.mark.server
 
 MSG = [{"role": "user", "content": "the cat sat on the mat and the cat"}]
 BASE = {"model": "fixed", "seed": 3, "temperature": 0.8, "max_tokens": 40, "cache_prompt": False}
-# what usage.speculative held before the trace existed, in its order
+# what usage.speculative holds without the trace, in its order
 SPEC_USAGE_KEYS = ["mode", "verify", "draft_max", "suffix_max", "drafter_steps", "passes", "drafted", "accepted",
                    "acceptance", "mean_accepted_len", "tokens_per_s", "drafted_by_position", "accepted_by_position",
-                   "prompt_s", "decode_s"]
-_VARIES = re.compile(r'("id": ?"[^"]*"|"created": ?\d+|"(?:tokens_per_s|prompt_s|decode_s|[a-z_]+_ms|'
+                   "prompt_s", "decode_s", "queue_s"]
+_VARIES = re.compile(r'("id": ?"[^"]*"|"created": ?\d+|"(?:tokens_per_s|prompt_s|decode_s|queue_s|[a-z_]+_ms|'
                      r'[a-z_]+_per_second|[a-z_]+_per_token_ms)": ?[0-9.e+-]+)')
 
 

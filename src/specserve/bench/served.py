@@ -86,15 +86,17 @@ class ServedModels:
 
     def __init__(self, target_path: str, draft_paths: dict[str, str], n_ctx: int, threads: int | None,
                  parallel: int, auto_profile: bool, timeout: float = 3600.0, windows: dict[str, int] | None = None,
-                 n_gpu_layers: tuple[int, int] = (0, 0), exact: bool = False):
+                 n_gpu_layers: tuple[int, int] = (0, 0), exact: bool = False, home=None):
         """windows: a draft's --draft-ctx by its name (default: the server's); n_gpu_layers: the target's and
-        the drafts' layers on the GPU (-ngl, -ngld), as the in-process path loads them; exact: --exact."""
+        the drafts' layers on the GPU (-ngl, -ngld), as the in-process path loads them; exact: --exact;
+        home: a profiles.ProfileHome the servers start auto from (closed with them), or None: the user's profile."""
         common = ["-m", target_path, "-c", str(n_ctx), "-np", str(parallel)]
         common += ["-t", str(threads)] if threads else []
         common += ["-ngl", str(n_gpu_layers[0])] if n_gpu_layers[0] else []
         common += [] if auto_profile else ["--no-auto-profile"]
         common += ["--exact"] if exact else []
         self.servers: dict[str | None, SpawnedServer] = {}
+        self._home = home
         self._client = httpx.Client(timeout=timeout)
         try:
             for name, path in (draft_paths or {None: None}).items():
@@ -102,7 +104,7 @@ class ServedModels:
                 draft = ["-md", path] if path else []
                 draft += ["-ngld", str(n_gpu_layers[1])] if path and n_gpu_layers[1] else []
                 draft += ["--draft-ctx", str(window)] if path and window is not None else []
-                self.servers[name] = SpawnedServer(common + draft)
+                self.servers[name] = SpawnedServer(common + draft, env=home.env if home else None)
         except BaseException:
             self.close()
             raise
@@ -156,6 +158,9 @@ class ServedModels:
         for server in self.servers.values():
             server.stop()
         self.servers = {}
+        if self._home is not None:  # after the servers, which save what they learnt into it as they stop
+            self._home.close()
+            self._home = None
 
 
 def served_stats(usage: dict, t_first: float, t_last: float, finish: str) -> dict:

@@ -16,7 +16,8 @@ prompts, then the same request again (turns first and retry); followed by `:agai
 prompts, then every other workload of the run, then the same requests again (turns first and again:
 a retry, a regenerate or an agent's resent turn comes after other requests, not back to back);
 followed by `:unconstrained`, the same prompts unconstrained (still validated against their schemas:
-to compare constrained with free generation in one run). Anything else is read as a JSONL file, one
+to compare constrained with free generation in one run); followed by `@T` (`writing@0.8`), its prompts at
+temperature T (a mixed workload: stories at 0.8 beside code at 0). Anything else is read as a JSONL file, one
 prompt a line:
 
     {"prompt": "text"} or {"messages": [{"role": "user", "content": "..."}]}
@@ -82,6 +83,10 @@ def load_workload(name_or_path: str, n_prompts: int) -> list[BenchPrompt]:
     """Up to n_prompts prompts of a built-in workload or a JSONL file, spread evenly over it."""
     if n_prompts <= 0:
         raise ValueError(f"prompts per workload must be > 0, got {n_prompts}")
+    name, at, temperature = name_or_path.rpartition("@")
+    if at and _is_temperature(temperature):
+        return [replace(p, workload=name_or_path, temperature=float(temperature))
+                for p in load_workload(name, n_prompts)]
     if name_or_path.endswith(UNCONSTRAINED):
         return [replace(p, workload=name_or_path, constrain=False)
                 for p in load_workload(name_or_path[:-len(UNCONSTRAINED)], n_prompts)]
@@ -109,6 +114,13 @@ def load_workload(name_or_path: str, n_prompts: int) -> list[BenchPrompt]:
         raise ValueError(f"workload {name_or_path!r} has no prompts")
     picked = _spread(rows, n_prompts)
     return [_prompt(name, i, row, f"{name_or_path} prompt {i + 1}") for i, row in enumerate(picked)]
+
+
+def _is_temperature(text: str) -> bool:
+    try:
+        return float(text) >= 0
+    except ValueError:
+        return False
 
 
 def multi_turn(n_prompts: int) -> list[BenchPrompt]:

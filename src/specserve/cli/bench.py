@@ -76,7 +76,8 @@ def add_parser(sub) -> None:
                         "/v1/chat/completions, docs/agents.md) or a JSONL file of "
                         "{prompt|messages, temperature, max_tokens, category}; NAME:twice sends each prompt, then "
                         "the same request again; NAME:again sends its prompts, then the other workloads', then its "
-                        "own again; long-file:N and long-chat:N cut their source files to about N tokens "
+                        "own again; NAME@T sends them at temperature T (writing@0.8); long-file:N and long-chat:N "
+                        "cut their source files to about N tokens "
                         "(default: code-edit spec-bench)")
     g.add_argument("--prompts-per-workload", type=int, default=10, metavar="P",
                    help="prompts per workload (default 10; multi-turn: requests, 4 a conversation; fim-replay: cut "
@@ -111,6 +112,19 @@ def add_parser(sub) -> None:
                         "paired against it (each server against its own target alone) instead of specserve's; "
                         "NAME=BASE pairs one endpoint against another (two servers' endpoints in one run)")
     g.add_argument("--endpoint-api-key", metavar="KEY", help="API key sent to the endpoints")
+    g.add_argument("--clients", type=_comma_list(int), default=None, metavar="LIST",
+                   help="load: N clients at once for each N (e.g. 1,4,8), each sending its own --requests-per-client "
+                        "prompts of the workloads in turn (default code-edit coding writing@0.8), every request a "
+                        "streamed /completion; aggregate tok/s per configuration and client count, each beside its "
+                        "own no-speculation rate run next to it (specserve's: the same server with speculation off; "
+                        "an endpoint's: its --endpoint-baseline), per-request decode rate, time to first token and "
+                        "queue time (p50, p95). Through servers only; -np sets the bench's own server's slots; --spec "
+                        "defaults to auto; docs/serving-speed.md")
+    g.add_argument("--requests-per-client", type=int, default=3, metavar="R",
+                   help="with --clients: requests each client sends, one after another (default 3)")
+    g.add_argument("--auto-profile-from", metavar="empty|FILE",
+                   help="the bench's own servers start --spec auto from this saved auto profile (a copy: the "
+                        "user's own is neither read nor changed), or from none (empty), learning as they run")
     out = p.add_argument_group("output")
     out.add_argument("--json", metavar="OUT", help="write the full results as JSON")
     out.add_argument("--plot", metavar="OUT.png", help="write speedup vs draft length and acceptance by position")
@@ -123,6 +137,10 @@ def _validate(args) -> None:
               (args.prompts_per_workload > 0, "--prompts-per-workload must be > 0"),
               (args.repeat > 0, "--repeat must be > 0"),
               (args.parallel > 0, "-np must be > 0"),
+              (args.requests_per_client > 0, "--requests-per-client must be > 0"),
+              (all(n > 0 for n in args.clients or []), "--clients values must be > 0"),
+              (not (args.auto_profile_from and args.no_auto_profile),
+               "--auto-profile-from and --no-auto-profile contradict each other"),
               (args.n_predict is None or args.n_predict > 0, "-n must be > 0"),
               (all(1 <= k <= 64 for k in args.draft_max + (args.ngram_max or [])),
                "--draft-max and --ngram-max values must be in [1, 64]"),
@@ -254,6 +272,10 @@ def run(args) -> int:
         draft_paths = _candidates(args, target_path, draft_paths)
     if args.spec is not None and "draft" in args.spec and not draft_paths:
         raise CliError("--spec draft needs a draft model (-md)", 2)
+    if args.clients:  # load: N clients at once, each configuration beside its own baseline (bench_clients.py)
+        from . import bench_clients
+        return bench_clients.run(args, target_path, draft_paths, args.spec or list(bench_clients.DEFAULT_SPECS),
+                                 _serve)
     specs = args.spec or (["draft"] if args.drafts == "auto" else list(_DEFAULT_SPECS))
     if "fim-replay" in workloads:  # editor completion through /infill: a run of its own (bench_fim.py)
         from . import bench_fim
@@ -336,7 +358,21 @@ def _serve(args, target_path: str, draft_paths: dict[str, str]):
     print(f"starting specserve serve -np {args.parallel} for the served configurations ...", file=sys.stderr)
     return ServedModels(target_path, draft_paths, args.ctx_size, args.threads, args.parallel,
                         auto_profile=not args.no_auto_profile, windows=draft_windows(args, draft_paths),
-                        n_gpu_layers=(args.n_gpu_layers, args.n_gpu_layers_draft), exact=args.exact)
+                        n_gpu_layers=(args.n_gpu_layers, args.n_gpu_layers_draft), exact=args.exact,
+                        home=_profile_home(args, target_path, draft_paths))
+
+
+def _profile_home(args, target_path: str, draft_paths: dict[str, str]):
+    """--auto-profile-from: a directory holding the given profile under each server's key (bench/profiles.py)."""
+    if not args.auto_profile_from:
+        return None
+    from ..bench.profiles import ProfileHome
+
+    try:
+        return ProfileHome(args.auto_profile_from, target_path, [None, *draft_paths.values()],
+                           args.threads or max(1, os.cpu_count() or 1))
+    except (OSError, ValueError) as e:
+        raise CliError(str(e), 2) from None
 
 
 def _write(path: str, write) -> None:

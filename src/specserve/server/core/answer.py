@@ -163,6 +163,7 @@ def speculative_usage(job: Job) -> dict:
             "mean_accepted_len": round(s.mean_accepted_len, 4), "tokens_per_s": round(s.tokens_per_s, 2),
             "drafted_by_position": list(s.drafted_by_position), "accepted_by_position": list(s.accepted_by_position),
             "prompt_s": round(s.t_prompt, 4), "decode_s": round(s.t_decode, 4) if s.t_total else 0.0,
+            "queue_s": round(job.queue_s, 4),  # waiting for a slot, before prompt_s: what load adds to a request
             **_grammar_usage(job), **_traced_usage(job)}
 
 
