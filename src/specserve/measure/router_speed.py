@@ -60,7 +60,7 @@ def chat(url: str, model: str, tokens: int) -> tuple[float, float, float]:
     """(seconds to the whole answer, client tokens per second from the first chunk of text to the last, the
     server's own decode rate: timings.predicted_per_second)."""
     body = {"model": model, "messages": PROMPT, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
-            "stream": True}
+            "stream": True, "stream_options": {"include_usage": True}}
     t0, first, last, n, server = time.perf_counter(), 0.0, 0.0, 0, float("nan")
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
         r.raise_for_status()
