@@ -10,7 +10,8 @@
 #   scripts/device_check.sh --dry-run            # here, no GPU: checks the carried trees configure and
 #                                                # runs the measurement on a tiny pair on the CPU
 #
-# Builds land in .devbuild/ (git-ignored, not carried), so a second call on the still-warm machine skips them.
+# Builds land in .devbuild/ (git-ignored, not carried), so a second call on the still-warm machine skips them,
+# or resumes them where a first call ran out of time (both builds are incremental).
 # DEVCHECK_FAST_BUILD=1 leaves CUDA FlashAttention out of both builds (a few minutes less to compile).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -59,7 +60,8 @@ if [ ! -f "$B/site/llama_cpp/__init__.py" ] || ! python3 -c "import llama_cpp, s
     # the CUDA build of llama-cpp-python: what `CMAKE_ARGS="-DGGML_CUDA=on" pip install llama-cpp-python` does
     # with PyPI; here from the carried sdist, with the image's scikit-build-core, cmake and ninja
     (CMAKE_ARGS="$CUDA $COMMON" CMAKE_BUILD_PARALLEL_LEVEL=$J python3 -m pip install --no-index --no-deps \
-        --no-build-isolation --no-cache-dir --upgrade --target "$B/site" "$B/llama_cpp_python-0.3.36" \
+        --no-build-isolation --no-cache-dir --upgrade --target "$B/site" -C build-dir="$B/pybuild" \
+        "$B/llama_cpp_python-0.3.36" \
         >"$OUT/build_python.log" 2>&1; echo $? >"$B/python.rc") &
 fi
 if [ ! -x "$B/server/bin/llama-server" ]; then
