@@ -1,16 +1,16 @@
 """Pass and drafting costs of the seed's pair on an RTX 3090, from published llama.cpp figures (no GPU here).
 
-The seed's pair: Qwen3-14B Q4_K_M (9.0 GB of weights) as the target, Qwen3-0.6B Q8_0 (0.64 GB) as the draft,
+The seed's pair: Qwen3-14B Q4_K_M (a GGUF of about 9.0 GB) as the target, Qwen3-0.6B Q8_0 (about 0.64 GB) as the draft,
 both wholly on one RTX 3090 (936 GB/s), llama.cpp's CUDA backend. No published table gives this pair's pass
 over n tokens, so the curve is built from what is published for the same card:
 
 - the shape, a pass over n tokens against a pass over 1 (pp512 at micro-batch n: the mean pass over a context
   growing 0..512, the case of a short chat), from llama 8B Q4_0 on an RTX 3090:
   - n = 1..8, measured (MMVQ, the kernel llama.cpp uses up to 8 rows): 156.56, 279.89, 390.96, 470.48, 509.70,
-    541.57, 559.30, 583.77 tokens/s, https://github.com/ggml-org/llama.cpp/pull/15802 (2025-09);
+    541.57, 559.30, 583.77 tokens/s, https://github.com/ggml-org/llama.cpp/pull/15802;
     that is 6.39, 7.15, 7.67, 8.50, 9.81, 11.08, 12.52, 13.70 ms a pass;
   - n = 16, measured (MMQ with int8 tensor cores): 914.10 tokens/s at pp2048, 17.50 ms a pass,
-    https://github.com/ggml-org/llama.cpp/pull/7716 (2024-06);
+    https://github.com/ggml-org/llama.cpp/pull/7716;
   - n = 32 and 64, derived: llama 8B Q3_K_S on an RTX 3090 at n = 16, 32, 64 (1145.06, 1770.40, 2595.01
     tokens/s: 13.97, 18.08, 24.66 ms, https://github.com/ggml-org/llama.cpp/pull/8495) grows by 1.29x and
     1.77x from 16 to 32 and 64; applied to the 17.50 ms at 16: 22.6 and 30.9 ms;
