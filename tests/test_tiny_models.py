@@ -140,6 +140,19 @@ def test_close_draft_agrees_far_draft_does_not(models, rollouts):
     assert agreement(models["far"], rollouts) < 0.1  # measured 0.00-0.01
 
 
+def test_quiet_layers_make_the_shallower_same_seed_model_a_draft_that_agrees(tmp_path):
+    """A target whose last 3 of 4 layers are quiet predicts as the same seed's 1-layer model does (the device
+    check's synthetic pair: a draft 4x cheaper a token that agrees); with loud layers it does not."""
+    draft = load(tm.write_tiny_model(tmp_path / "d.gguf", seed=1, n_layer=1))
+    for quiet, lo, hi in ((3, 0.9, 1.01), (0, 0.0, 0.8)):  # loud: measured 0.56 (the successor spike)
+        target = load(tm.write_tiny_model(tmp_path / f"t{quiet}.gguf", seed=1, n_layer=4, quiet_layers=quiet))
+        runs = [(pt, *greedy(target, pt, 24)) for pt in (target.tokenize(p, add_bos=False, special=True)
+                                                        for p in PROMPTS)]
+        a = agreement(draft, runs)
+        print(f"quiet {quiet}: agreement {a:.2f}")
+        assert lo < a < hi, quiet
+
+
 def test_f16_weights_close_to_f32(tmp_path, models, rollouts):
     f16 = load(tm.write_tiny_model(tmp_path / "h.gguf", seed=1, f16=True))
     assert agreement(f16, rollouts) > 0.95

@@ -165,7 +165,7 @@ def _weights(rng: np.random.Generator, n_vocab: int, n_layer: int, n_embd: int, 
 def write_tiny_model(
     path: str | Path, *, seed: int = 0, n_layer: int = 2, n_embd: int = 64, n_head: int = 4,
     n_head_kv: int = 2, n_ff: int = 128, n_ctx_train: int = 1024, noise: float = 0.0,
-    noise_seed: int = 0, logit_scale: float = 4.0, f16: bool = False,
+    noise_seed: int = 0, logit_scale: float = 4.0, f16: bool = False, quiet_layers: int = 0,
     # -- flagrant vocab mismatches --
     tokenizer_model: str = "gpt2", swap_tokens: tuple[int, int] | None = None,
     extra_tokens: int = 0, bos_id: int | None = None, eos_id: int | None = None,
@@ -180,7 +180,10 @@ def write_tiny_model(
     Weights: ``seed`` fixes all weights; ``noise`` > 0 adds N(0, (noise*rms(W))^2)
     noise drawn from ``noise_seed`` to every tensor (noise=0: identical to the
     same-seed model).  ``logit_scale`` ~ std of the logits.  ``f16`` stores the
-    2-D matrices as F16 (norms stay F32).
+    2-D matrices as F16 (norms stay F32).  ``quiet_layers``: the last that many
+    layers write 1/100 of their output into the residual stream, so the model
+    predicts nearly as the same-seed model with that many fewer layers does (a
+    cheap draft that agrees with it: scripts/device_measure.py's synthetic pair).
 
     Flagrant vocab edits (a draft written with these must be rejected as a pair):
       tokenizer_model: "gpt2" (byte-level BPE, default) or "llama" (SentencePiece
@@ -236,6 +239,9 @@ def write_tiny_model(
         for name, std in (("token_embd.weight", 1.0), ("output.weight", out_std)):
             extra = (rng_x.standard_normal((extra_tokens, n_embd)) * std).astype(np.float32)
             w[name] = np.concatenate([w[name], extra])
+    for i in range(n_layer - quiet_layers, n_layer):
+        for name in (f"blk.{i}.attn_output.weight", f"blk.{i}.ffn_down.weight"):
+            w[name] *= 0.01
     if noise > 0:
         rng_n = np.random.default_rng(noise_seed)
         for name, t in w.items():
