@@ -201,16 +201,17 @@ def test_batch_cost_extrapolates_and_inverts():
     assert cost.most_tokens(1.0, 1, 40) == 40
 
 
-@pytest.mark.parametrize("slowdown", [2.0, 0.0])
-def test_prompt_chunks_beside_streams_are_cut_to_the_slowdown(tiny_models, slots, monkeypatch, slowdown):
+@pytest.mark.parametrize("slowdown,stall,most", [(2.0, 0.0, 1 + 11), (2.0, 0.0305, 20), (0.0, 0.0, None)])
+def test_prompt_chunks_beside_streams_are_cut_to_the_slowdown(tiny_models, slots, monkeypatch, slowdown, stall, most):
     """With passes costing 10 ms + 1 ms a token, a stream's 1-token pass costs 11 ms: at slowdown 2
-    a prompt chunk beside it may add 11 ms (11 tokens, at least MIN_CHUNK); at 0 it fills the pass."""
+    a prompt chunk beside it may add 11 ms (11 tokens, at least MIN_CHUNK); with a stall of 30.5 ms, the
+    larger bound, a pass holds 20 tokens; at slowdown 0 it fills the pass."""
     from specserve.server.core.batcher import MIN_CHUNK
 
     long_prompt = " ".join(["the quick brown fox jumps over the lazy dog"] * 4)
     n_prompt = len(tiny_models["target"].tokenize(long_prompt))
     b = Batch(slots, n_batch=512)
-    b.stepper.slowdown = slowdown
+    b.stepper.slowdown, b.stepper.stall = slowdown, stall
     group = slots[0].ctx.shared
     seeded = BatchCost()
     for n in (1, 2, 64, 512):
@@ -225,7 +226,7 @@ def test_prompt_chunks_beside_streams_are_cut_to_the_slowdown(tiny_models, slots
     b.run(until=lambda: len(b.tokens[late]) >= 1)
     mixed = [t for s, t in b.passes if s == 2]  # passes holding the stream and a chunk
     if slowdown:
-        assert MIN_CHUNK < 11 and mixed and max(mixed) == 1 + 11 and len(mixed) >= n_prompt // 12
+        assert MIN_CHUNK < 11 and mixed and max(mixed) == most and len(mixed) >= n_prompt // most
     else:
         assert mixed[0] == n_prompt  # the prompt but its last token (its own pass) beside the stream, at once
     b.run()
@@ -238,8 +239,10 @@ def test_serve_flag_default_is_the_schedulers():
     from specserve.cli import build_parser
     from specserve.server.core.batcher import SLOWDOWN
 
+    from specserve.server.core.batcher import STALL
+
     args = build_parser().parse_args(["serve"])
-    assert args.prefill_slowdown == SLOWDOWN
+    assert args.prefill_slowdown == SLOWDOWN and args.prefill_stall == STALL
 
 
 def test_calls_behind_reader_wakeups_run_at_the_next_step():

@@ -74,6 +74,10 @@ def add_parser(sub) -> None:
                         "tokens a pass as keep each pass within F x what the streams' tokens alone cost, so they "
                         "slow by about F at most (default %(default)s; 0: whole --batch-size chunks, the fastest "
                         "prompt processing)")
+    g.add_argument("--prefill-stall", type=float, default=1.0, metavar="S",  # server.core.batcher.STALL
+                   help="...or S seconds a pass, whichever is more: a short prompt joins the streams within a "
+                        "pass or two instead of crawling beside them, a long one is still spread (default "
+                        "%(default)s; 0: F alone bounds it)")
     g.add_argument("--cache-reuse", type=int, default=0, metavar="N",
                    help="as llama-server's: after the common prefix, keep runs of >= N cached tokens that moved to "
                         "earlier positions in the new prompt (an editor's window shifted by an edit above the cursor), "
@@ -245,6 +249,7 @@ def settings_from(args, target_path: str):
                                   args.profile)
         return ServerSettings(model_name=name, profiles=profiles, parallel=args.parallel, queue=args.queue,
                               n_batch=n_batch, prefill_slowdown=args.prefill_slowdown,
+                              prefill_stall=args.prefill_stall,
                               api_keys=keys, key_scopes=key_scopes, max_body=int(args.max_body_mib * (1 << 20)),
                               allowed_hosts=allowed_hosts(args.host, args.allowed_host),
                               cors_origins=frozenset(o.strip().rstrip("/") for o in args.cors_origin if o.strip()),

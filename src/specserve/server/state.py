@@ -10,7 +10,7 @@ from starlette.requests import HTTPConnection
 from ..engine import Engine
 from ..grammar import GrammarWorker
 from ..memory import rss_bytes
-from .core.batcher import SLOWDOWN
+from .core.batcher import SLOWDOWN, STALL
 from .core.metrics import ServerMetrics
 from .core.model_presets import Profile
 from .core.reasoning import FORMATS as REASONING_FORMATS
@@ -37,7 +37,8 @@ class ServerSettings:
     parallel: int = 2  # slots: requests generating at once
     queue: int = 16  # requests waiting for a slot before 503
     n_batch: int = 512  # most tokens in one forward pass (--batch-size): verifications, then prompt chunks
-    prefill_slowdown: float = SLOWDOWN  # a pass with a prompt chunk beside streams costs at most this x theirs
+    prefill_slowdown: float = SLOWDOWN  # a pass with a prompt chunk beside streams costs at most this x theirs...
+    prefill_stall: float = STALL  # ...or this many seconds, whichever is more
     api_keys: tuple[str, ...] = ()  # none: no authentication
     key_scopes: dict[str, str] = field(default_factory=dict)  # API key -> the cross-request scope it confines to
     max_body: int = MAX_BODY_BYTES
@@ -89,6 +90,8 @@ class ServerSettings:
                              f"got {self.n_batch}")
         if not 0 <= self.prefill_slowdown < 1e6 or 0 < self.prefill_slowdown <= 1:
             raise ValueError(f"prefill_slowdown must be > 1 (or 0: off), got {self.prefill_slowdown}")
+        if not 0 <= self.prefill_stall < 1e6:
+            raise ValueError(f"prefill_stall must be >= 0 seconds, got {self.prefill_stall}")
         if self.max_connections < self.parallel + self.queue + 1:
             raise ValueError(f"max_connections must exceed parallel + queue ({self.parallel + self.queue}), "
                              f"got {self.max_connections}")
@@ -106,7 +109,8 @@ class ServerState:
                                      queue_depth=lambda: self.scheduler.pool.waiting,
                                      suffix_store=engine.suffix_store, scopes=set(settings.key_scopes.values()))
         self.scheduler = Scheduler(engine, settings.parallel, settings.queue, settings.n_batch,
-                                   on_pass=self.metrics.target_pass, prefill_slowdown=settings.prefill_slowdown)
+                                   on_pass=self.metrics.target_pass, prefill_slowdown=settings.prefill_slowdown,
+                                   prefill_stall=settings.prefill_stall)
         self.slot_records = SlotRecords(settings.parallel)  # GET /slots
         self.grammars = GrammarWorker()  # compiles grammars off the event loop (core/constraints/compiling.py)
         # frees the models while idle (--sleep-idle-seconds); None: they stay loaded

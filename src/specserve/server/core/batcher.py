@@ -43,7 +43,8 @@ log = logging.getLogger("specserve.server")
 
 
 MIN_CHUNK = 4  # prompt tokens a pass beside running streams holds at least, whatever it costs
-SLOWDOWN = 2.0  # default: a pass with a prompt chunk costs at most this x the streams' tokens alone
+SLOWDOWN = 2.0  # default: a pass with a prompt chunk costs at most this x the streams' tokens alone...
+STALL = 1.0  # ...or this many seconds, whichever is more (--prefill-stall)
 
 
 def _always() -> bool:
@@ -66,10 +67,11 @@ class Stepper:
     """The synchronous core: `add` generations, call `step` while `runs` is not empty."""
 
     def __init__(self, target_groups, n_batch: int, on_pass: Callable[[int, int], None] | None = None,
-                 slowdown: float = SLOWDOWN):
+                 slowdown: float = SLOWDOWN, stall: float = STALL):
         self.targets = {id(g) for g in target_groups}  # the target's context(s): their pass comes last in a step
         self.n_batch = n_batch
         self.slowdown = slowdown  # 0: prompt chunks fill the pass whatever the streams beside them
+        self.stall = stall  # seconds a pass with prompt chunks may take beside streams, if more than slowdown x theirs
         self.on_pass = on_pass  # told (sequences, tokens) of every target pass
         self.runs: list[Run] = []
         self.costs: dict[int, BatchCost] = {}  # id(group) -> what its passes cost by size
@@ -145,7 +147,8 @@ class Stepper:
             if r.op.split and not chunked:
                 chunked = True
                 if used and self.slowdown > 0:  # streams run in this pass: cut the chunks to what they bear
-                    budget = min(budget, cost.most_tokens(self.slowdown * cost.cost(used), used + MIN_CHUNK, budget))
+                    limit = max(self.slowdown * cost.cost(used), self.stall)
+                    budget = min(budget, cost.most_tokens(limit, used + MIN_CHUNK, budget))
             if n > budget and not r.op.split:
                 self._end(r, ValueError(f"a pass of {n} tokens does not fit --batch-size {budget}"))
             elif used + n <= budget:

@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 from ...engine import Engine
 from ...slot import Slot
 from ..http.errors import ApiError
-from .batcher import SLOWDOWN, Batcher, Stepper
+from .batcher import SLOWDOWN, STALL, Batcher, Stepper
 
 
 class QueueFull(Exception):
@@ -148,14 +148,15 @@ class Scheduler:
     """The engine thread, the slot pool, and the draining flag, for one server."""
 
     def __init__(self, engine: Engine, parallel: int, max_waiting: int, n_batch: int = 512,
-                 on_pass: Callable[[int, int], None] | None = None, prefill_slowdown: float = SLOWDOWN):
+                 on_pass: Callable[[int, int], None] | None = None, prefill_slowdown: float = SLOWDOWN,
+                 prefill_stall: float = STALL):
         """on_pass is told the sequences and tokens of every target pass (metrics)."""
         if parallel < 1:
             raise ValueError(f"--parallel must be >= 1, got {parallel}")
         if max_waiting < 0:
             raise ValueError(f"--queue must be >= 0, got {max_waiting}")
         self.engine = engine
-        self._shape = (parallel, max_waiting, n_batch, on_pass, prefill_slowdown)
+        self._shape = (parallel, max_waiting, n_batch, on_pass, prefill_slowdown, prefill_stall)
         self._load()
         self.draining = False  # refuse new requests; those in flight go on
         self.stopping = False  # the drain's deadline passed: requests in flight end at their next step
@@ -164,11 +165,11 @@ class Scheduler:
         self.active = 0  # requests accepted and not yet answered (drain waits for 0)
 
     def _load(self) -> None:
-        parallel, max_waiting, n_batch, on_pass, prefill_slowdown = self._shape
+        parallel, max_waiting, n_batch, on_pass, prefill_slowdown, prefill_stall = self._shape
         slots = self.engine.new_slots(parallel, n_batch)
         self.pool = SlotPool(slots, max_waiting)
         targets = {s.target_group() for s in slots}  # one shared context, or each slot's own
-        self.worker = Batcher(Stepper(targets, n_batch, on_pass, prefill_slowdown))
+        self.worker = Batcher(Stepper(targets, n_batch, on_pass, prefill_slowdown, prefill_stall))
         self.worker.submit(self.engine.calibrate)  # passes run on the engine thread alone (Engine.calibrate)
 
     def slot_bytes(self) -> int:
