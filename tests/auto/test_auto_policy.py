@@ -50,6 +50,9 @@ def test_hybrid_when_the_match_is_short_and_the_draft_model_good():
     teach(policy, "draft", 30, 8, 8)  # the draft model: everything kept
     short = {"suffix": (8, 3), "ngram": (4, 3)}  # the suffix matched 8 tokens, 3 follow
     teach(policy, "suffix", 30, 3, 3, short)  # and what follows such matches is right
+    # the draft model in step with the text (those 30 steps left it 120 tokens behind, a catch-up that the
+    # step which runs it pays)
+    policy.lags.lag["draft"] = 2
     for name, offer in short.items():
         policy.see(name, offer)
     name, plan = policy.plan()

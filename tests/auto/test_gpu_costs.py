@@ -8,66 +8,22 @@ Auto runs as a server's request does (SpecParams(): the draft model up to 8, loo
 """
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from gpu_costs import RTX3090_14B, RTX3090_CATCHUP, RTX3090_DRAFT_TOK
-from replay import Replay, Text, code_edit, question, story
+from gpu_costs import RTX3090_14B
 from specserve.auto import Controller
-from specserve.config import SpecParams
-from specserve.policy import FixedPolicy
+from workloads import CPU, RTX3090, WORKLOADS, Fixed, best_fixed, fixed_speeds, speeds
 
-WORKLOADS = ("edit", "question", "story", "repeat")
-KS = (2, 4, 6, 8, 12, 16)
-SEEDS = range(3)
 # auto's tokens/s at least (1 - tolerance) x the best fixed setting's, per workload. Code edits: a known
-# gap (docs/auto.md, "On a GPU's costs"): a fixed n-gram of 12-24 beats auto by about a fifth there, on the
-# CPU's costs too; held here so that it does not widen, and as a strict xfail at 5% below
-TOLERANCE = {"edit": 0.25, "question": 0.05, "story": 0.05, "repeat": 0.05}
-
-
-class Fixed:
-    """A controller that hands every request the same fixed policy (what `--spec draft|ngram|none` does)."""
-
-    def __init__(self, drafter: str | None, k: int):
-        self.drafter, self.k = drafter, k
-
-    def policy(self, spec, names, temperature=0.0, prompt=None) -> FixedPolicy:
-        return FixedPolicy(self.drafter, self.k)
-
-
-def sequence(seed: int) -> list[tuple[str, Text]]:
-    """3 code edits, 3 coding questions, 3 stories at 0.8, then the 3 edits again, on one engine."""
-    rng = np.random.default_rng(seed)
-    edits = [code_edit(rng) for _ in range(3)]
-    return ([("edit", t) for t in edits] + [("question", question(rng)) for _ in range(3)]
-            + [("story", story(rng)) for _ in range(3)] + [("repeat", t) for t in edits])
-
-
-def speeds(make_ctl) -> dict[str, float]:
-    """Tokens per second of each workload (its tokens over its seconds), over the seeds."""
-    tokens, seconds = dict.fromkeys(WORKLOADS, 0.0), dict.fromkeys(WORKLOADS, 0.0)
-    for seed in SEEDS:
-        replay = Replay(make_ctl(), verify=RTX3090_14B, draft_tok=RTX3090_DRAFT_TOK, catchup=RTX3090_CATCHUP,
-                        seed=seed)
-        for work, text in sequence(seed):
-            run = replay.run(text, SpecParams())
-            tokens[work] += sum(s.accepted + 1 for s in run.steps)
-            seconds[work] += run.seconds
-    return {w: tokens[w] / seconds[w] for w in WORKLOADS}
+# gap (docs/auto.md, "On a GPU's costs"): a fixed n-gram of 12 beats auto by 6% there (a fifth before auto
+# chose by opportunity cost), all of it in a fresh engine's first edit; held here so that it does not widen,
+# and as a strict xfail at 5% below
+TOLERANCE = {"edit": 0.10, "question": 0.05, "story": 0.05, "repeat": 0.05}
 
 
 @pytest.fixture(scope="module")
 def results() -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-    fixed = {"none": speeds(lambda: Fixed(None, 0))}
-    for k in KS:
-        fixed[f"draft {k}"] = speeds(lambda: Fixed("draft", k))
-        fixed[f"ngram {k}"] = speeds(lambda: Fixed("ngram", k))
-    return speeds(Controller), fixed
-
-
-def best_fixed(fixed: dict[str, dict[str, float]], work: str) -> str:
-    return max(fixed, key=lambda name: fixed[name][work])
+    return speeds(Controller), fixed_speeds()
 
 
 @pytest.mark.parametrize("work", WORKLOADS)
@@ -80,10 +36,26 @@ def test_auto_is_at_least_the_best_fixed_setting_on_a_3090s_costs(results, work)
     assert auto[work] >= fixed["none"][work]
 
 
-@pytest.mark.xfail(strict=True, reason="code edits: a fixed n-gram of 12 beats auto by about a fifth (docs/auto.md)")
+@pytest.mark.xfail(strict=True, reason="code edits: a fixed n-gram of 12 beats auto by 6%, all in a fresh engine's "
+                                       "first edit (docs/auto.md)")
 def test_auto_is_within_5_percent_of_the_best_fixed_setting_on_code_edits(results):
     auto, fixed = results
     assert auto["edit"] >= 0.95 * fixed[best_fixed(fixed, "edit")]["edit"]
+
+
+@pytest.mark.parametrize("costs", ["cpu", "3090"])
+def test_code_edits_after_an_engines_first_request_are_as_fast_as_the_best_n_gram(costs):
+    """Once the engine has run one request (the first edit: what it knows of the draft model, the kind's
+    rate, the lookups' share), the other two edits run at least 0.95x a fixed n-gram of 12 on both tables.
+    Before auto chose steps by opportunity cost: 0.82x on the CPU (the draft model took each edit's
+    206-token prompt, 1 s of a 6 s edit, to draft at the copies' breaks, with the copies' tokens to catch up
+    on each time), 0.84x on the 3090; now 1.00x and 1.06x. A fresh engine's first edit is still 0.74x
+    (CPU) and 0.76x (3090): the draft model is tried there before anything shows the lookups will copy."""
+    table = {"cpu": CPU, "3090": RTX3090}[costs]
+    auto = speeds(Controller, table, skip=1)["edit"]
+    ngram = speeds(lambda: Fixed("ngram", 12), table, skip=1)["edit"]
+    print(f"{costs}: edits after the first, auto {auto:.2f} tok/s, n-gram 12 {ngram:.2f}: {auto / ngram:.3f}x")
+    assert auto >= 0.95 * ngram
 
 
 def test_the_3090s_passes_are_not_flat():

@@ -91,6 +91,24 @@ def test_catch_up_counts_against_a_drafter():
     assert planner.pick(GPU, [("draft", best_length(o, GPU), 0.5)], horizon=10_000)[0] == "draft"
 
 
+def test_a_step_is_chosen_by_what_it_makes_against_the_requests_rate():
+    """The reference pair's CPU at a copy's break: a 3-token draft-model step, 38 ms a token and the n-gram's
+    25 tokens to catch up on (5 ms each, the step's own), makes 3.4 tokens in 0.49 s: 7 tok/s, above a plain
+    step's 6. Judged by its own rate it wins; where the request runs at 20 tok/s (the n-gram resumes after
+    the break), its 0.32 s more than a plain step's would make 6.5 tokens there: the plain step wins."""
+    V = table({1: 165, 2: 176, 3: 190, 4: 200, 6: 225, 9: 283, 17: 450})
+    o = model(0.9, 0.038)._replace(kmin=3, kmax=3)
+    p = best_length(o, V)
+    owed = 0.005 * 25
+    assert p.k == 3 and p.tokens / (p.seconds + owed) > 1 / V[1]
+    assert planner.pick(V, [("draft", p, 0.0, owed)], horizon=100)[0] == "draft"  # the step's rate alone
+    assert planner.pick(V, [("draft", p, 0.0, owed)], horizon=100, value=20.0)[0] is None
+    # at plain decoding's rate the two rules agree
+    assert planner.pick(V, [("draft", p, 0.0, owed)], horizon=100, value=1 / V[1])[0] == "draft"
+    assert planner.worth(10, 0.5, V) == 20.0 and planner.worth(1, 1.0, V) == 1 / V[1]
+    assert planner.worth(0, 0.0, V) is None
+
+
 def test_hybrid_chosen_only_when_it_pays():
     head = (0.95,) * 3  # a suffix match of 3 tokens, nearly always right
     # GPU, cheap draft at 80%: the lookup's 3 tokens, then the model beyond them

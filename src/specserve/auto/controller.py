@@ -39,7 +39,7 @@ from .request import AutoPolicy
 log = logging.getLogger("specserve")
 
 # sections of a saved state whose evidence a load scales down, by the leading fields that key an entry
-_SCALED = {"pooled": 3, "draft_confidence": 2, "target_confidence": 2, "lookup_share": 1}
+_SCALED = {"pooled": 3, "draft_confidence": 2, "target_confidence": 2, "lookup_share": 1, "speedup": 1}
 
 
 def _untouched_as_saved(state: dict, loaded: dict, saved: dict) -> None:
@@ -220,6 +220,9 @@ class Controller:
 
     def learn_lookup_share(self, regime: float, covered: float, tokens: int) -> None:
         self.history.learn_lookup_share(regime, covered, tokens)
+
+    def learn_speedup(self, kind: float | str, tokens: int, passes: float) -> None:
+        self.history.learn_speedup(kind, tokens, passes)
 
     def probe_interval(self, name: str) -> int:
         return self.pacing.probe_interval(name)

@@ -135,11 +135,17 @@ def spread_gain(part: Prefill, name: str, V, tokens: float) -> float:
     """
     ctl, setup = part.ctl, part.setup
     m, sd = hot.level(ctl, name, setup.kind)
+    # what a second of the request is worth: with lookups, the rate its kind has run at (the tokens a draft
+    # model would draft around a lookup's break are ones the lookup copies at that rate); without, plain's
+    speedup = ctl.history.speedup(setup.kind) if setup.has_lookups else None
+    value = max(speedup or 1.0, 1.0) / V[1]
     total = 0.0
     for x in (m - sd, m, m + sd):
         p = hot.plan_at(ctl, setup, part.est, name, V, x)
-        if p.k and p.rate * V[1] > 1.0:
-            total += tokens * (V[1] - 1.0 / p.rate)
-        elif p.k:
-            total -= _TRIAL_STEPS * (p.seconds - p.tokens * V[1])
+        if not p.k:
+            continue
+        # tokens a draft-model step makes beyond a plain one's, less what its extra seconds make at `value`;
+        # in seconds, per token it drafts for
+        gain = (p.tokens - value * p.seconds - 1.0 + value * V[1]) / value
+        total += tokens * gain / p.tokens if gain > 0 else _TRIAL_STEPS * gain
     return total / 3.0

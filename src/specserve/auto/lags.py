@@ -21,12 +21,23 @@ class Lags:
         self.missing = dict.fromkeys(names, 0)  # prompt tokens a fresh drafter's cache lacks
 
     def catchup(self, name: str, V, uncovered: float = 1.0) -> float:
-        """Seconds the drafter will spend catching up beyond an in-step draft's; its prompt's
-        share over `uncovered` (to be spread over the request's tokens, it is repaid by that share)."""
+        """Seconds the drafter will spend catching up beyond an in-step draft's: the prompt's
+        (`start`) and the tokens others made since it last ran (`owed`)."""
+        return self.start(name, uncovered) + self.owed(name, V)
+
+    def start(self, name: str, uncovered: float = 1.0) -> float:
+        """Seconds a drafter that has not run in this request owes for the prompt, over `uncovered`
+        (paid once, it is repaid by that share of the request's tokens: to be spread over them)."""
+        if name in FREE or name not in self.fresh:
+            return 0.0  # a lookup indexes the tokens it missed in microseconds a token
+        return self.ctl.costs.prompt_cost.get(name, 0.0) * self.missing[name] / uncovered
+
+    def owed(self, name: str, V) -> float:
+        """Seconds of catch-up on the tokens other drafters made since it last ran: the step that runs
+        it pays them, and pays again after their next run (not a cost to spread over the request)."""
         if name in FREE:
-            return 0.0  # indexing the tokens it missed: microseconds a token
-        start = self.ctl.costs.prompt_cost.get(name, 0.0) * self.missing[name] if name in self.fresh else 0.0
-        return start / uncovered + self.ctl.costs.draft_coef(name, V)[2] * max(self.lag[name] - 2, 0)
+            return 0.0
+        return self.ctl.costs.draft_coef(name, V)[2] * max(self.lag[name] - 2, 0)
 
     def fell_behind(self, names, n: int) -> None:
         """These drafters did not run while the step made n tokens."""

@@ -99,22 +99,33 @@ def best_length(o: Option, V: Sequence[float]) -> Plan:
     return Plan(best_r, m + best_k if best_k else 0, best_e, best_t, m if best_k else 0)
 
 
-def with_catchup(p: Plan, catchup: float, horizon: float) -> float:
-    """The plan's rate once `catchup` seconds are spread over `horizon` tokens."""
-    return 1.0 / (1.0 / p.rate + catchup / horizon) if catchup else p.rate
+def worth(tokens: float, seconds: float, V: Sequence[float]) -> float | None:
+    """Tokens a second of the request is worth: its rate so far (`tokens` in its steps' `seconds`), at
+    least plain decoding's (always at hand); None before its first step (nothing to go by yet)."""
+    return max(tokens / seconds, 1.0 / V[1]) if seconds > 0 else None
 
 
-def pick(V: Sequence[float], plans: Sequence[tuple[str, Plan, float]],
-         horizon: float) -> tuple[str | None, Plan, float]:
-    """(drafter or None, its plan, its rate after catch-up): the best of plain decoding and
-    each (name, plan, catch-up seconds). Ties go to plain decoding, then to the earlier option."""
+def pick(V: Sequence[float], plans: Sequence[tuple], horizon: float,
+         value: float | None = None) -> tuple[str | None, Plan, float]:
+    """(drafter or None, its plan, its rate after catch-up): the best of plain decoding and each
+    (name, plan, catch-up seconds[, seconds owed]). Catch-up seconds are spread over `horizon` tokens
+    (a prompt's, paid once); seconds owed are the step's own (a cache behind by the tokens others made).
+
+    Best: the most tokens per second of the step, or given `value` (`worth`), the most tokens less
+    what its seconds would make at that rate. A step is one of many: one that makes 3.7 tokens at
+    10 tok/s (a draft model after a copy's break, with the copy's tokens to catch up on) costs more
+    than it makes where the request runs at 20 and a plain step lets the copy resume.
+    Ties go to plain decoding, then to the earlier option."""
     best_name, best, best_rate = None, plain(V), 1.0 / V[1]
-    for name, p, catchup in plans:
+    best_score = 1.0 - value * V[1] if value is not None else best_rate
+    for name, p, catchup, *owed in plans:
         if not p.k:
             continue  # nothing to draft
-        rate = with_catchup(p, catchup, horizon)
-        if rate > best_rate:
-            best_name, best, best_rate = name, p, rate
+        seconds = p.seconds + sum(owed) + p.tokens * catchup / horizon
+        rate = p.tokens / seconds
+        score = rate if value is None else p.tokens - value * seconds
+        if score > best_score:
+            best_name, best, best_rate, best_score = name, p, rate, score
     return best_name, best, best_rate
 
 

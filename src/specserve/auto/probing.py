@@ -69,6 +69,9 @@ class Probes:
         self.explore_left = {n: explore for n in names if n not in FREE}
         self._may_pay: tuple = (None, True)  # (key, hot.may_pay): may_pay's last answer
         self.owed: set[str] = set()  # drafters that took the prompt up front on a bet, not yet judged: probed
+        # the share of the request's tokens its lookups are not expected to cover (draft_prefill.Prefill.uncovered):
+        # all a draft model could ever draft for, which is all that exploring it may find
+        self.uncovered: Callable[[], float] = lambda: 1.0
 
     def due(self, name: str, V, best_rate: float) -> planner.Plan | None:
         """The plan of a short probe of `name`, if one is due now."""
@@ -144,7 +147,7 @@ class Probes:
             return 0.0
         judged = self.ctl.priors.prior(name, 0, self.setup.kind)[1]  # with the prior's own pseudo-trials
         own = self.est.acc[name].t  # this request's own judged tokens (decayed): what it has already seen
-        return left * max(0.0, 1.0 - judged / EXPLORE_N) * max(0.0, 1.0 - own / EXPLORE_OWN) * V[1]
+        return left * self.uncovered() * max(0.0, 1.0 - judged / EXPLORE_N) * max(0.0, 1.0 - own / EXPLORE_OWN) * V[1]
 
     def may_pay(self, name: str, V) -> bool:
         """hot.may_pay, once for each V and pooled count of the drafter at the kind."""

@@ -61,6 +61,7 @@ class AutoPolicy:
         self.cache = PlanCache(setup.names)
         self.probes = Probes(ctx, self.plan_for, self.best, EXPLORE_PASSES)
         self.prefills = Prefill(ctx, self.plan_for, prefill_gain)
+        self.probes.uncovered = self.prefills.uncovered
         self.learner = Learner(ctx, self.probes, self.cache)
         # this step as chosen: the lookups' offers, tokens made before it (0: the request's first
         # step), a hybrid's (lookup, match bucket, m), and (drafter, plan) for the trace
@@ -141,15 +142,19 @@ class AutoPolicy:
         return best
 
     def best(self, V) -> tuple[str | None, planner.Plan, float]:
-        """(drafter, plan, rate after catch-up) of the best choice this step. A draft model's
-        prompt catch-up is spread over the tokens it may draft for, not the lookups' (prefill.py)."""
-        uncovered, kmin = self.prefills.uncovered(), self.setup.kmin
-        plans = [(n, self.plan_for(n, V, kmin=kmin[n]), self.lags.catchup(n, V, uncovered)) for n in self.names]
+        """(drafter, plan, rate after catch-up) of the best choice this step, by what it makes less what
+        its seconds would make at the request's rate so far (planner.pick). A draft model's prompt
+        catch-up is spread over the tokens it may draft for, not the lookups' (prefill.py); its catch-up
+        on the tokens the lookups made since it last ran is the step's own."""
+        uncovered, kmin, lags = self.prefills.uncovered(), self.setup.kmin, self.lags
+        value = planner.worth(self.progress.generated, self.progress.clock, V)
+        plans = [(n, self.plan_for(n, V, kmin=kmin[n]), lags.start(n, uncovered), lags.owed(n, V))
+                 for n in self.names]
         if self.hybrid:
             hybrid = self._plan_hybrid(V)
             if hybrid is not None:
-                plans.append((HYBRID, hybrid, self.lags.catchup(MODEL, V, uncovered)))
-        return planner.pick(V, plans, self.prefills.horizon())
+                plans.append((HYBRID, hybrid, lags.start(MODEL, uncovered), lags.owed(MODEL, V)))
+        return planner.pick(V, plans, self.prefills.horizon(), value)
 
     def _stop_rule(self, name: str, plan: planner.Plan, V) -> planner.ConfidenceStop | None:
         """The draft model's confidence stop for this step's plan (None: it does not draft)."""
@@ -245,6 +250,9 @@ class AutoPolicy:
             self.ctl.learn_length(self.progress.generated)
             if self.setup.has_lookups:
                 self.ctl.learn_lookup_share(self.setup.kind, self.progress.covered, self.progress.generated)
+            V = self.ctl.costs.verify.table(self.cap + 1)
+            if V is not None:
+                self.ctl.learn_speedup(self.setup.kind, self.progress.generated, self.progress.clock / V[1])
 
     def _trace(self, o: Outcome) -> None:
         """The step as planned and as it went, for SPECSERVE_LOG=debug."""
