@@ -42,26 +42,47 @@ PARTS = ("draft draws", "draft batch", "target batch", "verify", "commit", "logp
 
 
 class Clock:
-    """Exclusive CPU time per part: entering a part pauses the one it was entered from."""
+    """Exclusive CPU time per part: entering a part pauses the one it was entered from. Off, it wraps nothing.
 
-    def __init__(self):
+    A read of the thread's CPU time is a system call (about 2 us in a VM): each interval a part is charged
+    then holds about one read's cost, which `parts` takes off again (`cost`, measured at the start)."""
+
+    def __init__(self, on: bool = True):
+        self.on = on
         self.t: dict[str, float] = defaultdict(float)
+        self.n: dict[str, int] = defaultdict(int)  # intervals charged to each part
         self.stack: list[str] = []
+        self.cost = min(_read_cost() for _ in range(5))
         self.mark = time.thread_time()
 
     def enter(self, key: str) -> None:
+        if not self.on:
+            return
         now = time.thread_time()
         if self.stack:
-            self.t[self.stack[-1]] += now - self.mark
+            self._charge(self.stack[-1], now)
         self.stack.append(key)
         self.mark = now
 
     def leave(self) -> None:
+        if not self.on:
+            return
         now = time.thread_time()
-        self.t[self.stack.pop()] += now - self.mark
+        self._charge(self.stack.pop(), now)
         self.mark = now
 
+    def _charge(self, key: str, now: float) -> None:
+        self.t[key] += now - self.mark
+        self.n[key] += 1
+
+    def parts(self) -> dict[str, float]:
+        """Seconds per part so far, less the reads' cost."""
+        return {k: v - self.n[k] * self.cost for k, v in self.t.items()}
+
     def calls(self, fn, key: str):
+        if not self.on:
+            return fn
+
         def timed(*a, **kw):
             self.enter(key)
             try:
@@ -72,6 +93,9 @@ class Clock:
 
     def steps(self, fn, key: str):
         """A generator function's Python, timed between its yields (its passes run outside it)."""
+        if not self.on:
+            return fn
+
         def timed(*a, **kw):
             gen, out = fn(*a, **kw), None
             while True:
@@ -84,6 +108,14 @@ class Clock:
                     self.leave()
                 out = yield op
         return timed
+
+
+def _read_cost(n: int = 2000) -> float:
+    """Seconds one time.thread_time() takes."""
+    t0 = time.perf_counter()
+    for _ in range(n):
+        time.thread_time()
+    return (time.perf_counter() - t0) / n
 
 
 class Pinned:
@@ -171,24 +203,24 @@ def _restore(undo: list) -> None:
             setattr(owner, name, fn)
 
 
-def run(slot, prompt: list[int], params: SamplingParams, method: str, k: int, record: Record | None = None):
-    """One generation: for real, filling `record`; or replayed from it. Returns (per-step part times
-    [steps of a full draft], generated tokens)."""
-    clock, pinned = Clock(), []
+def run(slot, prompt: list[int], params: SamplingParams, method: str, k: int, record: Record,
+        clock: Clock | None = None) -> list[dict[str, float]]:
+    """One generation: for real, filling an empty `record`; or replayed from it, timed by `clock` (parts) and
+    per step. Returns each step's seconds (per part and "total") for the steps that drafted k tokens."""
+    clock, pinned = clock or Clock(on=False), []
     undo = _instrument(slot.engine, clock, k, pinned)
-    replay = record is not None and bool(record.passes)
-    if record is None:
-        record = Record()
-    contexts = {id(slot.ctx): "target", id(getattr(slot.draft_ctx, "inner", slot.draft_ctx)): "draft"}
-    decoders = {}
+    replay = bool(record.passes)
+    draft_cells = getattr(slot.draft_ctx, "inner", slot.draft_ctx)
+    contexts = {id(slot.ctx): "target", id(draft_cells): "draft"}
+    decoders, buffers = {}, {}
     if replay:
-        for c in (slot.ctx, getattr(slot.draft_ctx, "inner", slot.draft_ctx)):
+        for c in (slot.ctx, draft_cells):
             decoders[c] = c.__dict__.get("_decode")
             c._decode = lambda b: 0  # the batch is built, nothing is computed
     slot.forget_cache()
     gen = slot.generate_steps(prompt, params, SpecParams(mode="auto"), method)
     steps, tokens, i, out = [], [], 0, None
-    t_step, parts0 = time.thread_time(), {}
+    t_step, parts0, excluded = time.thread_time(), {}, 0.0
     try:
         while True:
             try:
@@ -202,24 +234,32 @@ def run(slot, prompt: list[int], params: SamplingParams, method: str, k: int, re
                     out = item.run()
                 finally:
                     clock.leave()
-                if replay:
-                    model, toks, logits = record.passes[i]
-                    if (model, toks) != (who, tuple(item.tokens)):
-                        raise RuntimeError(f"replay diverged at pass {i}: {who} {list(item.tokens)[:4]}... "
-                                           f"recorded {model} {list(toks)[:4]}...")
-                    out, i = logits, i + 1
-                else:
-                    out = np.array(out)  # [rows, n_vocab] a copy: the view is valid until the next pass
-                    record.passes.append((who, tuple(item.tokens), out))
+                if not replay:
+                    record.passes.append((who, tuple(item.tokens), np.array(out)))  # a copy: the view is reused
+                    continue
+                model, toks, logits = record.passes[i]
+                if (model, toks) != (who, tuple(item.tokens)):
+                    raise RuntimeError(f"replay diverged at pass {i}: {who} {list(item.tokens)[:4]}... "
+                                       f"recorded {model} {list(toks)[:4]}...")
+                # as llama.cpp hands them: a view of one buffer per context, just written (so in cache); the
+                # copy that writes it is not host work of the engine's
+                t0 = time.thread_time()
+                buf = buffers.get(who)
+                if buf is None or len(buf) < len(logits):
+                    buf = buffers[who] = np.empty_like(logits)
+                out = buf[: len(logits)]
+                np.copyto(out, logits)
+                excluded += time.thread_time() - t0 + clock.cost
+                i += 1
                 continue
             out = None
             tokens.extend(item.tokens)  # a Chunk: one step done
-            now, parts = time.thread_time(), dict(clock.t)
+            now, parts = time.thread_time(), clock.parts()
             step = {p: parts.get(p, 0.0) - parts0.get(p, 0.0) for p in PARTS}
-            step["total"] = now - t_step
+            step["total"] = now - t_step - excluded
             step["other"] = step["total"] - sum(v for p, v in step.items() if p not in ("total", "other"))
             steps.append((pinned[0].drafted[-1] if pinned[0].drafted else 0, step))
-            t_step, parts0 = time.thread_time(), parts  # (the clock's own reads fall outside any step)
+            t_step, parts0, excluded = time.thread_time(), clock.parts(), 0.0  # (the reads fall outside any step)
     finally:
         gen.close()
         _restore(undo)
@@ -232,26 +272,28 @@ def run(slot, prompt: list[int], params: SamplingParams, method: str, k: int, re
         record.tokens = tokens
     elif tokens != record.tokens:
         raise RuntimeError("the replay generated other tokens than the run it replays")
-    return [s for n, s in steps[1:] if n == k], tokens
+    return [s for n, s in steps[1:] if n == k]
 
 
 def measure(slot, prompt: list[int], params: SamplingParams, method: str, k: int, repeats: int,
             logprobs_variants: tuple[int | None, ...] = (None,)) -> dict:
-    """Record one generation, replay it `repeats` times (per logprobs variant); per part, the mean per step
-    of each replay, in ms: min and median over the replays."""
+    """Record one generation, then replay it `repeats` times per logprobs variant with the parts timed and as
+    many times without (the total: the parts' timing costs reads of the clock). In ms, the mean per step of
+    each replay: min and median over the replays."""
     record = Record()
     run(slot, prompt, params, method, k, record)
     out = {}
     for n_top in logprobs_variants:
         p = params if n_top is None else replace(params, logprobs=n_top)
-        per_replay = defaultdict(list)
-        n_steps = 0
+        per_replay, n_steps = defaultdict(list), 0
         for _ in range(repeats):
-            steps, _ = run(slot, prompt, p, method, k, record)
-            n_steps = len(steps)
-            for part in (*PARTS, "total"):
-                per_replay[part].append(1000 * statistics.fmean(s[part] for s in steps) if steps else float("nan"))
+            for timed in (True, False):
+                steps = run(slot, prompt, p, method, k, record, Clock(on=timed))
+                n_steps = len(steps)
+                for part in PARTS if timed else ("total",):
+                    per_replay[part].append(1000 * statistics.fmean(s[part] for s in steps))
+        ms = {part: {"min": min(v), "median": statistics.median(v)} for part, v in per_replay.items()}
+        ms["other"] = {m: ms["total"][m] - sum(ms[q][m] for q in PARTS if q != "other") for m in ("min", "median")}
         out["logprobs %d" % n_top if n_top is not None else "no logprobs"] = {
-            "steps": n_steps, "passes": len(record.passes),
-            "ms": {part: {"min": min(v), "median": statistics.median(v)} for part, v in per_replay.items()}}
+            "steps": n_steps, "passes": len(record.passes), "ms": ms}
     return out
