@@ -98,3 +98,48 @@ def test_top_probability_is_the_softmax_maximum(shift):
             assert top_probability(z, top) == pytest.approx(exact, rel=2e-6, abs=1e-9)
             scratch = np.empty(n_vocab, np.float32)
             assert top_probability(z, top, scratch) == top_probability(z, top)
+
+
+def reference_verify(draft, draft_dists, z, sampler, pos0):
+    """verify() before issue 64: every row processed at once, then judged (verifier.py's docstring)."""
+    from specserve.sampling import ACCEPT, DRAW, RESIDUAL
+    from specserve.verifier import _probs_at
+
+    k = len(draft)
+    if sampler.greedy or sampler.method == "gumbel":
+        target, p = sampler.pick(z, pos0)
+        n = next((i for i, x in enumerate(draft) if int(target[i]) != x), k)
+        return n, [*draft[:n], int(target[n])], p
+    p = sampler.process(z)
+    for i, x in enumerate(draft):
+        p_x, q_x = p.prob(i, x), draft_dists[i].prob(0, x)
+        if p_x > 0 and sampler.noise.uniform(pos0 + i, ACCEPT) * q_x < p_x:
+            continue
+        residual = np.maximum(p.probs[i] - _probs_at(draft_dists[i], p.ids[i]), 0.0)
+        residual = residual if residual.sum() > 0 else p.probs[i]
+        return i, [*draft[:i], int(sampler.draw(p.row(i), pos0 + i, RESIDUAL, weights=residual[None])[0])], p
+    return k, [*draft, int(sampler.draw(p.row(k), pos0 + k, DRAW)[0])], p
+
+
+@pytest.mark.parametrize("method", ["gumbel", "rejection"])
+@pytest.mark.parametrize("params", [SAMPLED, SamplingParams(temperature=0.0)])
+def test_verification_row_by_row_is_the_verification_of_all_rows(method, params):
+    """Verification stops processing rows at the one that decides; the verdict, and the distributions of the
+    rows it reports, are those of processing every row at once."""
+    from specserve.verifier import verify
+
+    rng, seen = np.random.default_rng(5), set()
+    for trial in range(12):
+        z = logits(rng, 9)
+        sampler = Sampler(SamplingParams(**{**params.__dict__, "seed": trial}), method)
+        q_logits = z[:8] + rng.normal(0, 1.5, size=(8, V)).astype(np.float32)  # a draft near the target
+        drafted, dists = sampler.pick(q_logits, 40)
+        draft = [int(x) for x in drafted]
+        dists = None if dists is None else [dists.row(i) for i in range(8)]
+        v = verify(draft, dists, z, sampler, 40)
+        n, tokens, p = reference_verify(draft, dists, z, sampler, 40)
+        assert (v.n_accepted, v.tokens) == (n, tokens), trial
+        seen.add(n)
+        if p is not None:
+            assert (v.target.ids == p.ids[: n + 1]).all() and (v.target.probs == p.probs[: n + 1]).all()
+    assert len(seen) > 2, seen  # drafts rejected early, late and not at all

@@ -76,6 +76,22 @@ class Candidates:
         return out / out.sum()
 
 
+def stack(rows: list[Candidates]) -> Candidates:
+    """One Candidates of the rows of several (in order), the narrower padded (ids -1, probabilities 0)."""
+    if len(rows) == 1:
+        return rows[0]
+    width = max(r.ids.shape[1] for r in rows)
+    if all(r.ids.shape[1] == width for r in rows):
+        return Candidates(np.concatenate([r.ids for r in rows]), np.concatenate([r.probs for r in rows]))
+    ids, probs = np.full((sum(map(len, rows)), width), -1, np.int64), np.zeros((sum(map(len, rows)), width),
+                                                                             np.float32)
+    at = 0
+    for r in rows:
+        ids[at : at + len(r), : r.ids.shape[1]], probs[at : at + len(r), : r.ids.shape[1]] = r.ids, r.probs
+        at += len(r)
+    return Candidates(ids, probs)
+
+
 def candidates(logits: np.ndarray, params: SamplingParams) -> Candidates:
     """The processed distribution of each row of logits ([R, n_vocab] or [n_vocab]).
 
