@@ -203,7 +203,7 @@ def _top_k(z: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         gm = row[:full].reshape(_GROUP, n_groups).max(axis=0)  # [n_groups]
         m[r] = np.maximum(gm.max(), row[full:].max()) if full < V else gm.max()  # (NaN propagates)
         g = np.partition(gm, n_groups - k)[n_groups - k]
-        cand = (np.flatnonzero(gm >= g) + n_groups * _all_ids(_GROUP)[:, None]).ravel()
+        cand = (np.nonzero(gm >= g)[0] + _group_offsets(n_groups)).ravel()
         if full < V:
             cand = np.concatenate([cand, np.arange(full, V)])
         vals = row[cand]
@@ -216,6 +216,14 @@ def _top_k(z: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         else:  # NaN in the row: rank it whole
             ids[r] = _rank(_all_ids(V), row, k)
     return ids, m
+
+
+@lru_cache(maxsize=8)
+def _group_offsets(n_groups: int) -> np.ndarray:
+    """[_GROUP, 1] the offsets of a group's ids from its first (made once per vocabulary size)."""
+    out = n_groups * np.arange(_GROUP)[:, None]
+    out.flags.writeable = False
+    return out
 
 
 def _rank(ids: np.ndarray, vals: np.ndarray, k: int) -> np.ndarray:

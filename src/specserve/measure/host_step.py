@@ -1,12 +1,14 @@
 """The host work of a speculative step (issue 64): everything but llama_decode, on replayed passes.
 
 A generation runs once for real under --spec auto with the draft model pinned at k tokens a step
-(`Pinned`), recording each forward pass's tokens and logits. It is then replayed: the same
-generator of passes (Slot.generate_steps), each pass answered from the record, llama_decode
-skipped but the rest of the context's eval kept (its batch built, its logits view taken). So every
-CPU second the replay spends is host work, and it can be repeated until the minimum holds on a
-busy machine. Time is the replaying thread's CPU time (time.thread_time), split by part, each
-part's own time (a part inside another is not counted twice):
+(`Pinned`; or under --spec draft: no controller, no stopping rule), recording each forward pass's
+tokens and logits. It is then replayed: the same generator of passes (Slot.generate_steps), each
+pass answered from the record, llama_decode skipped but the rest of the context's eval kept (its
+batch built, its logits view taken), the logits handed over as llama.cpp does (a view of one
+buffer per context, just written). So every CPU second the replay spends is host work, and it can
+be repeated until the minimum holds on a busy machine. Time is the replaying thread's CPU time
+(time.thread_time), split by part, each part's own time (a part inside another is not counted
+twice); the total comes from replays without the parts' clock, which costs a system call a read:
 
   draft draws      the drafter's Python: its cache sync, drawing k tokens from the draft's logits
                    (greedy argmax, or temperature/top-k/top-p/min-p and the keyed draw), the top
@@ -34,7 +36,7 @@ import numpy as np
 
 from specserve import slot as slot_module
 from specserve.config import SamplingParams, SpecParams
-from specserve.policy import Choice
+from specserve.policy import Choice, FixedPolicy
 from specserve.steps import Eval
 
 PARTS = ("draft draws", "draft batch", "target batch", "verify", "commit", "logprobs", "controller", "lookups",
@@ -124,8 +126,8 @@ class Pinned:
     probability) but never stops: every step drafts k tokens whatever the policy learnt, so a replay
     makes the same passes as the run it replays."""
 
-    def __init__(self, inner, k: int, clock: Clock):
-        self.inner, self.k, self.clock = inner, k, clock
+    def __init__(self, inner, k: int, clock: Clock, stop: bool = True):
+        self.inner, self.k, self.clock, self.stop = inner, k, clock, stop
         self.predicted_tokens_per_s = 0.0
         self.sees_offers = getattr(inner, "sees_offers", False)
         self.drafted: list[int] = []  # each step's draft length
@@ -135,6 +137,8 @@ class Pinned:
 
     def choose(self) -> Choice:
         stop = self.clock.calls(self.inner.choose, "controller")().stop
+        if not self.stop:  # --spec draft: no stopping rule, no top probability
+            return Choice("draft", self.k)
         rule = self.clock.calls(stop, "controller") if stop is not None else None
 
         def never(i: int, p: float) -> bool:
@@ -165,7 +169,7 @@ class Record:
     tokens: list[int] = field(default_factory=list)
 
 
-def _instrument(engine, clock: Clock, k: int, pinned: list) -> list:
+def _instrument(engine, clock: Clock, k: int, pinned: list, mode: str) -> list:
     """Wrap the engine's parts with the clock; returns what to restore."""
     import specserve.drafters.draft_model as dm
     import specserve.drafters.ngram as ng
@@ -176,7 +180,10 @@ def _instrument(engine, clock: Clock, k: int, pinned: list) -> list:
     real_policy_for = engine.policy_for
 
     def policy_for(spec, temperature=0.0, grammar=False, prompt=None):
-        p = Pinned(real_policy_for(SpecParams(mode="auto"), temperature, grammar, prompt), k, clock)
+        if mode == "draft":  # --spec draft: a fixed length, no controller
+            p = Pinned(FixedPolicy("draft", k), k, clock, stop=False)
+        else:
+            p = Pinned(real_policy_for(SpecParams(mode="auto"), temperature, grammar, prompt), k, clock)
         pinned.append(p)
         return p
 
@@ -204,11 +211,11 @@ def _restore(undo: list) -> None:
 
 
 def run(slot, prompt: list[int], params: SamplingParams, method: str, k: int, record: Record,
-        clock: Clock | None = None) -> list[dict[str, float]]:
+        clock: Clock | None = None, mode: str = "auto") -> list[dict[str, float]]:
     """One generation: for real, filling an empty `record`; or replayed from it, timed by `clock` (parts) and
     per step. Returns each step's seconds (per part and "total") for the steps that drafted k tokens."""
     clock, pinned = clock or Clock(on=False), []
-    undo = _instrument(slot.engine, clock, k, pinned)
+    undo = _instrument(slot.engine, clock, k, pinned, mode)
     replay = bool(record.passes)
     draft_cells = getattr(slot.draft_ctx, "inner", slot.draft_ctx)
     contexts = {id(slot.ctx): "target", id(draft_cells): "draft"}
@@ -276,19 +283,19 @@ def run(slot, prompt: list[int], params: SamplingParams, method: str, k: int, re
 
 
 def measure(slot, prompt: list[int], params: SamplingParams, method: str, k: int, repeats: int,
-            logprobs_variants: tuple[int | None, ...] = (None,)) -> dict:
+            logprobs_variants: tuple[int | None, ...] = (None,), mode: str = "auto") -> dict:
     """Record one generation, then replay it `repeats` times per logprobs variant with the parts timed and as
     many times without (the total: the parts' timing costs reads of the clock). In ms, the mean per step of
     each replay: min and median over the replays."""
     record = Record()
-    run(slot, prompt, params, method, k, record)
+    run(slot, prompt, params, method, k, record, mode=mode)
     out = {}
     for n_top in logprobs_variants:
         p = params if n_top is None else replace(params, logprobs=n_top)
         per_replay, n_steps = defaultdict(list), 0
         for _ in range(repeats):
             for timed in (True, False):
-                steps = run(slot, prompt, p, method, k, record, Clock(on=timed))
+                steps = run(slot, prompt, p, method, k, record, Clock(on=timed), mode)
                 n_steps = len(steps)
                 for part in PARTS if timed else ("total",):
                     per_replay[part].append(1000 * statistics.fmean(s[part] for s in steps))

@@ -11,6 +11,7 @@
         over many repeats (so it holds on a busy machine): selecting a token from one row (target
         alone), and a k = 4 step: the draft model's draws and the verification of 5 rows.
     python -m specserve.measure.perf_hotpath host    -m TARGET -md DRAFT [-k 8] [-n 64] [--repeat 7] [--logprobs 5]
+                                                     [--spec auto draft]
         The host work of a draft-model step at k tokens (issue 64's budget: 1 ms greedy, 2 ms sampled at
         k = 8 with a 152k vocabulary): everything the engine does besides llama_decode, split by part
         (host_step.py), greedy and sampled (as speed's; verified by gumbel and by rejection), as the CPU
@@ -144,7 +145,7 @@ def profile(args) -> dict:
     slot = engine.new_slot()
     prompt = chat(target, PROMPT)
     out = {}
-    for mode in args.spec:
+    for mode in args.spec or ["none", "ngram", "draft"]:
         if mode == "draft" and draft is None:
             continue
         params = SamplingParams(seed=1, max_tokens=args.n, ignore_eos=True, **{**SAMPLED, "temperature": args.temp})
@@ -258,8 +259,9 @@ def host(args) -> dict:
                 "rejection"))
     out = {"k": args.k, "n_vocab": target.vocab.n_vocab, "repeat": args.repeat}
     variants = (None,) + ((args.logprobs,) if args.logprobs is not None else ())
-    for label, params, method in configs:
-        out[label] = host_step.measure(slot, prompt, params, method, args.k, args.repeat, variants)
+    for mode, (label, params, method) in ((m, c) for m in args.spec or ["auto"] for c in configs):
+        label = f"--spec {mode}, {label}"
+        out[label] = host_step.measure(slot, prompt, params, method, args.k, args.repeat, variants, mode)
         for variant, row in out[label].items():
             ms = row["ms"]
             print(f"{label} ({variant}), k={args.k}, {row['steps']} steps: host {ms['total']['min']:.3f} ms/step "
@@ -352,7 +354,8 @@ def main() -> int:
     p.add_argument("-n", type=int, default=64)
     p.add_argument("-t", "--threads", type=int, default=None)
     p.add_argument("--repeat", type=int, default=5)
-    p.add_argument("--spec", nargs="+", default=["none", "ngram", "draft"])
+    p.add_argument("--spec", nargs="+", default=None, help="profile: default none ngram draft; "
+                   "host: auto (the draft model pinned at k, its controller asked) and/or draft (default auto)")
     p.add_argument("--draft-max", type=int, default=4)
     p.add_argument("--temp", type=float, nargs="+", default=None)
     p.add_argument("--prompts", type=int, default=6)
