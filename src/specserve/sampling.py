@@ -108,7 +108,7 @@ def candidates(logits: np.ndarray, params: SamplingParams) -> Candidates:
     if 0 < params.top_k < V:  # top-k renormalises over the k kept: the other tokens never matter again
         ids, m = _top_k(z, params.top_k)  # m: [R]; NaN anywhere makes it NaN
         _check_finite(m)
-        s = (np.take_along_axis(z, ids, axis=1) - m[:, None]) * inv_t  # [R, k] tempered, max 0
+        s = (z[np.arange(R)[:, None], ids] - m[:, None]) * inv_t  # [R, k] tempered, max 0
         return _cut(ids, s, np.log(np.exp(s).sum(axis=1)), params)
     m = z.max(axis=1)  # [R]; NaN anywhere makes it NaN
     _check_finite(m)
