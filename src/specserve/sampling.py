@@ -259,7 +259,9 @@ def top_probability(z: np.ndarray, top: int, scratch: np.ndarray | None = None) 
         e *= _LOG2E
     np.exp2(e, out=e)
     full = len(e) - len(e) % _GROUP
-    total = e[:full].reshape(_GROUP, -1).sum(axis=0).sum(dtype=np.float64) + e[full:].sum(dtype=np.float64)
+    total = e[:full].reshape(_GROUP, -1).sum(axis=0).sum(dtype=np.float64)
+    if full < len(e):
+        total += e[full:].sum(dtype=np.float64)
     return float(e[top]) / total
 
 
