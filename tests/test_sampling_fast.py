@@ -48,10 +48,13 @@ def logits(rng, rows: int, n_vocab: int = V, kind: str = "model") -> np.ndarray:
     elif kind == "masked":  # a grammar's mask: most tokens -inf, a few allowed
         keep = rng.random((rows, n_vocab)) < 0.0004
         z = np.where(keep, z, -np.inf).astype(np.float32)
+    elif kind == "sparse":  # a mask that allows fewer tokens than top-k keeps: the rest come from the -inf
+        z = np.full((rows, n_vocab), -np.inf, np.float32)
+        z[:, rng.integers(0, n_vocab, 3)] = rng.normal(size=(rows, 3))
     return z
 
 
-@pytest.mark.parametrize("kind", ["model", "ties", "masked"])
+@pytest.mark.parametrize("kind", ["model", "ties", "masked", "sparse"])
 @pytest.mark.parametrize("n_vocab", [V, V - 37])  # a whole number of groups, and a remainder
 def test_top_k_ids_equal_the_definition(kind, n_vocab):
     rng = np.random.default_rng(hash((kind, n_vocab)) % 2**32)

@@ -197,12 +197,15 @@ def _top_k(z: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     for r in range(R):
         row = z[r]
         if n_groups <= 2 * k:  # a small vocabulary: rank it whole
-            m[r], ids[r] = row.max(), _rank(_all_ids(V), row, k)
+            m[r], ids[r] = row.max(), _rank(_all_ids(V), row, k, in_order=True)
             continue
         full = n_groups * _GROUP
         gm = row[:full].reshape(_GROUP, n_groups).max(axis=0)  # [n_groups]
         m[r] = np.maximum(gm.max(), row[full:].max()) if full < V else gm.max()  # (NaN propagates)
         g = np.partition(gm, n_groups - k)[n_groups - k]
+        if not g > -np.inf:  # fewer than k groups hold a finite logit (a grammar's mask), or NaN
+            ids[r] = _top_k_masked(row, k)
+            continue
         cand = (np.nonzero(gm >= g)[0] + _group_offsets(n_groups)).ravel()
         if full < V:
             cand = np.concatenate([cand, np.arange(full, V)])
@@ -214,8 +217,20 @@ def _top_k(z: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         elif n > k:
             ids[r] = _rank(cand[keep], vals[keep], k)
         else:  # NaN in the row: rank it whole
-            ids[r] = _rank(_all_ids(V), row, k)
+            ids[r] = _rank(_all_ids(V), row, k, in_order=True)
     return ids, m
+
+
+def _top_k_masked(row: np.ndarray, k: int) -> np.ndarray:
+    """[k] `_top_k` of a row ([V]) whose finite logits lie in fewer than k groups: among them, and if they are
+    fewer than k, the lowest ids of the -inf ones (partitioning a row of equal values is slow)."""
+    fin = np.flatnonzero(row > -np.inf)
+    low = np.flatnonzero(row == -np.inf)[: max(k - len(fin), 0)]
+    if len(fin) >= k:
+        return _rank(fin, row[fin], k, in_order=True)
+    if len(fin) + len(low) == k:
+        return np.sort(np.concatenate([fin, low]))
+    return _rank(_all_ids(len(row)), row, k, in_order=True)  # NaN in the row
 
 
 @lru_cache(maxsize=8)
@@ -226,15 +241,16 @@ def _group_offsets(n_groups: int) -> np.ndarray:
     return out
 
 
-def _rank(ids: np.ndarray, vals: np.ndarray, k: int) -> np.ndarray:
-    """[k] in id order: the ids of the k largest vals (ids [W] distinct, vals [W]), the lowest ids among
-    equal values at the k-th place."""
+def _rank(ids: np.ndarray, vals: np.ndarray, k: int, in_order: bool = False) -> np.ndarray:
+    """[k] in id order: the ids of the k largest vals (ids [W] distinct, in increasing order if in_order;
+    vals [W]), the lowest ids among equal values at the k-th place."""
     if len(ids) > 8 * k:  # many: partition first, sort only where the k-th value is tied
         top = np.argpartition(vals, len(vals) - k)[len(vals) - k:]
         kth = vals[top].min()
         if np.count_nonzero(vals >= kth) == k:
             return np.sort(ids[top])
-        above, tied = ids[vals > kth], np.sort(ids[vals == kth])
+        above, tied = ids[vals > kth], ids[vals == kth]
+        tied = tied if in_order else np.sort(tied)
         return np.sort(np.concatenate([above, tied[: k - len(above)]]))
     return np.sort(ids[np.lexsort((ids, -vals))[:k]])
 
