@@ -35,7 +35,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .sampling import ACCEPT, DRAW, RESIDUAL, Candidates, Sampler
+from .sampling import ACCEPT, DRAW, RESIDUAL, Candidates, Sampler, stack
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class Verdict:
     # the target's probability of its most likely token at rows 0..n_accepted (after temperature,
     # top-k and top-p): how sure it was where each draft token was judged; empty when greedy
     target_top: tuple[float, ...] = ()
-    # the target's processed distributions of the rows it verified (None when greedy: one-hot at the argmax)
+    # the target's processed distributions of rows 0..n_accepted, the rows that decided (None when greedy)
     target: Candidates | None = None
 
 
@@ -57,14 +57,23 @@ def verify(
     sampler: Sampler,
     pos0: int,  # the sequence position row 0 predicts
 ) -> Verdict:
+    # Row by row, stopping at the row that decides: the rows after the first rejection cannot matter, and
+    # each row costs a pass over the vocabulary (its top-k or argmax).
     k, rows = len(draft_tokens), target_logits.shape[0]
     if sampler.greedy or sampler.method == "gumbel":
-        target_tokens, p = sampler.pick(target_logits, pos0)  # [R] what the target alone picks at each position
-        n = next((i for i, x in enumerate(draft_tokens) if i >= rows - 1 or int(target_tokens[i]) != x), k)
-        return Verdict(n, [*draft_tokens[:n], int(target_tokens[n])], _top(p, n), p)
-    p = sampler.process(target_logits)
-    v = _verify_rejection(draft_tokens, draft_dists, p, sampler, pos0)
-    return Verdict(v.n_accepted, v.tokens, _top(p, v.n_accepted), p)
+        tokens, dists = [], []
+        for i in range(rows):
+            t, d = sampler.pick(target_logits[i : i + 1], pos0 + i)  # what the target alone picks at position i
+            tokens.append(int(t[0]))
+            dists.append(d)
+            if i >= k or i >= rows - 1 or tokens[i] != draft_tokens[i]:
+                break
+        n = len(tokens) - 1
+        p = None if sampler.greedy else stack(dists)
+        return Verdict(n, [*draft_tokens[:n], tokens[n]], _top(p, n), p)
+    n, token, dists = _verify_rejection(draft_tokens, draft_dists, target_logits, sampler, pos0)
+    p = stack(dists)
+    return Verdict(n, [*draft_tokens[:n], token], _top(p, n), p)
 
 
 def _top(p: Candidates | None, n_accepted: int) -> tuple[float, ...]:
@@ -72,22 +81,27 @@ def _top(p: Candidates | None, n_accepted: int) -> tuple[float, ...]:
     return () if p is None else tuple(float(x) for x in p.top(n_accepted + 1))
 
 
-def _verify_rejection(draft_tokens, draft_dists, p: Candidates, sampler: Sampler, pos0: int) -> Verdict:
-    k = len(draft_tokens)
+def _verify_rejection(draft_tokens, draft_dists, target_logits: np.ndarray, sampler: Sampler,
+                      pos0: int) -> tuple[int, int, list[Candidates]]:
+    """(accepted, the recovered or bonus token, the target's distributions of rows 0..accepted)."""
+    dists = []
     for i, x in enumerate(draft_tokens):
-        p_x = p.prob(i, x)
+        p = sampler.process(target_logits[i : i + 1])
+        dists.append(p)
+        p_x = p.prob(0, x)
         q_x = 1.0 if draft_dists is None else draft_dists[i].prob(0, x)
         if p_x > 0 and sampler.noise.uniform(pos0 + i, ACCEPT) * q_x < p_x:  # u < p(x) / q(x)
             continue
         if draft_dists is None:
-            residual = np.where(p.ids[i] == x, 0.0, p.probs[i])
+            residual = np.where(p.ids[0] == x, 0.0, p.probs[0])
         else:
-            residual = np.maximum(p.probs[i] - _probs_at(draft_dists[i], p.ids[i]), 0.0)
+            residual = np.maximum(p.probs[0] - _probs_at(draft_dists[i], p.ids[0]), 0.0)
         if residual.sum() <= 0:  # p == q up to rounding: any draw from p is exact
-            residual = p.probs[i]
-        recovered = sampler.draw(p.row(i), pos0 + i, RESIDUAL, weights=residual[None])[0]
-        return Verdict(i, [*draft_tokens[:i], int(recovered)])
-    return Verdict(k, [*draft_tokens, int(sampler.draw(p.row(k), pos0 + k, DRAW)[0])])
+            residual = p.probs[0]
+        return i, int(sampler.draw(p, pos0 + i, RESIDUAL, weights=residual[None])[0]), dists
+    k = len(draft_tokens)
+    p = sampler.process(target_logits[k : k + 1])
+    return k, int(sampler.draw(p, pos0 + k, DRAW)[0]), [*dists, p]
 
 
 def _probs_at(q: Candidates, ids: np.ndarray) -> np.ndarray:

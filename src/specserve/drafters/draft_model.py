@@ -24,7 +24,7 @@ import numpy as np
 from .. import steps
 from ..backends.base import Context, Model, common_prefix, sync_prefix
 from ..backends.cache_reuse import plan_reuse
-from ..sampling import Sampler
+from ..sampling import Sampler, top_probability
 from .base import EMPTY_DRAFT, BaseDrafter, Draft, StopRule
 from .window import WindowedContext
 
@@ -60,6 +60,7 @@ class DraftModelDrafter(BaseDrafter):
         self._n_vocab = model.vocab.n_vocab
         self._view: list[int] = []  # the sequence as the draft sees it (stand-ins for tokens beyond its vocabulary)
         self._last: tuple[int, bool] = (0, False)  # (tokens, greedy) of the last proposal
+        self._scratch: np.ndarray | None = None  # [n_vocab] float32 for the top probability of a greedy draft
 
     def _see(self, seq: Sequence[int]) -> list[int]:
         """The sequence with tokens the draft cannot evaluate replaced by token 0; grows with seq."""
@@ -168,7 +169,7 @@ class DraftModelDrafter(BaseDrafter):
             # the draft's distribution only, never at the token drawn from it, so a kept token
             # is still an unbiased draw from q and rejection sampling stays exact.
             if self.p_min > 0 or stop is not None:
-                p = _top_prob(logits, q, sampler.greedy)
+                p = self._top_prob(logits, x) if sampler.greedy else float(q.top(1)[0])
                 if p < self.p_min or stop is not None and stop(i, p):
                     break
                 confidence.append(p)
@@ -179,16 +180,16 @@ class DraftModelDrafter(BaseDrafter):
             logits = (yield steps.Eval(self._cells, [x], "last"))[0]
         return Draft(tokens=tokens, dists=None if sampler.greedy else dists, confidence=confidence or None)
 
+    def _top_prob(self, logits: np.ndarray, x: int) -> float:
+        """A greedy draft's top probability (of token x, its argmax): of its raw softmax, where sampling's
+        is of its processed distribution."""
+        row = logits.reshape(-1)  # [1, V] or [V]
+        if self._scratch is None or self._scratch.shape != row.shape:
+            self._scratch = np.empty(row.shape, np.float32)
+        return top_probability(row, x, self._scratch)
+
     def accepted(self, n: int) -> None:
         # the cache is re-synchronised against the committed sequence on the next proposal
         drafted, greedy = self._last
         if greedy and drafted and self.greedy_acceptance is not None:
             self.greedy_acceptance.add(drafted, n)
-
-
-def _top_prob(logits: np.ndarray, q, greedy: bool) -> float:
-    """The draft's top probability: of its processed distribution, or of its raw softmax when greedy."""
-    if not greedy:
-        return float(q.top(1)[0])
-    z = logits - logits.max()
-    return float(1.0 / np.exp(z).sum())

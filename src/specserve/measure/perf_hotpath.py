@@ -10,6 +10,12 @@
         The Python per token and per step, on real logits recorded once, each timed as the minimum
         over many repeats (so it holds on a busy machine): selecting a token from one row (target
         alone), and a k = 4 step: the draft model's draws and the verification of 5 rows.
+    python -m specserve.measure.perf_hotpath host    -m TARGET -md DRAFT [-k 8] [-n 64] [--repeat 7] [--logprobs 5]
+                                                     [--spec auto draft]
+        The host work of a draft-model step at k tokens (issue 64's budget: 1 ms greedy, 2 ms sampled at
+        k = 8 with a 152k vocabulary): everything the engine does besides llama_decode, split by part
+        (host_step.py), greedy and sampled (as speed's; verified by gumbel and by rejection), as the CPU
+        time of the decoding thread per step, min and median over --repeat replays of one recorded run.
     python -m specserve.measure.perf_hotpath accept  -m TARGET -md DRAFT [--temp ...] [--prompts 6] [-n 64] [--engine]
         The draft model's acceptance under --verify gumbel and rejection, per position on the target's
         own sampled continuations (rejection: 1 - TV exactly; gumbel: the coupling's probability by
@@ -139,7 +145,7 @@ def profile(args) -> dict:
     slot = engine.new_slot()
     prompt = chat(target, PROMPT)
     out = {}
-    for mode in args.spec:
+    for mode in args.spec or ["none", "ngram", "draft"]:
         if mode == "draft" and draft is None:
             continue
         params = SamplingParams(seed=1, max_tokens=args.n, ignore_eos=True, **{**SAMPLED, "temperature": args.temp})
@@ -237,6 +243,33 @@ def micro(args) -> dict:
     return out
 
 
+# --- host: the engine's own work per step, without the forward passes ---------------------------------
+
+
+def host(args) -> dict:
+    from specserve.measure import host_step
+
+    target = load_model(args.model, n_threads=args.threads)
+    draft = load_model(args.model_draft, n_threads=args.threads)
+    slot = Engine(target, draft, n_ctx=2048).new_slot()
+    prompt = chat(target, PROMPT)
+    configs = (("greedy", SamplingParams(seed=1, max_tokens=args.n, ignore_eos=True), "gumbel"),
+               ("sampled, gumbel", SamplingParams(seed=1, max_tokens=args.n, ignore_eos=True, **SAMPLED), "gumbel"),
+               ("sampled, rejection", SamplingParams(seed=1, max_tokens=args.n, ignore_eos=True, **SAMPLED),
+                "rejection"))
+    out = {"k": args.k, "n_vocab": target.vocab.n_vocab, "repeat": args.repeat}
+    variants = (None,) + ((args.logprobs,) if args.logprobs is not None else ())
+    for mode, (label, params, method) in ((m, c) for m in args.spec or ["auto"] for c in configs):
+        label = f"--spec {mode}, {label}"
+        out[label] = host_step.measure(slot, prompt, params, method, args.k, args.repeat, variants, mode)
+        for variant, row in out[label].items():
+            ms = row["ms"]
+            print(f"{label} ({variant}), k={args.k}, {row['steps']} steps: host {ms['total']['min']:.3f} ms/step "
+                  f"(median {ms['total']['median']:.3f}); min per part: "
+                  + ", ".join(f"{p} {ms[p]['min']:.3f}" for p in host_step.PARTS), flush=True)
+    return out
+
+
 # --- acceptance ------------------------------------------------------------------------------------
 
 
@@ -315,17 +348,20 @@ def accept(args) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=("speed", "profile", "micro", "accept"))
+    p.add_argument("what", choices=("speed", "profile", "micro", "host", "accept"))
     p.add_argument("-m", "--model", required=True)
     p.add_argument("-md", "--model-draft")
     p.add_argument("-n", type=int, default=64)
     p.add_argument("-t", "--threads", type=int, default=None)
     p.add_argument("--repeat", type=int, default=5)
-    p.add_argument("--spec", nargs="+", default=["none", "ngram", "draft"])
+    p.add_argument("--spec", nargs="+", default=None, help="profile: default none ngram draft; "
+                   "host: auto (the draft model pinned at k, its controller asked) and/or draft (default auto)")
     p.add_argument("--draft-max", type=int, default=4)
     p.add_argument("--temp", type=float, nargs="+", default=None)
     p.add_argument("--prompts", type=int, default=6)
-    p.add_argument("-k", type=int, default=4, help="draft length for the engine's acceptance (accept)")
+    p.add_argument("-k", type=int, default=None, help="draft length: the engine's acceptance (accept, default 4), "
+                   "the step measured (host, default 8)")
+    p.add_argument("--logprobs", type=int, default=None, help="host: also replay with this many top logprobs")
     p.add_argument("--engine", action="store_true", help="accept: also run the engine with --spec draft")
     p.add_argument("--workload", default="spec-bench", help="accept: the prompts (default spec-bench)")
     p.add_argument("--json")
@@ -339,8 +375,12 @@ def main() -> int:
         result = profile(args)
     elif args.what == "micro":
         result = micro(args)
+    elif args.what == "host":
+        args.k = args.k or 8
+        result = host(args)
     elif args.what == "accept":
         args.temp = args.temp or [0.7, 0.8]
+        args.k = args.k or 4
         result = accept(args)
     else:
         result = speed(args)
