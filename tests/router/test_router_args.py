@@ -26,7 +26,7 @@ def test_preset_sections_flags_and_precedence(tmp_path, serve_parser):
                    "[qwen2.5-coder:1.5b]\nctx-size = 4096\nmodel-draft = /d/qwen-0.5b.gguf\nload-on-startup = true\n"
                    "[plain]\nmodel-draft = none\nspec = ngram  ; inline comment\n"
                    "[custom]\nmodel = /models/custom.gguf\nslots = false\n")
-    presets = read_preset(str(ini), _takes_value(serve_parser))
+    presets, common = read_preset(str(ini), _takes_value(serve_parser))
     q = presets["qwen2.5-coder:1.5b"]
     assert q.args == ["-c", "8192", "--no-webui", "--ctx-size", "4096", "-md", "/d/qwen-0.5b.gguf"]  # [*] first
     assert q.draft == "/d/qwen-0.5b.gguf" and q.load_on_startup and q.model is None
@@ -36,6 +36,7 @@ def test_preset_sections_flags_and_precedence(tmp_path, serve_parser):
     custom = presets["custom"]
     assert str(custom.model) == "/models/custom.gguf" and custom.draft == "/d/global.gguf"
     assert "--slots" not in custom.args and "*" not in presets
+    assert common.args == ["-c", "8192", "-md", "/d/global.gguf", "--no-webui"] and common.draft_given
 
 
 @pytest.mark.parametrize("text, error", [
@@ -71,3 +72,24 @@ def test_child_memory_adds_weights_slots_store_and_process(tiny_paths, serve_par
     assert child_memory(["-m", target, "-c", "512", "-np", "1", "--no-cross-request"], serve_parser)[0] < alone
     paired, note = child_memory(["-m", target, "-md", draft, "-c", "512", "-np", "2"], serve_parser)
     assert paired > alone + 64 * (1 << 20) and "draft weights" in note and "cross-request store" in note
+
+
+def test_a_model_without_a_section_gets_the_presets_star(tmp_path, tiny_paths):
+    """llama-server's [*] applies to every model; a model with no section of its own got none of it (its
+    children drafted with -md auto under a preset saying model-draft = none)."""
+    import shutil
+
+    from specserve.cli.router import _models
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    shutil.copy(tiny_paths["target"], folder / "alpha.gguf")
+    shutil.copy(tiny_paths["target"], folder / "beta.gguf")
+    ini = tmp_path / "p.ini"
+    ini.write_text("[*]\nmodel-draft = none\nc = 1024\n[beta]\nc = 2048\n")
+    argv = ["--models-dir", str(folder), "--models-preset", str(ini)]
+    args = build_parser().parse_args(["serve", *argv])
+    models, _ = _models(args, args.serve_parser, argv)
+    by_name = {m.found.name: m.args for m in models}
+    assert by_name["alpha"][-4:] == ["-md", "none", "-c", "1024"] and "auto" not in by_name["alpha"]
+    assert by_name["beta"][-6:] == ["-md", "none", "-c", "1024", "-c", "2048"] and "auto" not in by_name["beta"]

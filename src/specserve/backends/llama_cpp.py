@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import threading
 import time
 from typing import Sequence
 
@@ -77,6 +78,7 @@ class LlamaCppModel(Model):
                                     for f in ("llama_model_is_recurrent", "llama_model_is_hybrid"))
         self._piece_cache: dict[int, bytes] = {}
         self._llg_tokenizer = None
+        self._llg_lock = threading.Lock()
         if exact:
             self.exact_check = exact_mod.check(self)
             self.pad_single = self.exact_check.pad_single
@@ -183,11 +185,12 @@ class LlamaCppModel(Model):
         """llguidance's tokenizer for this vocabulary (grammar-constrained generation), built on
         first use (~0.2 s for 49k tokens) and kept. Every end-of-generation token ends a grammar;
         added tokens spelled like tags are text where a grammar forces their text (llg_vocab.py)."""
-        if self._llg_tokenizer is None:
-            from .llg_vocab import grammar_tokenizer
+        with self._llg_lock:  # the server builds it beside the first requests (server/app.py warm)
+            if self._llg_tokenizer is None:
+                from .llg_vocab import grammar_tokenizer
 
-            self._llg_tokenizer = grammar_tokenizer(self, self._native_vocab())
-        return self._llg_tokenizer
+                self._llg_tokenizer = grammar_tokenizer(self, self._native_vocab())
+            return self._llg_tokenizer
 
     def is_control(self, token: int) -> bool:
         return bool(self.vocab.token_attrs[token] & _ATTR_CONTROL)

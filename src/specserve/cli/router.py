@@ -83,7 +83,8 @@ def _models(args, parser, argv: list[str]):
     try:
         stores = parse_stores(args.models_from) if args.models_from else ()
         found = discover(args.models_dir, stores)
-        presets = read_preset(args.models_preset, _takes_value(parser)) if args.models_preset else {}
+        presets, common_preset = read_preset(args.models_preset, _takes_value(parser)) if args.models_preset \
+            else ({}, None)
     except ValueError as e:
         raise CliError(str(e), 2) from None
     by_name = {f.name: f for f in found}
@@ -104,7 +105,7 @@ def _models(args, parser, argv: list[str]):
     servable = {n: f for n, f in by_name.items() if f.error is None and f.path is not None}
     models = []
     for name, f in by_name.items():
-        preset = presets.get(name)
+        preset = presets.get(name, common_preset)  # a model without a section of its own gets [*]'s
         names = [name, name.removesuffix(":latest")] if name.endswith(":latest") else [name]
         own = ["-m", str(f.path), "-a", ",".join(names), "--max-connections-per-client", "0"]
         if not (preset and preset.draft_given):  # -md auto among the discovered models, each by its name

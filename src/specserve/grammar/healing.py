@@ -16,6 +16,7 @@ or a non-empty token that `left` starts with. Both come from the vocabulary sort
 from __future__ import annotations
 
 import bisect
+import threading
 import time
 import weakref
 from contextlib import contextmanager
@@ -24,6 +25,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 _tables: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> _Vocab
+_building = threading.Lock()
 
 
 class _Vocab:
@@ -51,16 +53,17 @@ class _Vocab:
 
 def vocab_of(model) -> _Vocab:
     """The model's token bytes (backends' Model: `token_bytes`, `vocab.n_vocab`), read once per model."""
-    try:
-        return _tables[model]
-    except (KeyError, TypeError):
-        pass
-    table = _Vocab([model.token_bytes(i) for i in range(model.vocab.n_vocab)])
-    try:
-        _tables[model] = table
-    except TypeError:
-        pass
-    return table
+    with _building:  # the server reads it beside the first requests (server/app.py warm): once
+        try:
+            return _tables[model]
+        except (KeyError, TypeError):
+            pass
+        table = _Vocab([model.token_bytes(i) for i in range(model.vocab.n_vocab)])
+        try:
+            _tables[model] = table
+        except TypeError:
+            pass
+        return table
 
 
 def after(left: bytes, piece: bytes) -> bytes | None:

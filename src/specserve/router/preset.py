@@ -75,10 +75,10 @@ def _section(name: str, items: dict[str, str], takes_value: Callable[[str], bool
     return preset
 
 
-def read_preset(path: str, takes_value: Callable[[str], bool | None]) -> dict[str, Preset]:
-    """The sections of the preset file at `path`, `[*]`'s flags first in each; `takes_value(option)`: True
-    for a flag with a value, False for one without, None for no such flag. Raises ValueError saying what
-    and where."""
+def read_preset(path: str, takes_value: Callable[[str], bool | None]) -> tuple[dict[str, Preset], Preset]:
+    """The sections of the preset file at `path`, `[*]`'s flags first in each, and `[*]` alone: what a model
+    without a section of its own gets (as llama-server's). `takes_value(option)`: True for a flag with a
+    value, False for one without, None for no such flag. Raises ValueError saying what and where."""
     parser = configparser.ConfigParser(default_section="\x00", interpolation=None, strict=False,
                                        inline_comment_prefixes=(";", "#"))
     parser.optionxform = str  # keys as written (LLAMA_ARG_... and flags are case-sensitive)
@@ -101,4 +101,4 @@ def read_preset(path: str, takes_value: Callable[[str], bool | None]) -> dict[st
         if not own.draft_given:
             own.draft, own.draft_given = common.draft, common.draft_given
         out[name] = own
-    return out
+    return out, common

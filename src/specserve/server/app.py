@@ -5,15 +5,17 @@ checks, error shapes, lifespan.
 engine is passed in (loaded by `specserve serve` or a test) and stays the caller's
 to close. Each app gets its own scheduler, slots and metrics registry. An API is added by
 listing its module in ADAPTERS: its `routes()` gives its `Endpoint`s (with the API's own error
-shape, if it has one), and an optional `prepare(target)` runs at start-up, off the event loop, and again
-when a sleeping server wakes (--sleep-idle-seconds: core/sleep.py, which wraps the endpoints that need
-the model).
+shape, if it has one), an optional `prepare(target)` runs at start-up, off the event loop, before the
+server answers, and again when a sleeping server wakes (--sleep-idle-seconds: core/sleep.py, which wraps
+the endpoints that need the model); an optional `warm(target)` builds what can wait, beside the first
+requests (`warm` in create_app).
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import threading
 
 import anyio
 from starlette.applications import Starlette
@@ -58,6 +60,10 @@ async def metrics(request: Request) -> Response:
     return response
 
 
+WARM_QUIET_S = 1.0  # the builders wait for this long without a request running (warm, below)...
+WARM_WAIT_S = 30.0  # ...but no longer than this
+
+
 def create_app(engine: Engine, settings: ServerSettings) -> Starlette:
     """The server for `engine`. Closing the app (lifespan shutdown) frees its slots, not the engine."""
     state = ServerState(engine, settings)
@@ -65,12 +71,30 @@ def create_app(engine: Engine, settings: ServerSettings) -> Starlette:
     shapes = ErrorShapes({e.path: e.render_error for e in endpoints if e.render_error is not None})
 
     def prepare() -> None:
-        """What the first requests would otherwise wait for; at start-up, and again at each wake."""
+        """What must be ready before the first request; at start-up, and again at each wake."""
         for adapter in ADAPTERS:
             if hasattr(adapter, "prepare"):
                 adapter.prepare(engine.target)
-        # built now, not by the first constrained request (None where the backend cannot constrain)
-        engine.target.grammar_tokenizer()
+
+    closing = threading.Event()
+
+    def warm() -> None:
+        """What the first requests that need it would otherwise build (the grammar tokenizer, the vocabulary's
+        bytes: ~2.5 s for a 152k vocabulary), built once the server has run no request for a second, instead of
+        before it listens: a router's switch to this model waits only for the model, and its first answer
+        does not share the CPU with the builders. A request that needs one first builds it itself; each is
+        built once (locks in the builders)."""
+        builders = [getattr(a, "warm") for a in ADAPTERS if hasattr(a, "warm")] + [
+            lambda target: target.grammar_tokenizer()]  # None where the backend cannot constrain
+        for build in builders:
+            waited = quiet = 0.0
+            while quiet < WARM_QUIET_S and waited < WARM_WAIT_S and not closing.is_set():
+                closing.wait(0.05)
+                waited += 0.05
+                quiet = 0.0 if state.scheduler.active else quiet + 0.05
+            if closing.is_set():
+                return
+            build(engine.target)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -78,14 +102,23 @@ def create_app(engine: Engine, settings: ServerSettings) -> Starlette:
                  settings.model_name, ", ".join(settings.profiles), settings.parallel,
                  fmt_bytes(state.scheduler.slot_bytes()), settings.queue)
         await anyio.to_thread.run_sync(prepare)
+        warming = threading.Thread(target=warm, name="specserve-warm", daemon=True)
+        warming.start()
         watch = None
         if state.sleeper is not None:
-            state.sleeper.prepare = prepare
-            watch = asyncio.create_task(state.sleeper.watch())
+            state.sleeper.prepare = prepare  # what warm builds, a request that needs it builds after a wake
+
+            async def watch_once_warm():  # the models are not freed under the builders' feet
+                await anyio.to_thread.run_sync(warming.join)
+                await state.sleeper.watch()
+
+            watch = asyncio.create_task(watch_once_warm())
             log.info("sleeps after %g s without requests (--sleep-idle-seconds)", settings.sleep_idle_seconds)
         try:
             yield
         finally:
+            closing.set()
+            await anyio.to_thread.run_sync(warming.join)  # it reads the vocabulary the caller frees after us
             if watch is not None:
                 watch.cancel()
                 await state.sleeper.close()  # after a wake in progress, none more
