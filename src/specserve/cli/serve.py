@@ -74,7 +74,7 @@ def add_parser(sub) -> None:
                         "tokens a pass as keep each pass within F x what the streams' tokens alone cost, so they "
                         "slow by about F at most (default %(default)s; 0: whole --batch-size chunks, the fastest "
                         "prompt processing)")
-    g.add_argument("--prefill-stall", type=float, default=1.0, metavar="S",  # server.core.batcher.STALL
+    g.add_argument("--prefill-stall", type=float, default=2.0, metavar="S",  # server.core.batcher.STALL
                    help="...or S seconds a pass, whichever is more: a short prompt joins the streams within a "
                         "pass or two instead of crawling beside them, a long one is still spread (default "
                         "%(default)s; 0: F alone bounds it)")

@@ -44,7 +44,7 @@ log = logging.getLogger("specserve.server")
 
 MIN_CHUNK = 4  # prompt tokens a pass beside running streams holds at least, whatever it costs
 SLOWDOWN = 2.0  # default: a pass with a prompt chunk costs at most this x the streams' tokens alone...
-STALL = 1.0  # ...or this many seconds, whichever is more (--prefill-stall)
+STALL = 2.0  # ...or this many seconds, whichever is more (--prefill-stall)
 
 
 def _always() -> bool:
