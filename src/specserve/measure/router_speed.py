@@ -122,14 +122,19 @@ def main() -> int:
                               for k, v in served.items()},
                           "rates": {k: [round(x, 1) for x in v] for k, v in rates.items()}}, indent=1))
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
+        stop_all(procs)
     return 0
+
+
+def stop_all(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM to each (they drain), then SIGKILL to any still running 30 s later."""
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from pathlib import Path
 
 import httpx
 
-from .router_speed import chat, free_port
+from .router_speed import chat, free_port, stop_all
 
 
 def _wait(url: str, proc: subprocess.Popen, seconds: float = 180) -> float:
@@ -125,13 +124,7 @@ def main() -> int:
             "server_tok_s": {k: [round(x, 1) for x in v] for k, v in served.items()},
         }, indent=1))
     finally:
-        for proc, _ in servers.values():
-            proc.send_signal(signal.SIGTERM)
-        for proc, _ in servers.values():
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
+        stop_all([proc for proc, _ in servers.values()])
     return 0
 
 
