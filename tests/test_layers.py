@@ -22,7 +22,7 @@ ROOT = Path(specserve.__file__).parent
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("specserve", "config", "text", "chat", "prompt", "fim", "stats", "gguf_meta", "batchcost", "policy")),
     ("backends", ("backends", "models", "f16", "memory", "offload", "fit", "pairing", "stores")),
-    ("drafting", ("sampling", "processors", "logprobs", "verifier", "steps", "drafters", "grammar")),
+    ("drafting", ("sampling", "top_k", "processors", "logprobs", "verifier", "steps", "drafters", "grammar")),
     # auto reads the drafters' names (drafters.hybrid.LOOKUPS) and the policy protocol; the engine reads auto
     ("auto", ("auto", "learned")),
     ("engine", ("engine", "slot", "commit", "loading", "draft_choice", "draft_pins")),

@@ -71,7 +71,8 @@ def test_every_distribution_guarded_against_nan_and_inf():
 
 import pytest  # noqa: E402
 
-from specserve.sampling import Candidates, NonFiniteLogits, Noise, Sampler, candidates, top_k_ids  # noqa: E402
+from specserve.sampling import Candidates, NonFiniteLogits, Noise, Sampler, candidates  # noqa: E402
+from specserve.top_k import top_k_ids  # noqa: E402
 
 
 def test_top_k_is_exact_with_ties_and_infinities():

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from specserve.config import SamplingParams
-from specserve.sampling import Noise, Sampler, candidates, top_k_ids, top_probability
+from specserve.sampling import Noise, Sampler, candidates
+from specserve.top_k import top_k_ids, top_probability
 
 V = 151936  # Qwen2.5's vocabulary: 1187 groups of 128
 SAMPLED = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=3)

@@ -71,7 +71,7 @@ def test_llama_api_reports_the_stop_word_that_cut_the_text():
                           stream=False)
     target = SimpleNamespace(vocab=SimpleNamespace(eog=frozenset({2})), detokenize=lambda ids, special: b"prompt")
     job = SimpleNamespace(stats=stats, req=req, state=SimpleNamespace(engine=SimpleNamespace(target=target, n_ctx=64)),
-                          id_slot=0, prompt_tokens=[1, 2, 3, 4, 5])
+                          id_slot=0, prompt_tokens=[1, 2, 3, 4, 5], queue_s=0.0)
     out = final(job, " ", [12])
     assert (out["stop_type"], out["stopping_word"]) == ("word", "Paris")
 

@@ -25,7 +25,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .sampling import Candidates, top_k_ids
+from .sampling import Candidates
+from .top_k import top_k_ids
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,8 @@ import numpy as np
 from .. import steps
 from ..backends.base import Context, Model, common_prefix, sync_prefix
 from ..backends.cache_reuse import plan_reuse
-from ..sampling import Sampler, top_probability
+from ..sampling import Sampler
+from ..top_k import top_probability
 from .base import EMPTY_DRAFT, BaseDrafter, Draft, StopRule
 from .window import WindowedContext
 
