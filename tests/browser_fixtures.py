@@ -36,7 +36,8 @@ class Browser:
     that arrive meanwhile are kept in `events`."""
 
     def __init__(self):
-        self._dir = tempfile.TemporaryDirectory(prefix="specserve-chromium-")
+        # Chromium's helper processes may still write there after it exits: a leftover file is not a failure
+        self._dir = tempfile.TemporaryDirectory(prefix="specserve-chromium-", ignore_cleanup_errors=True)
         self._log = open(Path(self._dir.name) / "chromium.log", "wb")
         self.proc = subprocess.Popen([CHROMIUM, *FLAGS, f"--user-data-dir={self._dir.name}", "about:blank"],
                                      stdout=self._log, stderr=subprocess.STDOUT)

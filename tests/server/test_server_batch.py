@@ -100,7 +100,9 @@ def test_each_requests_queue_time_and_rate_are_in_its_usage_and_in_metrics(serve
     def delta(name: str) -> float:
         return after[name] - before.get(name, 0.0)
     assert delta("specserve:queue_time_seconds_count") == delta("specserve:request_tokens_per_second_count") == 5
-    assert sorted(u["queue_s"] > 0 for u in usages).count(True) >= 2  # two of five found no free slot
+    # five at once on three slots: some found no free slot (at least one even where a loaded machine starts
+    # the clients' threads apart, so that a request ends before the last arrives)
+    assert sorted(u["queue_s"] > 0 for u in usages).count(True) >= 1
     assert delta("specserve:queue_time_seconds_sum") == pytest.approx(sum(u["queue_s"] for u in usages), abs=5e-4)
     assert delta("specserve:request_tokens_per_second_sum") == pytest.approx(
         sum(u["tokens_per_s"] for u in usages), abs=0.05)
