@@ -54,9 +54,12 @@ function keySubmitted(ev) {
 async function api(path, init) {
   init = init || {};
   for (;;) {
+    const sent = sessionStorage.getItem(KEY_STORE);
     const r = await fetch(path, Object.assign({}, init, { headers: authHeaders(init.headers) }));
     if (r.status !== 401) return r;
-    await askKey(sessionStorage.getItem(KEY_STORE) ? "The server refused that key." : "");
+    // a key given while this request was out is tried before anyone is asked again
+    if (sessionStorage.getItem(KEY_STORE) !== sent) continue;
+    await askKey(sent ? "The server refused that key." : "");
   }
 }
 
