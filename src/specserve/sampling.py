@@ -15,6 +15,7 @@ token whenever the two distributions allow it (verifier.py).
 """
 from __future__ import annotations
 
+import math
 import secrets
 from dataclasses import dataclass
 
@@ -313,9 +314,14 @@ class Sampler:
         """[R] the tokens chosen from each row of logits ([R, n_vocab] or [n_vocab]) at positions pos0...,
         and their distributions (None when greedy: the argmax needs none)."""
         if self._argmax:
-            z = np.atleast_2d(logits)
-            ids = z.argmax(axis=1)
-            _check_finite(z[np.arange(len(ids)), ids])
+            if logits.ndim == 1 or len(logits) == 1:  # a draft's one row, most often: no fancy indexing
+                row = logits.reshape(-1)
+                x = int(row.argmax())
+                if not math.isfinite(row[x]):
+                    raise NonFiniteLogits("the model returned NaN or infinite logits")
+                return np.array([x]), None
+            ids = logits.argmax(axis=1)
+            _check_finite(logits[np.arange(len(ids)), ids])
             return ids, None
         dist = self.process(logits)
         return self.draw(dist, pos0), dist

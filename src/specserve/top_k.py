@@ -107,12 +107,13 @@ _LOG2E = np.float32(np.log2(np.e))
 
 def top_probability(z: np.ndarray, top: int, scratch: np.ndarray | None = None) -> float:
     """The raw softmax's largest probability, 1 / sum(exp(z - z[top])), z: [V] logits (largest finite),
-    top: its argmax. To about 1e-6 (float32's own exp and sum: a few 1e-7).
+    top: its argmax. To a few 1e-6 (float32's own exp and sum; 5e-6 the worst over 250 rows of the 0.5B),
+    more than its readers need: the confidence stop and its learning read it by buckets 0.01 wide or wider.
 
     As exp2(z log2(e)), which costs half what exp does, in `scratch` ([V] float32, reused: a new
-    vocabulary-sized array costs page faults), summed down 128 strided columns, then in float64. The
-    largest logit is subtracted only where a term could overflow or the largest underflow: the ratio
-    is the same."""
+    vocabulary-sized array costs page faults), summed by einsum (float32 in SIMD lanes: 14 us for a 152k
+    vocabulary, against 23 for 128 strided columns summed in float64). The largest logit is subtracted
+    only where a term could overflow or the largest underflow: the ratio is the same."""
     e = scratch if scratch is not None and scratch.shape == z.shape else np.empty(z.shape, np.float32)
     m = float(z[top])
     if -30.0 < m < 60.0:
@@ -121,8 +122,4 @@ def top_probability(z: np.ndarray, top: int, scratch: np.ndarray | None = None) 
         np.subtract(z, np.float32(m), out=e)
         e *= _LOG2E
     np.exp2(e, out=e)
-    full = len(e) - len(e) % GROUP
-    total = e[:full].reshape(GROUP, -1).sum(axis=0).sum(dtype=np.float64)
-    if full < len(e):
-        total += e[full:].sum(dtype=np.float64)
-    return float(e[top]) / total
+    return float(e[top]) / float(np.einsum("i->", e))

@@ -270,8 +270,7 @@ class LlamaCppContext(NativeContext):
                 raise RuntimeError(f"llama_decode failed with status {rc}")
             self._tokens.extend(chunk)
         n_out = n if all_logits else 1
-        ptr = C.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
+        return self._logits(n_out)
 
     def truncate(self, n: int) -> None:
         if n >= len(self._tokens):

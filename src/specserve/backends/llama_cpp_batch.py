@@ -79,7 +79,7 @@ class SharedContext(NativeContext):
             seq.tokens.extend(tokens)
             seq.t_eval += dt
         n_out = sum(rows)
-        out = np.ctypeslib.as_array(C.llama_get_logits(self._ctx), shape=(n_out, self.n_vocab)) if n_out else None
+        out = self._logits(n_out) if n_out else None
         result, r = [], 0
         for n in rows:
             result.append(out[r:r + n] if n else None)

@@ -16,6 +16,7 @@ import threading
 from typing import Protocol
 
 import llama_cpp as C
+import numpy as np
 
 from .base import VocabInfo
 from .exact import EXACT_UBATCH
@@ -214,6 +215,18 @@ class NativeContext:
         finally:
             b.n_tokens = n
             C.llama_memory_seq_rm(self._mem, self._pad_seq, -1, -1)
+
+    _view: tuple = (None, 0, None)  # (address, rows, array): the last logits view handed out
+
+    def _logits(self, n_out: int):
+        """[n_out, n_vocab] float32, a view of llama.cpp's logits of the last pass (valid until the next).
+        The view is made again only when llama.cpp's buffer moved: making one costs a few microseconds,
+        nine times a step."""
+        ptr = C.llama_get_logits(self._ctx)
+        address = ctypes.cast(ptr, ctypes.c_void_p).value
+        if self._view[0] != address or self._view[1] != n_out:
+            self._view = (address, n_out, np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab)))
+        return self._view[2]
 
     def close(self) -> None:
         if self._ctx:
