@@ -126,7 +126,12 @@ class Controller:
         slows both alike and changes no choice between them, so the draft's cost is then judged
         relative to the target's: only a draft that got dearer or cheaper than the target than
         the profile says is rescaled (an auto-fresh start once measured the 0.5B draft at 2.3-2.9x
-        its saved cost during such a spell, and rescaled it).
+        its saved cost during such a spell, and rescaled it). The other way round is no spell of
+        now's: a target pass `tolerance` times cheaper than saved says the profile was learnt while
+        the machine was busy, and every saved cost, the target's passes too, comes to what was
+        measured now (a newcomer's first run beside a build saved passes and the draft at 2-4x; the
+        next process's 1-token passes soon replaced the target's, never the draft's, which it then
+        priced at twice the target and did not draft).
         """
         with self.lock:
             costs = self.costs
@@ -135,9 +140,13 @@ class Controller:
                 return 1.0
             b = costs.draft_coef(name, V)[1]
             machine = target_seconds / V[1] if target_seconds and V[1] > 0 else 1.0
-            factor = seconds_per_token / b / machine if b > 0 else 1.0
-            if 1 / tolerance <= factor <= tolerance:
-                return 1.0
+            if machine < 1 / tolerance:  # the profile's costs are a busy machine's
+                costs.verify.scale(machine)
+                factor = seconds_per_token / b if b > 0 else 1.0
+            else:
+                factor = seconds_per_token / b / machine if b > 0 else 1.0
+                if 1 / tolerance <= factor <= tolerance:
+                    return 1.0
             costs.scale(name, factor)
         log.info("auto: the saved cost of drafter %r was %.1f ms a token, measured now %.1f (the target's pass "
                  "%.2fx its saved cost): rescaled by %.2f", name, 1e3 * b, 1e3 * seconds_per_token, machine, factor)

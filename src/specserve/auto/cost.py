@@ -12,8 +12,11 @@ Nothing here locks: the owner (auto.controller.Controller) holds its lock around
 from __future__ import annotations
 
 import bisect
+import logging
 
 from .names import FREE
+
+log = logging.getLogger("specserve")
 
 _G_COST = 0.95  # per-step decay of the drafting-cost regression
 _LOADED_OBS = 4  # the most observations a loaded pass-cost estimate counts as
@@ -24,6 +27,10 @@ STALE_MIN = 16  # the soonest an estimate far above the prior shape goes stale
 # the prior shape of a pass's cost: each token past the first adds this share of a 1-token pass (what the fit
 # extrapolates with before two pass lengths are measured; a CPU's F16 passes measure about 0.16, a GPU's ~0)
 PRIOR_PER_TOKEN = 0.2
+# a loaded drafting cost is checked against this many of a process's first drafts, and dropped where one
+# costs less than 1 / LOADED_CHEAPER of what it predicts
+LOADED_CHECKS = 4
+LOADED_CHEAPER = 2.0
 
 
 class DraftCost:
@@ -37,6 +44,7 @@ class DraftCost:
 
     def __init__(self):
         self.xx, self.xy, self._coef = [[0.0] * 3 for _ in range(3)], [0.0] * 3, None  # [3, 3], [3]
+        self.checks = 0  # fresh drafts still to check a loaded fit against (Costs.learn_draft_cost)
 
     def add(self, n: int, lag: int, t: float) -> None:
         x = (1.0, n, lag - 1)
@@ -85,6 +93,7 @@ class DraftCost:
     @classmethod
     def from_state(cls, state: dict, weight: float) -> "DraftCost":
         d = cls()
+        d.checks = LOADED_CHECKS
         d.xx = [[float(x) * weight for x in row] for row in state["xx"]]
         d.xy = [float(x) * weight for x in state["xy"]]
         if len(d.xx) != 3 or any(len(row) != 3 for row in d.xx) or len(d.xy) != 3:
@@ -226,6 +235,12 @@ class VerifyCost:
         self._soonest = min(after.values(), default=self.stale)
         return [n for n in self._keys if self._tick - self._m[n][2] <= after[n]] or self._keys
 
+    def scale(self, factor: float) -> None:
+        """Every estimate times factor (the machine is that much faster or slower than when they were measured)."""
+        for m in self._m.values():
+            m[0] *= factor
+        self._table = None
+
     def state(self) -> dict:
         return {"passes": [[n, *self._m[n]] for n in self._keys], "tick": self._tick}
 
@@ -267,8 +282,22 @@ class Costs:
         self.prompt_cost[name] = 0.7 * old + 0.3 * per_token
 
     def learn_draft_cost(self, name: str, n: int, lag: int, seconds: float) -> None:
-        """A drafter took `seconds` for n tokens, its cache `lag` tokens behind."""
+        """A drafter took `seconds` for n tokens, its cache `lag` tokens behind.
+
+        A loaded fit that one of this process's first drafts finds LOADED_CHEAPER times dearer than
+        they are is dropped: it was learnt while the machine was busy (a newcomer's first run beside a
+        build saved the 0.5B at 2-4x its cost, and the next process, pricing it so, drafted on 2 steps
+        of 199 and did not time it again). Dearer than saved is left to the regression's decay: a slow
+        spell now should not erase what quiet minutes learnt."""
         fit = self.draft.get(name) or self.draft.setdefault(name, DraftCost())
+        if fit.checks:
+            fit.checks -= 1
+            a, b, c = fit.coef(0.0, self.verify.batching)
+            if seconds * LOADED_CHEAPER < a + b * n + c * (lag - 1):
+                fit = self.draft[name] = DraftCost()
+                log.info("auto: drafter %r drafted %d tokens in %.1f ms, %.1fx under its saved cost: "
+                         "the saved cost is dropped", name, n, 1e3 * seconds,
+                         (a + b * n + c * (lag - 1)) / seconds)
         fit.add(n, lag, seconds)
 
     def scale(self, name: str, factor: float) -> None:
