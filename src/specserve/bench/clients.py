@@ -19,7 +19,6 @@ load_report.py.
 """
 from __future__ import annotations
 
-import json
 import math
 import threading
 import time
@@ -28,10 +27,12 @@ from dataclasses import dataclass, field, replace
 
 import httpx
 
+from .endpoint import EndpointError, native_stream
+
 WARMUP_TOKENS = 8
 
 
-class LoadError(RuntimeError):
+class LoadError(EndpointError):
     """A server answered a load run's request with an error, or not at all."""
 
 
@@ -114,46 +115,18 @@ def interleave(pairs: list[tuple[str, str]], levels: list[int]) -> list[tuple[in
 
 def stream_one(client: httpx.Client, target: LoadTarget, r: Request, scope: str = "") -> dict:
     """One streamed /completion: tokens, time to first token, decode rate after it, queue time (or None)."""
-    try:
-        return _stream_one(client, target, r, scope)
-    except httpx.RemoteProtocolError:
-        # a kept-alive connection the server had closed (llama-server drops idle ones after 5 s), closed
-        # before anything came back: the request was not served; once more, timed afresh
-        try:
-            return _stream_one(client, target, r, scope)
-        except httpx.RemoteProtocolError as e:
-            raise LoadError(f"{target.name}: {target.url}: {e}") from None
-
-
-def _stream_one(client: httpx.Client, target: LoadTarget, r: Request, scope: str) -> dict:
-    url = target.url + "/completion"
-    t0 = time.perf_counter()
-    t_first = t_last = 0.0
+    t_first = t_last = t_done = 0.0
     chunks, last = 0, {}
     try:
-        with client.stream("POST", url, json=target.body(r, scope)) as resp:
-            if resp.status_code != 200:
-                resp.read()
-                raise LoadError(f"{target.name}: {url}: HTTP {resp.status_code}: {resp.text[:300]}")
-            for line in resp.iter_lines():
-                if not line.startswith("data:") or line[5:].strip() == "[DONE]":
-                    continue
-                event = json.loads(line[5:])
-                if "error" in event:
-                    raise LoadError(f"{target.name}: {url}: {event['error']}")
-                if event.get("content"):
-                    t_last = time.perf_counter() - t0
-                    t_first = t_first or t_last
-                    chunks += 1
-                if event.get("stop"):
-                    last = event
-    except httpx.RemoteProtocolError:
-        if chunks or last:
-            raise LoadError(f"{target.name}: {url}: the server closed the stream part-way") from None
-        raise
-    except (httpx.HTTPError, json.JSONDecodeError) as e:
-        raise LoadError(f"{target.name}: {url}: {e}") from None
-    t_done = time.perf_counter() - t0
+        for t_done, event in native_stream(client, target.url + "/completion", target.body(r, scope)):
+            if event.get("content"):
+                t_last = t_done
+                t_first = t_first or t_last
+                chunks += 1
+            if event.get("stop"):
+                last = event
+    except EndpointError as e:
+        raise LoadError(f"{target.name}: {e}") from None
     timings = last.get("timings") or {}
     n = int(last.get("tokens_predicted") or timings.get("predicted_n") or chunks)
     queue = (last.get("speculative") or {}).get("queue_s")

@@ -146,48 +146,49 @@ def infill_url(url: str) -> str:
     return (base[:-3] if base.endswith("/v1") else base) + "/infill"
 
 
-def stream_infill(client: httpx.Client, url: str, body: dict) -> dict:
-    """One streamed /infill request (llama-server's native stream: `data:` objects, the last with
-    "stop": true). Returns the text, the time to the first chunk with text and to the last event,
-    and what the server reported: tokens predicted, evaluated and cached, drafts."""
-    try:
-        return _stream_infill(client, url, body)
-    except httpx.RemoteProtocolError:
-        # a kept-alive connection the server closed while other configurations ran (llama-server
-        # drops idle ones after 5 s): nothing was sent back, so the request was not served; once more
+def native_stream(client: httpx.Client, url: str, body: dict):
+    """(seconds since the request, event) for each event of one llama-server native stream (/completion,
+    /infill: `data:` objects, the last with "stop": true). A kept-alive connection the server had closed
+    before anything came back (llama-server drops idle ones after 5 s) was not served: it is sent once more,
+    timed afresh. Any other failure, and a stream cut part-way, raise EndpointError."""
+    for attempt in (0, 1):
+        t0, seen = time.perf_counter(), False
         try:
-            return _stream_infill(client, url, body)
+            with client.stream("POST", url, json=body) as r:
+                if r.status_code != 200:
+                    r.read()
+                    raise EndpointError(f"{url}: HTTP {r.status_code}: {r.text[:300]}", r.status_code)
+                for line in r.iter_lines():
+                    if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                        continue
+                    event = json.loads(line[5:])
+                    if "error" in event:
+                        raise EndpointError(f"{url}: {event['error']}")
+                    seen = True
+                    yield time.perf_counter() - t0, event
+            return
         except httpx.RemoteProtocolError as e:
+            if seen:
+                raise EndpointError(f"{url}: the server closed the stream part-way") from None
+            if attempt:
+                raise EndpointError(f"{url}: {e}") from None
+        except (httpx.HTTPError, json.JSONDecodeError) as e:
             raise EndpointError(f"{url}: {e}") from None
 
 
-def _stream_infill(client: httpx.Client, url: str, body: dict) -> dict:
-    t0 = time.perf_counter()
-    t_first, parts, last = 0.0, [], {}
-    try:
-        with client.stream("POST", url, json={**body, "stream": True}) as r:
-            if r.status_code != 200:
-                r.read()
-                raise EndpointError(f"{url}: HTTP {r.status_code}: {r.text[:300]}", r.status_code)
-            for line in r.iter_lines():
-                if not line.startswith("data:") or line[5:].strip() == "[DONE]":
-                    continue
-                event = json.loads(line[5:])
-                if "error" in event:
-                    raise EndpointError(f"{url}: {event['error']}")
-                if event.get("content"):
-                    parts.append(event["content"])
-                    t_first = t_first or time.perf_counter() - t0
-                if event.get("stop"):
-                    last = event
-    except httpx.RemoteProtocolError:
-        if parts or last:
-            raise EndpointError(f"{url}: the server closed the stream part-way") from None
-        raise
-    except (httpx.HTTPError, json.JSONDecodeError) as e:
-        raise EndpointError(f"{url}: {e}") from None
+def stream_infill(client: httpx.Client, url: str, body: dict) -> dict:
+    """One streamed /infill request. Returns the text, the time to the first chunk with text and to the
+    last event, and what the server reported: tokens predicted, evaluated and cached, drafts."""
+    t_first = t_last = 0.0
+    parts, last = [], {}
+    for t_last, event in native_stream(client, url, {**body, "stream": True}):
+        if event.get("content"):
+            parts.append(event["content"])
+            t_first = t_first or t_last
+        if event.get("stop"):
+            last = event
     timings = last.get("timings") or {}
-    return {"text": "".join(parts), "t_first_s": t_first, "t_total_s": time.perf_counter() - t0,
+    return {"text": "".join(parts), "t_first_s": t_first, "t_total_s": t_last,
             "n_generated": int(last.get("tokens_predicted", timings.get("predicted_n", 0)) or 0),
             "prompt_n": int(timings.get("prompt_n", 0) or 0), "cache_n": int(timings.get("cache_n", 0) or 0),
             "n_drafted": int(timings.get("draft_n", 0) or 0),
