@@ -31,6 +31,7 @@ PRIOR_PER_TOKEN = 0.2
 # costs less than 1 / LOADED_CHEAPER of what it predicts
 LOADED_CHECKS = 4
 LOADED_CHEAPER = 2.0
+LOADED_CHECK_LAG = 9  # judged on drafts that caught up at most this many tokens: a step's own, not a lookup run's
 
 
 class DraftCost:
@@ -290,14 +291,14 @@ class Costs:
         of 199 and did not time it again). Dearer than saved is left to the regression's decay: a slow
         spell now should not erase what quiet minutes learnt."""
         fit = self.draft.get(name) or self.draft.setdefault(name, DraftCost())
-        if fit.checks:
+        if fit.checks and lag <= LOADED_CHECK_LAG:  # (a long catch-up is one batch: the fit's c says little there)
             fit.checks -= 1
             a, b, c = fit.coef(0.0, self.verify.batching)
-            if seconds * LOADED_CHEAPER < a + b * n + c * (lag - 1):
+            predicted = a + b * n + c * (lag - 1)
+            if seconds * LOADED_CHEAPER < predicted:
                 fit = self.draft[name] = DraftCost()
                 log.info("auto: drafter %r drafted %d tokens in %.1f ms, %.1fx under its saved cost: "
-                         "the saved cost is dropped", name, n, 1e3 * seconds,
-                         (a + b * n + c * (lag - 1)) / seconds)
+                         "the saved cost is dropped", name, n, 1e3 * seconds, predicted / seconds)
         fit.add(n, lag, seconds)
 
     def scale(self, name: str, factor: float) -> None:
