@@ -20,6 +20,17 @@ def _sse(events) -> bytes:
     return b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n" % len(body) + body
 
 
+def _read_request(conn: socket.socket) -> None:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += conn.recv(65536)
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length:
+        body += conn.recv(65536)
+
+
 class Scripted:
     """A listening socket that answers its connections in turn: "close" (closes without a word), "cut" (headers
     and one event of a longer body, then closes), "ok" (the whole stream)."""
@@ -36,7 +47,7 @@ class Scripted:
         while self.script:
             conn, _ = self.sock.accept()
             with conn:
-                conn.recv(65536)
+                _read_request(conn)  # all of it: closing on unread bytes would reset the connection instead
                 how = self.script.pop(0)
                 self.served.append(how)
                 if how == "ok":

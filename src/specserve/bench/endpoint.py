@@ -167,12 +167,12 @@ def native_stream(client: httpx.Client, url: str, body: dict):
                     seen = True
                     yield time.perf_counter() - t0, event
             return
-        except httpx.RemoteProtocolError as e:
+        except httpx.HTTPError as e:
             if seen:
-                raise EndpointError(f"{url}: the server closed the stream part-way") from None
-            if attempt:
+                raise EndpointError(f"{url}: the server closed the stream part-way ({e})") from None
+            if attempt or not isinstance(e, httpx.RemoteProtocolError):
                 raise EndpointError(f"{url}: {e}") from None
-        except (httpx.HTTPError, json.JSONDecodeError) as e:
+        except json.JSONDecodeError as e:
             raise EndpointError(f"{url}: {e}") from None
 
 
