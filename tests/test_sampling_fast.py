@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from specserve.config import SamplingParams
+from specserve import top_k
 from specserve.sampling import Noise, Sampler, candidates
 from specserve.top_k import top_k_ids, top_probability
 
@@ -55,9 +56,18 @@ def logits(rng, rows: int, n_vocab: int = V, kind: str = "model") -> np.ndarray:
     return z
 
 
+@pytest.fixture(params=["native", "numpy"])
+def kernels(request, monkeypatch):
+    """Each fast path twice: through the C kernels (_kernels.c) and through numpy alone (a build without them)."""
+    if request.param == "numpy":
+        monkeypatch.setattr(top_k, "_exp_sum", None)
+        monkeypatch.setattr(top_k, "_top_k", None)
+    return request.param
+
+
 @pytest.mark.parametrize("kind", ["model", "ties", "masked", "sparse"])
 @pytest.mark.parametrize("n_vocab", [V, V - 37])  # a whole number of groups, and a remainder
-def test_top_k_ids_equal_the_definition(kind, n_vocab):
+def test_top_k_ids_equal_the_definition(kind, n_vocab, kernels):
     rng = np.random.default_rng(hash((kind, n_vocab)) % 2**32)
     for k in (1, 5, 40, 64, 300):
         z = logits(rng, 3, n_vocab, kind)
@@ -66,8 +76,19 @@ def test_top_k_ids_equal_the_definition(kind, n_vocab):
         assert (top_k_ids(z, k) == reference_top_k_ids(z, k)).all(), (kind, n_vocab, k)
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+@pytest.mark.parametrize("at", [5, V - 40])  # in a group, and in the remainder past the groups
+def test_a_row_with_a_nan_or_an_infinity_has_that_maximum(bad, at, kernels):
+    """What candidates() refuses a row by (NonFiniteLogits): its maximum, NaN or inf, whichever path ranks it."""
+    z = logits(np.random.default_rng(5), 2, V - 37)
+    z[1, at] = bad
+    ids, m = top_k.top_k_and_max(z, 40)
+    assert np.isfinite(m[0]) and (ids[0] == reference_top_k_ids(z[:1], 40)[0]).all()
+    assert np.isnan(m[1]) if np.isnan(bad) else m[1] == np.inf
+
+
 @pytest.mark.parametrize("kind", ["model", "ties"])
-def test_top_k_candidates_equal_the_old_ones_bit_for_bit(kind):
+def test_top_k_candidates_equal_the_old_ones_bit_for_bit(kind, kernels):
     rng = np.random.default_rng(7)
     for params in (SAMPLED, SamplingParams(temperature=1.3, top_k=5), SamplingParams(temperature=0.6, top_k=300,
                                                                                       top_p=0.9)):
@@ -78,7 +99,7 @@ def test_top_k_candidates_equal_the_old_ones_bit_for_bit(kind):
             assert (got.ids == ids).all() and (got.probs == probs).all()
 
 
-def test_draws_from_the_fast_candidates_are_the_old_draws():
+def test_draws_from_the_fast_candidates_are_the_old_draws(kernels):
     """The token a seed draws (what --verify gumbel's text is made of) is unchanged: same candidates, same noise."""
     rng = np.random.default_rng(11)
     z = logits(rng, 9)
@@ -90,8 +111,13 @@ def test_draws_from_the_fast_candidates_are_the_old_draws():
     assert (tokens == ids[np.arange(9), np.argmax(score, axis=1)]).all()
 
 
+def test_the_install_built_the_native_kernel():
+    """setup.py builds it as optional (an install without a compiler still works, on numpy); here it must be there."""
+    assert top_k.NATIVE
+
+
 @pytest.mark.parametrize("shift", [-80.0, -25.0, 0.0, 40.0, 75.0])  # the largest logit in and out of exp2's range
-def test_top_probability_is_the_softmax_maximum(shift):
+def test_top_probability_is_the_softmax_maximum(shift, kernels):
     rng = np.random.default_rng(int(shift) + 100)
     for n_vocab in (V, V - 37, 300):
         for spread in (0.5, 3.0, 8.0):

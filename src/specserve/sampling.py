@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import secrets
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -151,12 +152,16 @@ def _cut(ids: np.ndarray, s: np.ndarray, lse: np.ndarray, params: SamplingParams
 def _inverse_temperature(params: SamplingParams) -> np.float32:
     """1 / temperature in float32; inf for greedy and for temperatures so small that 1/T overflows
     (both take the argmax). An infinite temperature has no distribution over -inf logits: refused."""
-    if params.greedy:
-        return np.float32(np.inf)
+    return np.float32(np.inf) if params.greedy else _inverse(params.temperature)
+
+
+@lru_cache(maxsize=64)
+def _inverse(temperature: float) -> np.float32:
+    """(made once per temperature: numpy's error state costs a few microseconds a row)"""
     with np.errstate(over="ignore"):
-        inv_t = np.float32(1.0 / params.temperature)
+        inv_t = np.float32(1.0 / temperature)
     if not inv_t > 0:
-        raise ValueError(f"temperature must be finite, got {params.temperature}")
+        raise ValueError(f"temperature must be finite, got {temperature}")
     return inv_t
 
 
