@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from specserve.config import SamplingParams
-from specserve import top_k
+from specserve import sampling, top_k
 from specserve.sampling import Noise, Sampler, candidates
 from specserve.top_k import top_k_ids, top_probability
 
@@ -62,6 +62,7 @@ def kernels(request, monkeypatch):
     if request.param == "numpy":
         monkeypatch.setattr(top_k, "_exp_sum", None)
         monkeypatch.setattr(top_k, "_top_k", None)
+        monkeypatch.setattr(sampling, "_uniform53", None)
     return request.param
 
 
@@ -114,6 +115,16 @@ def test_draws_from_the_fast_candidates_are_the_old_draws(kernels):
 def test_the_install_built_the_native_kernel():
     """setup.py builds it as optional (an install without a compiler still works, on numpy); here it must be there."""
     assert top_k.NATIVE
+
+
+def test_the_noise_is_the_same_bits_through_c_and_numpy(monkeypatch):
+    """What a seed draws is a pure function of (seed, position, stream, token): the C uniforms must not move it."""
+    noise = Noise(12345)
+    ids = np.stack([np.arange(-1, 299), np.random.default_rng(2).integers(0, V, 300)])  # padding (-1) included
+    native = noise.gumbel(77, ids, 1)
+    monkeypatch.setattr(sampling, "_uniform53", None)
+    assert (native == noise.gumbel(77, ids, 1)).all()
+    assert (noise.gumbel(5, ids[1:, ::3], 0) == Noise(12345).gumbel(5, ids[1:, ::3].copy(), 0)).all()
 
 
 @pytest.mark.parametrize("shift", [-80.0, -25.0, 0.0, 40.0, 75.0])  # the largest logit in and out of exp2's range

@@ -1,13 +1,15 @@
-/* Native kernels for the few per-token reductions over a whole vocabulary row that numpy can only do
- * in several passes (top_k.py). Built by setuptools at install (optional: without a compiler specserve
- * falls back to numpy, top_k.NATIVE says which).
+/* Native kernels for the per-token work over a vocabulary row (or a row's candidates) that numpy does in
+ * many passes or many small calls: issue 64's host time per step. Built by setuptools at install
+ * (setup.py; optional: without a compiler, top_k.py and sampling.py do the same in numpy, and
+ * top_k.NATIVE says which). Each gives what the numpy path gives (tests/test_sampling_fast.py runs
+ * both): top_k and uniform53 bit for bit, exp_sum to float32's rounding.
  *
  * exp_sum(row, m): sum over a C-contiguous float32 row of exp(row[i] - m), in one pass. exp is
  * 2^(x log2 e) with the power of two split off and a degree-6 polynomial on [-1/2, 1/2] (relative
- * error under 2e-7 per term), summed in 16 float32 lanes over blocks of 1024
- * terms, the blocks' sums in double. An argument below -126 log(2) counts as exp(-126 log 2) ~ 1e-38 (a -inf logit,
- * masked by a grammar, adds nothing measurable). Built for AVX-512, AVX2 and the baseline: the loader
- * picks the one the CPU has. */
+ * error under 2e-7 per term), summed in 16 float32 lanes over blocks of 1024 terms, the blocks' sums
+ * in double. An argument below -126 log(2) counts as exp(-126 log 2) ~ 1e-38 (a -inf logit, masked by
+ * a grammar, adds nothing measurable). Built for AVX-512, AVX2 and the baseline: the loader picks the
+ * one the CPU has. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
@@ -249,9 +251,65 @@ done:
     return result;
 }
 
+/* uniform53(ids, ka, kb, out): sampling.Noise's uniforms, out[r, j] = (A 2^21 + (B >> 11) + 1/2) 2^-53
+ * with A, B the lowbias32 hashes of (uint32) ids[r, j] under row r's keys ka[r], kb[r]: bit for bit
+ * what sampling._hash32 and its float64 arithmetic give (integers below 2^53 are exact in double).
+ * ids: C-contiguous int64 [R, W]; ka, kb: uint32 [R]; out: float64 [R, W]. */
+static inline uint32_t lowbias32(uint32_t id, uint32_t key) {
+    uint32_t x = id * 0x9E3779B1u + key;
+    x ^= x >> 16;
+    x *= 0x7FEB352Du;
+    x ^= x >> 15;
+    x *= 0x846CA68Bu;
+    x ^= x >> 16;
+    return x;
+}
+
+static PyObject *uniform53(PyObject *self, PyObject *args) {
+    PyObject *o_ids, *o_ka, *o_kb, *o_out;
+    if (!PyArg_ParseTuple(args, "OOOO", &o_ids, &o_ka, &o_kb, &o_out)) return NULL;
+    Py_buffer ids, ka, kb, out;
+    int got = 0;
+    if (PyObject_GetBuffer(o_ids, &ids, PyBUF_C_CONTIGUOUS) < 0) goto fail;
+    got = 1;
+    if (PyObject_GetBuffer(o_ka, &ka, PyBUF_C_CONTIGUOUS) < 0) goto fail;
+    got = 2;
+    if (PyObject_GetBuffer(o_kb, &kb, PyBUF_C_CONTIGUOUS) < 0) goto fail;
+    got = 3;
+    if (PyObject_GetBuffer(o_out, &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) goto fail;
+    got = 4;
+    Py_ssize_t rows = ka.len / 4, n = ids.len / 8;
+    if (ids.itemsize != 8 || ka.itemsize != 4 || kb.itemsize != 4 || out.itemsize != 8 || kb.len != ka.len
+        || out.len != ids.len || rows == 0 || n % rows != 0) {
+        PyErr_SetString(PyExc_ValueError, "uniform53 takes int64 ids [R, W], uint32 keys [R] twice, float64 out [R, W]");
+        goto fail;
+    }
+    Py_ssize_t w = n / rows;
+    const int64_t *id = ids.buf;
+    const uint32_t *a = ka.buf, *b = kb.buf;
+    double *u = out.buf;
+    for (Py_ssize_t r = 0; r < rows; r++)
+        for (Py_ssize_t j = 0; j < w; j++) {
+            uint32_t x = (uint32_t)id[r * w + j];
+            u[r * w + j] = ((double)lowbias32(x, a[r]) * 0x1p21 + (double)(lowbias32(x, b[r]) >> 11) + 0.5) * 0x1p-53;
+        }
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&kb);
+    PyBuffer_Release(&ka);
+    PyBuffer_Release(&ids);
+    Py_RETURN_NONE;
+fail:
+    if (got >= 4) PyBuffer_Release(&out);
+    if (got >= 3) PyBuffer_Release(&kb);
+    if (got >= 2) PyBuffer_Release(&ka);
+    if (got >= 1) PyBuffer_Release(&ids);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"exp_sum", exp_sum, METH_VARARGS, "exp_sum(row, m): sum of exp(row - m) over a float32 row, one pass."},
     {"top_k", top_k, METH_VARARGS, "top_k(row, k, out): the k largest entries' ids into out (int64, id order); the row's max."},
+    {"uniform53", uniform53, METH_VARARGS, "uniform53(ids, ka, kb, out): sampling.Noise's uniforms of the ids, into out."},
     {NULL, NULL, 0, NULL},
 };
 

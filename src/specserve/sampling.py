@@ -26,6 +26,11 @@ from .config import DEFAULT_VERIFY, SamplingParams, verify_method
 from .processors import LogitRules
 from .top_k import all_ids, top_k_and_max, top_k_ids
 
+try:  # sampling.Noise's uniforms in C, built at install (setup.py); numpy gives the same bits without it
+    from ._kernels import uniform53 as _uniform53
+except ImportError:  # pragma: no cover - a build without a C compiler
+    _uniform53 = None
+
 _TOP_P_CANDIDATES = 1024  # without top-k, top-p sorts only this many first (all of them if they miss top_p)
 _BOUNDED_DRAW = 4096  # rows with more candidates than this are drawn by bounds first (Sampler._draw_bounded)
 _TOP_P_TOL = 1e-6  # float32 cumulative sums: a mass this close to top_p counts as reaching it
@@ -249,8 +254,12 @@ class Noise:
     def gumbel(self, pos0: int, ids: np.ndarray, stream: int = DRAW) -> np.ndarray:
         """[R, W] float64 standard Gumbel noise for the tokens ids[r] ([R, W]) at position pos0 + r."""
         ka, kb = self._row_keys(pos0, ids.shape[0], stream)
-        x = ids.astype(_U32)  # (padding, -1, wraps: its noise is never used)
-        u = (_hash32(x, ka).astype(np.float64) * 2.0**21 + (_hash32(x, kb) >> _SH11) + 0.5) * 2.0**-53
+        if _uniform53 is not None and ids.dtype == np.int64:  # the same uniforms in one C loop (_kernels.c)
+            u = np.empty(ids.shape, np.float64)
+            _uniform53(np.ascontiguousarray(ids), ka, kb, u)
+        else:
+            x = ids.astype(_U32)  # (padding, -1, wraps: its noise is never used)
+            u = (_hash32(x, ka).astype(np.float64) * 2.0**21 + (_hash32(x, kb) >> _SH11) + 0.5) * 2.0**-53
         return -np.log(-np.log(u))
 
 
