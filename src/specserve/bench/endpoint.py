@@ -147,8 +147,9 @@ def infill_url(url: str) -> str:
 
 
 def native_stream(client: httpx.Client, url: str, body: dict):
-    """(seconds since the request, event) for each event of one llama-server native stream (/completion,
-    /infill: `data:` objects, the last with "stop": true). A kept-alive connection the server had closed
+    """(seconds since the request, event) for each event of one streamed request: llama-server's native
+    /completion and /infill (`data:` objects, the last with "stop": true), or an OpenAI-style
+    /v1/completions (up to `data: [DONE]`, which is not an event). A kept-alive connection the server had closed
     before anything came back (llama-server drops idle ones after 5 s) was not served: it is sent once more,
     timed afresh. Any other failure, and a stream cut part-way, raise EndpointError."""
     for attempt in (0, 1):

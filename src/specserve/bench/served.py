@@ -12,7 +12,6 @@ and counts everything the server path adds to each step (the engine thread, the 
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -24,6 +23,7 @@ import time
 import httpx
 
 from ..config import SUFFIX_MAX_DEFAULT, SamplingParams
+from .endpoint import EndpointError, native_stream
 
 STARTUP_S = 900.0  # loading an F16 1.5B target and its draft on a busy 2-core machine
 
@@ -127,28 +127,18 @@ class ServedModels:
             body["json_schema"] = schema
         url = self.url(config.draft_model) + "/v1/completions"
         parts, usage, finish = [], None, ""
-        t0 = time.perf_counter()
         t_first = t_last = 0.0
         try:
-            with self._client.stream("POST", url, json=body) as r:
-                if r.status_code != 200:
-                    r.read()
-                    raise ServerFailed(f"{url}: HTTP {r.status_code}: {r.text[:300]}")
-                for line in r.iter_lines():
-                    if not line.startswith("data:") or line[5:].strip() == "[DONE]":
-                        continue
-                    event = json.loads(line[5:])
-                    if "error" in event:
-                        raise ServerFailed(f"{url}: {event['error']}")
-                    usage = event.get("usage") or usage
-                    for choice in event.get("choices") or []:
-                        finish = choice.get("finish_reason") or finish
-                        if choice.get("text"):
-                            parts.append(choice["text"])
-                            t_last = time.perf_counter() - t0
-                            t_first = t_first or t_last
-        except (httpx.HTTPError, json.JSONDecodeError) as e:
-            raise ServerFailed(f"{url}: {e}") from None
+            for t, event in native_stream(self._client, url, body):
+                usage = event.get("usage") or usage
+                for choice in event.get("choices") or []:
+                    finish = choice.get("finish_reason") or finish
+                    if choice.get("text"):
+                        parts.append(choice["text"])
+                        t_last = t
+                        t_first = t_first or t_last
+        except EndpointError as e:
+            raise ServerFailed(str(e)) from None
         if usage is None:
             raise ServerFailed(f"{url}: the stream ended without usage")
         return served_stats(usage, t_first, t_last, finish), "".join(parts)
