@@ -173,3 +173,19 @@ def test_the_e2e_speedup_counts_every_configurations_wait_to_the_last_token_alik
         m.stats["t_total_s"] = m.stats.pop("t_last_token_s")
     assert {e["name"]: e["speedup_e2e"] for e in summarize(cs, runs, {}) if e["workload"] == "all"} == \
         {n: e["speedup_e2e"] for n, e in by_name.items()}
+
+
+def test_a_workload_at_another_temperature_has_no_cells_at_this_one():
+    """`--workload code-edit writing@0.8`: code edits run at 0, stories at 0.8. No table shows a 0.00x for the pairs
+    that never ran, and the recommendation names none of them."""
+    from specserve.bench.table import workload_matrix
+
+    runs = [Measurement(m.config, "code-edit", 0.0, m.prompt_index, 0, m.stats) for m in measurements(SPEEDS)]
+    runs += [Measurement(m.config, "writing@0.8", 0.8, m.prompt_index, 0, m.stats) for m in measurements(SPEEDS)]
+    entries = summarize(configs(), runs, {})
+    assert {(e["workload"], e["temperature"]) for e in entries} == {("code-edit", 0.0), ("all", 0.0),
+                                                                    ("writing@0.8", 0.8), ("all", 0.8)}
+    assert all(e["n_runs"] > 0 for e in entries)
+    text = "\n".join(workload_matrix(entries))
+    assert "0.00x" not in text and " -" in text
+    assert "0.00x" not in recommend(configs(), runs, entries)["text"]

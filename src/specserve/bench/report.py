@@ -128,7 +128,8 @@ def _grammar_share(runs: list[Measurement]) -> float | None:
 
 
 def summarize(configs: list[BenchConfig], results: list[Measurement], memory: dict) -> list[dict]:
-    """Per configuration x (each workload and all workloads) x temperature, ranked within each group."""
+    """Per configuration x (each workload and all workloads) x temperature, ranked within each group; a
+    workload that ran at none of a temperature's prompts (`writing@0.8` at 0) has no group there."""
     temperatures = sorted({m.temperature for m in results})
     workloads = list(dict.fromkeys(m.workload for m in results))
     by_config = defaultdict(list)
@@ -140,6 +141,8 @@ def summarize(configs: list[BenchConfig], results: list[Measurement], memory: di
             def keep(m: Measurement) -> bool:
                 return m.temperature == t and workload in (ALL, m.workload)
 
+            if not any(keep(m) for m in results):
+                continue
             baselines = {b: _per_prompt([m for m in by_config[b] if keep(m)], "tokens_per_s")
                          for b in {c.baseline for c in configs}}
             e2e = {b: _per_prompt([m for m in by_config[b] if keep(m)], e2e_tokens_per_s)

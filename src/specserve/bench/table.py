@@ -38,7 +38,8 @@ def ranked_tables(entries: list[dict]) -> list[str]:
 
 
 def workload_matrix(entries: list[dict]) -> list[str]:
-    """Speedup of each configuration on each workload, one block per temperature (skipped for one workload)."""
+    """Speedup of each configuration on each workload, one block per temperature (skipped for one workload); "-"
+    where a workload has no prompt at that temperature."""
     workloads = [w for w in dict.fromkeys(e["workload"] for e in entries) if w != ALL]
     if len(workloads) < 2:
         return []
@@ -51,8 +52,8 @@ def workload_matrix(entries: list[dict]) -> list[str]:
         lines.append(f"speedup by workload, temperature {t:g}")
         lines.append(f"{'configuration':<{name_width}} " + " ".join(f"{w:>{width}}" for w in [*workloads, ALL]))
         for name in names:
-            lines.append(f"{name:<{name_width}} " + " ".join(f"{cell.get((name, w), 0):>{width - 1}.2f}x"
-                                                        for w in [*workloads, ALL]))
+            lines.append(f"{name:<{name_width}} " + " ".join(
+                f"{cell[name, w]:>{width - 1}.2f}x" if (name, w) in cell else f"{'-':>{width}}" for w in [*workloads, ALL]))
         lines.append("")
     return lines
 
