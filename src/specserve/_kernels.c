@@ -103,6 +103,14 @@ typedef struct {
     int64_t id;
 } cand_t;
 
+/* cand[*c] = (v, id) unless the MAX_CAND are taken (0 then) */
+static inline int take(cand_t *cand, Py_ssize_t *c, float v, Py_ssize_t id) {
+    if (*c == MAX_CAND) return 0;
+    cand[*c].v = v;
+    cand[(*c)++].id = id;
+    return 1;
+}
+
 static int by_value_then_id(const void *a, const void *b) {
     const cand_t *x = a, *y = b;
     if (x->v != y->v) return x->v > y->v ? -1 : 1;
@@ -217,34 +225,20 @@ static PyObject *top_k(PyObject *self, PyObject *args) {
         goto done;
     }
     Py_ssize_t c = 0;
-    for (Py_ssize_t j = 0; j < n_groups; j++) {
-        if (!(gm[j] >= g)) continue;
-        for (Py_ssize_t i = j; i < full; i += n_groups) {
-            if (x[i] >= g) {
-                if (c == MAX_CAND) {
-                    result = Py_NewRef(Py_None);
-                    goto done;
-                }
-                cand[c].v = x[i];
-                cand[c++].id = i;
-            }
-        }
-    }
-    for (Py_ssize_t i = full; i < n; i++) {
-        if (x[i] >= g) {
-            if (c == MAX_CAND) {
-                result = Py_NewRef(Py_None);
-                goto done;
-            }
-            cand[c].v = x[i];
-            cand[c++].id = i;
-        }
-    }
+    for (Py_ssize_t j = 0; j < n_groups; j++)
+        if (gm[j] >= g)
+            for (Py_ssize_t i = j; i < full; i += n_groups)
+                if (x[i] >= g && !take(cand, &c, x[i], i)) goto too_many;
+    for (Py_ssize_t i = full; i < n; i++)
+        if (x[i] >= g && !take(cand, &c, x[i], i)) goto too_many;
     qsort(cand, c, sizeof(cand_t), by_value_then_id);
     int64_t *ids = out.buf;
     for (Py_ssize_t i = 0; i < k; i++) ids[i] = cand[i].id;
     qsort(ids, k, sizeof(int64_t), by_id);
     result = PyFloat_FromDouble(m);
+    goto done;
+too_many:
+    result = Py_NewRef(Py_None);
 done:
     PyBuffer_Release(&out);
     PyBuffer_Release(&row);

@@ -53,7 +53,8 @@ def workload_matrix(entries: list[dict]) -> list[str]:
         lines.append(f"{'configuration':<{name_width}} " + " ".join(f"{w:>{width}}" for w in [*workloads, ALL]))
         for name in names:
             lines.append(f"{name:<{name_width}} " + " ".join(
-                f"{cell[name, w]:>{width - 1}.2f}x" if (name, w) in cell else f"{'-':>{width}}" for w in [*workloads, ALL]))
+                f"{cell[name, w]:>{width - 1}.2f}x" if (name, w) in cell else f"{'-':>{width}}"
+                for w in [*workloads, ALL]))
         lines.append("")
     return lines
 
