@@ -40,6 +40,7 @@ from .probing import EXPLORE_PASSES, Probes
 from .request_state import Setup
 from .shared import Shared
 
+
 trace = logging.getLogger("specserve.auto")  # one DEBUG line a step: SPECSERVE_LOG=debug
 
 
@@ -147,7 +148,8 @@ class AutoPolicy:
         catch-up is spread over the tokens it may draft for, not the lookups' (prefill.py); its catch-up
         on the tokens the lookups made since it last ran is the step's own."""
         uncovered, kmin, lags = self.prefills.uncovered(), self.setup.kmin, self.lags
-        value = planner.worth(self.progress.generated, self.progress.clock, V)
+        since = self.progress.since_copy
+        value = planner.worth(*(since or (self.progress.generated, self.progress.clock)), V)
         plans = [(n, self.plan_for(n, V, kmin=kmin[n]), lags.start(n, uncovered), lags.owed(n, V))
                  for n in self.names]
         if self.hybrid:

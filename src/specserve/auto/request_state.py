@@ -12,6 +12,13 @@ from ..config import SpecParams
 from .kinds import kind_of
 from .names import FORCED, FREE, HYBRID, HYBRID_LOOKUPS, MODEL
 
+# plain steps in a row after which a second of the request is worth what it has made since (planner.pick), not
+# its rate so far, until a lookup copies again: a copy that broke may resume within a step or two, and a plain
+# step waits for it; one that does not resume (a coding answer that copied 18 tokens of its question, then wrote
+# new code) priced the draft model's catch-up on the copy at the copy's rate for 90 plain steps, the catch-up
+# growing each
+PLAIN_RUN = 3
+
 
 @dataclass(frozen=True)
 class Setup:
@@ -57,3 +64,8 @@ class Progress:
     covered: float = 0.0  # of the tokens made, those a lookup drafted and kept or would have
     max_tokens: int = 1 << 30  # the request's own cap on what it makes
     offers: dict[str, tuple[int, int]] = field(default_factory=dict)  # lookup -> (match length, tokens available)
+    plain_run: int = 0  # its last steps that drafted nothing, in a row
+    # (tokens, seconds) made since a run of plain steps showed a copy had ended, until a lookup copies again;
+    # None outside such a spell (request.AutoPolicy.best)
+    since_copy: list | None = None
+    copied: bool = False  # a lookup has drafted tokens that were kept
