@@ -121,7 +121,6 @@ def _rank(ids: np.ndarray, vals: np.ndarray, k: int, in_order: bool = False) -> 
 _LOG2E = np.float32(np.log2(np.e))
 
 
-
 def top_probability(z: np.ndarray, top: int, scratch: np.ndarray | None = None) -> float:
     """The raw softmax's largest probability, 1 / sum(exp(z - z[top])), z: [V] logits (largest finite),
     top: its argmax. To about 1e-6 (float32's own exp and sums), more than its readers need: the

@@ -13,7 +13,6 @@ from ..policy import Outcome
 from .acceptance import OPENING
 from .context import Context
 from .estimates import bucket
-from .request_state import PLAIN_RUN
 from .names import FREE, HYBRID, MODEL
 from .plans import PlanCache
 from .probing import Probes
@@ -39,17 +38,7 @@ class Learner:
             est.see_target(o.target_top[: acc + 1])
             if MODEL in self.cache.plans:
                 self.cache.forget(MODEL)  # its expected acceptance moved
-        progress.generated += acc + 1
-        progress.clock += o.t_draft + o.t_verify
-        progress.plain_run = 0 if n else progress.plain_run + 1
-        if used in FREE and acc:  # a lookup copies (again): the request's rate so far is what its seconds are worth
-            progress.copied, progress.since_copy = True, None
-        elif progress.since_copy is not None:
-            progress.since_copy[0] += acc + 1
-            progress.since_copy[1] += o.t_draft + o.t_verify
-        elif progress.plain_run >= PLAIN_RUN and progress.copied:
-            progress.since_copy = [float(progress.plain_run), 0.0]  # (seconds: those plain steps', below)
-            progress.since_copy[1] = progress.plain_run * (o.t_draft + o.t_verify)
+        progress.advance(acc + 1, o.t_draft + o.t_verify, drafted=bool(n), copied=used in FREE and acc > 0)
         ctl.passed(n, o.t_draft, o.t_verify, acc + 1)
         if used == HYBRID:
             self._hybrid(o, head)

@@ -40,7 +40,6 @@ from .probing import EXPLORE_PASSES, Probes
 from .request_state import Setup
 from .shared import Shared
 
-
 trace = logging.getLogger("specserve.auto")  # one DEBUG line a step: SPECSERVE_LOG=debug
 
 

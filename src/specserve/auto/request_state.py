@@ -65,7 +65,19 @@ class Progress:
     max_tokens: int = 1 << 30  # the request's own cap on what it makes
     offers: dict[str, tuple[int, int]] = field(default_factory=dict)  # lookup -> (match length, tokens available)
     plain_run: int = 0  # its last steps that drafted nothing, in a row
+    copied: bool = False  # a lookup has drafted tokens that were kept
     # (tokens, seconds) made since a run of plain steps showed a copy had ended, until a lookup copies again;
     # None outside such a spell (request.AutoPolicy.best)
-    since_copy: list | None = None
-    copied: bool = False  # a lookup has drafted tokens that were kept
+    since_copy: tuple[float, float] | None = None
+
+    def advance(self, tokens: int, seconds: float, drafted: bool, copied: bool) -> None:
+        """A step made `tokens` in `seconds`; it drafted anything, a lookup's tokens were kept."""
+        self.generated += tokens
+        self.clock += seconds
+        self.plain_run = 0 if drafted else self.plain_run + 1
+        if copied:  # a lookup copies (again): the request's rate so far is what its seconds are worth
+            self.copied, self.since_copy = True, None
+        elif self.since_copy is not None:
+            self.since_copy = (self.since_copy[0] + tokens, self.since_copy[1] + seconds)
+        elif self.copied and self.plain_run >= PLAIN_RUN:  # the spell starts with those plain steps
+            self.since_copy = (float(self.plain_run), self.plain_run * seconds)
