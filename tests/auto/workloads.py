@@ -12,6 +12,7 @@ import numpy as np
 
 from gpu_costs import RTX3090_14B, RTX3090_CATCHUP, RTX3090_DRAFT_TOK
 from replay import REFERENCE, Replay, Text, code_edit, question, story
+from step_simulator import curve
 from specserve.auto import Controller
 from specserve.config import SpecParams
 from specserve.policy import FixedPolicy
@@ -39,6 +40,11 @@ def sequence(seed: int) -> list[tuple[str, Text]]:
 
 RTX3090 = dict(verify=RTX3090_14B, draft_tok=RTX3090_DRAFT_TOK, catchup=RTX3090_CATCHUP)
 CPU = dict(verify=REFERENCE, draft_tok=0.038, catchup=0.005)  # the reference pair on this CPU (replay.py)
+# the same pair through `specserve serve` on 2026-12-07 (SPECSERVE_LOG=debug, the bench's edits and questions:
+# median seconds of the passes and drafts it ran): plain passes twice as fast as REFERENCE's, so a pass over
+# 2 tokens costs 1.7 plain ones (1.07 in REFERENCE) and a drafted token a quarter of a plain pass
+CPU_SERVED = dict(verify=curve({1: 83, 2: 144, 3: 149, 4: 162, 6: 177, 7: 222, 9: 247, 17: 359, 29: 561,
+                                56: 1071}), draft_tok=0.022, catchup=0.0055)
 
 
 def speeds(make_ctl, costs=RTX3090, skip: int = 0) -> dict[str, float]:
@@ -69,7 +75,7 @@ def best_fixed(fixed: dict[str, dict[str, float]], work: str) -> str:
 
 
 if __name__ == "__main__":
-    for label, costs in (("reference pair, CPU", CPU), ("RTX 3090", RTX3090)):
+    for label, costs in (("reference pair, CPU", CPU), ("RTX 3090", RTX3090), ("reference pair, served", CPU_SERVED)):
         auto, fixed = speeds(Controller, costs), fixed_speeds(costs)
         for work in WORKLOADS:
             best = best_fixed(fixed, work)

@@ -105,6 +105,12 @@ def worth(tokens: float, seconds: float, V: Sequence[float]) -> float | None:
     return max(tokens / seconds, 1.0 / V[1]) if seconds > 0 else None
 
 
+def steady(V: Sequence[float], plans: Sequence[tuple]) -> float:
+    """The most tokens per second an option of this step makes before any catch-up: what a second is
+    worth where no copy is on to come back to (request.AutoPolicy.best)."""
+    return max([1.0 / V[1]] + [p.tokens / p.seconds for _, p, *_ in plans if p.k])
+
+
 def pick(V: Sequence[float], plans: Sequence[tuple], horizon: float,
          value: float | None = None) -> tuple[str | None, Plan, float]:
     """(drafter or None, its plan, its rate after catch-up): the best of plain decoding and each

@@ -69,6 +69,7 @@ class AutoPolicy:
         self._step_at = 0
         self._step_head: tuple[str, int, int] | None = None
         self._step_plan: tuple = (None, None)
+        self._options = self._step_options = (None, [])  # what best() weighed: the value of a second, the plans
         self.pred_tokens = self.pred_time = 0.0
 
     @property
@@ -145,16 +146,24 @@ class AutoPolicy:
         """(drafter, plan, rate after catch-up) of the best choice this step, by what it makes less what
         its seconds would make at the request's rate so far (planner.pick). A draft model's prompt
         catch-up is spread over the tokens it may draft for, not the lookups' (prefill.py); its catch-up
-        on the tokens the lookups made since it last ran is the step's own."""
+        on the tokens the lookups made since it last ran is the step's own.
+
+        The rate so far prices a second while a copy is on (a plain step may let it resume). Otherwise a
+        second is worth at most what the best option makes now (planner.steady): a good start (the draft
+        model keeping all of its first drafts) had set the price above every option, and then a plain
+        step, shorter, lost the least at it, step after step, while the draft model's catch-up grew."""
         uncovered, kmin, lags = self.prefills.uncovered(), self.setup.kmin, self.lags
-        since = self.progress.since_copy
-        value = planner.worth(*(since or (self.progress.generated, self.progress.clock)), V)
+        progress = self.progress
+        value = planner.worth(*(progress.since_copy or (progress.generated, progress.clock)), V)
         plans = [(n, self.plan_for(n, V, kmin=kmin[n]), lags.start(n, uncovered), lags.owed(n, V))
                  for n in self.names]
         if self.hybrid:
             hybrid = self._plan_hybrid(V)
             if hybrid is not None:
                 plans.append((HYBRID, hybrid, lags.start(MODEL, uncovered), lags.owed(MODEL, V)))
+        if value is not None and not progress.copying:
+            value = min(value, planner.steady(V, plans))
+        self._options = (value, plans)  # for the trace
         return planner.pick(V, plans, self.prefills.horizon(), value)
 
     def _stop_rule(self, name: str, plan: planner.Plan, V) -> planner.ConfidenceStop | None:
@@ -208,6 +217,7 @@ class AutoPolicy:
         if V is None:  # the first step of a fresh engine measures a plain pass (or the forced run's)
             return Choice(FORCED, forced) if forced else OFF
         name, plan, rate = self.best(V)
+        self._step_options = self._options
         pending, probes.pending = probes.pending, None
         # the same request again is copied, never displaced by a probe: while the copy holds, nothing a
         # probe shows would be used (a probe's budget had let a repeat's first step go to the draft model)
@@ -268,8 +278,14 @@ class AutoPolicy:
         probing = self.probes.probing
         probe = f" probe of {probing[0]}" if probing else ""
         offers = " ".join(f"{d}:{o[0]}/{o[1]}" for d, o in self._step_offers.items())
+        # each option weighed: tokens / seconds + the prompt's catch-up (before spreading) + the catch-up owed
+        value, plans = self._step_options
+        weighed = " ".join(f"{n}:{p.tokens:.2f}/{p.seconds:.3f}+{start:.3f}+{sum(owed):.3f}"
+                           for n, p, start, *owed in plans if p.k)
         rates = " ".join(f"{d}:{r.rate:.2f}" for d, r in self.est.acc.items() if r.rate is not None)
         trace.debug("step %d T%s: planned %s%s; ran %s k=%d drafted %d accepted %d; draft %.3f s verify %.3f s; "
-                    "lags %s; acceptance so far %s; offers %s", self.progress.step, self.setup.regime, planned, probe,
+                    "lags %s; acceptance so far %s; offers %s; a second worth %s, weighed %s",
+                    self.progress.step, self.setup.regime, planned, probe,
                     o.choice.drafter if o.choice.k else "plain", o.choice.k, o.n_drafted, o.n_accepted,
-                    o.t_draft, o.t_verify, dict(self.lags.lag), rates or "-", offers or "-")
+                    o.t_draft, o.t_verify, dict(self.lags.lag), rates or "-", offers or "-",
+                    f"{value:.2f}" if value else "-", weighed or "-")

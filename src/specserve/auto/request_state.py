@@ -70,6 +70,12 @@ class Progress:
     # None outside such a spell (request.AutoPolicy.best)
     since_copy: tuple[float, float] | None = None
 
+    @property
+    def copying(self) -> bool:
+        """A lookup has copied and no run of plain steps has shown the copy ended: a plain step now may
+        let it resume."""
+        return self.copied and self.since_copy is None
+
     def advance(self, tokens: int, seconds: float, drafted: bool, copied: bool) -> None:
         """A step made `tokens` in `seconds`; it drafted anything, a lookup's tokens were kept."""
         self.generated += tokens
