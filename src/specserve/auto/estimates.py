@@ -17,6 +17,8 @@ an answer differently: docs/auto-history.md).
 """
 from __future__ import annotations
 
+import math
+
 from ..drafters.suffix import SAME_REQUEST, SuffixDrafter
 from .acceptance import OPENING, RATE_MAX, REPEAT, REPEAT_RATE_MAX, ConfidenceMap, Rates, Shape, match_bucket
 from .names import FREE, MODEL
@@ -24,6 +26,7 @@ from .request_state import Setup
 from .shared import Shared
 
 _SEEN_MIN = 2.0  # (decayed) tokens of the target's record before it predicts the draft model's acceptance
+OPTIMISM = 1.0  # standard errors by which a cold request's draft model is planned above its level
 _G_SEEN = 0.9  # per-token decay of a request's record of the target's top probability: its last ~10 tokens
 
 
@@ -63,6 +66,19 @@ class Estimates:
         shape = self.ctl.priors.position_shape(name, bucket, self.kind).factors(self.caps[name])
         return rates.rates(mean, self.ctl.priors.prior_weight(name, bucket, self.kind, mean), shape,
                            REPEAT_RATE_MAX if bucket == REPEAT else RATE_MAX)
+
+    def optimistic(self, name: str, acc: list[float]) -> list[float]:
+        """`acc` (a draft model's rates by position) raised by OPTIMISM standard errors of the request's
+        level: what it may keep as far as the evidence goes."""
+        q = self.ctl.priors.prior(name, 0, self.kind)
+        mean = self.model_level(q[0] / q[1])
+        rates = self.acc[name]
+        w = self.ctl.priors.prior_weight(name, 0, self.kind, mean)
+        level = rates.level(mean, w)
+        if not 0.0 < level < 1.0:
+            return acc
+        up = min(level + OPTIMISM * math.sqrt(level * (1.0 - level) / (rates.t + w + 1.0)), RATE_MAX) / level
+        return [min(a * up, RATE_MAX) for a in acc]
 
     def lookup(self, name: str, bucket: int) -> list[float]:
         """A lookup's acceptance by position after a match in `bucket`."""

@@ -122,7 +122,7 @@ class Probes:
         plain decoding if all were kept (hot.py: a 2-token pass at 1.7 plain ones makes 1-token probes
         that show nothing the plan could use)."""
         k = self.setup.kmin[name]
-        if self.setup.regime < hot.HOT or name in FREE:
+        if name in FREE:
             return k
         for j in range(k, self.setup.caps[name] + 1):
             if self.plan_for(name, V, kmin=j, kmax=j, found=True, ceiling=True).rate * V[1] > 1.0:

@@ -78,12 +78,12 @@ class AutoPolicy:
 
     # --- planning -----------------------------------------------------------------------------
 
-    def plan_for(self, name, V, kmin=1, kmax=None, found=False, ceiling=False) -> planner.Plan:
+    def plan_for(self, name, V, kmin=1, kmax=None, found=False, ceiling=False, hopeful=False) -> planner.Plan:
         """Best plan of one drafter over k in [kmin, kmax].
 
         found: given that the drafter returns a first token (a lookup found a match);
-        ceiling: as if every draft token were accepted. Cached until V or the drafter's
-        estimates change.
+        ceiling: as if every draft token were accepted; hopeful: a draft model's rates as high as the
+        request's evidence allows (Estimates.optimistic). Cached until V or the drafter's estimates change.
         """
         self.cache.check(V)
         order, cap, at = 0, self.caps[name], self.progress.generated
@@ -95,7 +95,7 @@ class AutoPolicy:
                 return planner.plain(V)._replace(rate=0.0)  # no match: nothing to draft
             order = bucket(name, order, at)
         opening = not order and name not in FREE and at == 0
-        key = (kmin, kmax, found, ceiling, OPENING if opening else order)
+        key = (kmin, kmax, found, ceiling, OPENING if opening else order, hopeful)
         best = self.cache.plans[name].get(key)
         if best is not None:
             return best
@@ -107,6 +107,8 @@ class AutoPolicy:
             acc = self.est.rates(name, OPENING, self.est.opening[name])
         else:
             acc = self.est.rates(name, 0, self.est.acc[name])
+            if hopeful:
+                acc = self.est.optimistic(name, acc)
         p = self.ctl.priors.prior(name, 0, self.setup.kind)
         # a known match delivers every token up to `available`, which bounds kmax
         dlv = None if order else self.est.dlv[name].rates(p[2] / p[3])
@@ -164,7 +166,15 @@ class AutoPolicy:
         if value is not None and not progress.copying:
             value = min(value, planner.steady(V, plans))
         self._options = (value, plans)  # for the trace
-        return planner.pick(V, plans, self.prefills.horizon(), value)
+        name, plan, rate = planner.pick(V, plans, self.prefills.horizon(), value)
+        if name is None and MODEL in self.names and self.setup.regime < HOT and not progress.copying:
+            # plain decoding learns nothing of the draft model: where it may yet win, it drafts (at its plan's k)
+            hopeful = self.plan_for(MODEL, V, kmin=kmin[MODEL], hopeful=True)
+            if planner.pick(V, [(MODEL, hopeful, *plans[self.names.index(MODEL)][2:])], self.prefills.horizon(),
+                            value)[0]:
+                own = plans[self.names.index(MODEL)][1]
+                return MODEL, own, own.tokens / own.seconds
+        return name, plan, rate
 
     def _stop_rule(self, name: str, plan: planner.Plan, V) -> planner.ConfidenceStop | None:
         """The draft model's confidence stop for this step's plan (None: it does not draft)."""
