@@ -61,3 +61,19 @@ def test_the_allowance_is_gone_once_the_engine_knows_the_draft_model():
     assert ctl.policy(spec, ["draft"]).probes.explore("draft", V) == 0.0
     hot = ctl.policy(spec, ["draft"], temperature=0.8)  # nothing judged at 0.8 yet
     assert hot.probes.explore("draft", V) > 0.0
+
+
+def test_a_probe_drafts_what_could_pay_at_any_temperature():
+    """Where a pass over 2 tokens costs 1.7 plain ones (the served pair on 2026-12-07), a 1-token probe could
+    not beat plain decoding even kept: probes draft at least 2, cold as well as hot (before: 1 when cold)."""
+    from test_auto_policy import measured
+    from workloads import CPU_SERVED
+
+    ctl = measured(CPU_SERVED["verify"], CPU_SERVED["draft_tok"])
+    V = ctl.costs.verify.table(9)
+    for temperature in (0.0, 0.8):
+        policy = ctl.policy(SpecParams(draft_max=8), ["draft"], temperature)
+        k = policy.probes.probe_k("draft", V)
+        assert k >= 2, (temperature, k)
+        assert policy.plan_for("draft", V, kmin=k, kmax=k, found=True, ceiling=True).rate * V[1] > 1.0
+        assert policy.plan_for("draft", V, kmin=1, kmax=1, found=True, ceiling=True).rate * V[1] <= 1.0

@@ -118,9 +118,10 @@ class Probes:
         return self.plan_for(name, V, kmin=k, kmax=k)
 
     def probe_k(self, name: str, V) -> int:
-        """Tokens a probe of `name` drafts: its least (kmin), or sampling hot, the fewest that could beat
-        plain decoding if all were kept (hot.py: a 2-token pass at 1.7 plain ones makes 1-token probes
-        that show nothing the plan could use)."""
+        """Tokens a probe of `name` drafts: a lookup's least (kmin), a draft model's fewest from kmin that
+        could beat plain decoding if all were kept: where a 2-token pass costs 1.7 plain ones (sampling
+        hot on the reference pair; through a server on 2026-12-07's machine at any temperature), a
+        1-token probe shows nothing the plan could use."""
         k = self.setup.kmin[name]
         if name in FREE:
             return k
