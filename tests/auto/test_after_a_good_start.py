@@ -3,8 +3,8 @@ plain decoding: the draft model goes on. A second of the request was worth its r
 start had set above what any option could make now; at that price a plain step, shorter, lost less than the
 draft model's, and each plain step then added a token to the draft model's catch-up, so it never ran again.
 Through `specserve serve` (the bench's code edits, then its coding questions, SPECSERVE_LOG=debug,
-2026-12-07): two coding answers whose draft model had made 15.6 and 17.4 tok/s in their first steps ran
-their other 78 and 77 steps plain, at 12.3 and 11.6 tok/s, against 15.7 and 13.4 for their draft steps."""
+2026-12-07): two coding answers whose rates so far were 15.6 and 14.5 tok/s when they turned plain ran their
+other 78 and 77 steps plain, at 12.3 and 11.6 tok/s, against 15.7 and 13.4 for their draft steps."""
 from __future__ import annotations
 
 from specserve.config import SpecParams
