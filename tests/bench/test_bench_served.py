@@ -53,3 +53,21 @@ def test_auto_fresh_runs_in_process_beside_served_configurations():
                                                    ("auto-fresh[d] k<=4" + IN_PROCESS, "inprocess")]
     plain = plan_configs(["auto"], ["d"], [4], [], vias=("inprocess",))
     assert [(c.name, c.via) for c in plain] == [("target", "inprocess"), ("auto[d] k<=4", "inprocess")]
+
+
+def test_the_servers_logs_are_kept_where_asked(tiny_paths, tmp_path, monkeypatch):
+    """--server-log DIR keeps each of the bench's own servers' logs; with SPECSERVE_LOG=debug, auto's line a step
+    (what it planned and why) is there to read after the run."""
+    workload = tmp_path / "w.jsonl"
+    workload.write_text(json.dumps({"prompt": PROMPTS[0], "category": "toy"}) + "\n")
+    logs = tmp_path / "logs" / "deeper"
+    monkeypatch.setenv("SPECSERVE_LOG", "debug")
+    code, out = run_cli("bench", "-m", tiny_paths["target"], "-md", tiny_paths["draft_close"], "-c", 512, "-t", 1,
+                        "--workload", workload, "--prompts-per-workload", 1, "-n", 16, "--ignore-eos",
+                        "--spec", "auto", "--draft-max", "3", "-np", 1, "--no-auto-profile", "--no-progress",
+                        "--server-log", logs)
+    assert code == 0, out
+    kept = sorted(p.name for p in logs.iterdir())
+    assert kept == ["serve-draft_close.log"]
+    text = (logs / kept[0]).read_text()
+    assert "specserve.auto" in text and "a second worth" in text  # auto's step lines, with what it weighed

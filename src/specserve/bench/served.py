@@ -13,6 +13,7 @@ and counts everything the server path adds to each step (the engine thread, the 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -39,12 +40,15 @@ def _free_port() -> int:
 
 
 class SpawnedServer:
-    """`specserve serve ARGS` on a free loopback port, its log in a temporary file, stopped by SIGTERM."""
+    """`specserve serve ARGS` on a free loopback port, its log in a temporary file (or kept at `log_path`),
+    stopped by SIGTERM."""
 
-    def __init__(self, args: list[str], env: dict | None = None):
+    def __init__(self, args: list[str], env: dict | None = None, log_path: str | None = None):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self._log = tempfile.NamedTemporaryFile(prefix="specserve-bench-serve-", suffix=".log", delete=False)
+        self._keep_log = log_path is not None
+        self._log = open(log_path, "wb") if log_path else tempfile.NamedTemporaryFile(
+            prefix="specserve-bench-serve-", suffix=".log", delete=False)
         cmd = [sys.executable, "-m", "specserve", "serve", *args, "--host", "127.0.0.1", "--port", str(self.port)]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env={**os.environ, **(env or {})})
@@ -77,7 +81,15 @@ class SpawnedServer:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
-        os.unlink(self._log.name)
+        if not self._keep_log:
+            os.unlink(self._log.name)
+
+
+def log_name(draft: str | None) -> str:
+    """The file a served bench keeps one server's log in: serve-DRAFT.log, DRAFT the draft as named less any
+    folder and .gguf (serve-target.log for a server without one)."""
+    name = os.path.basename(draft or "target").removesuffix(".gguf")
+    return "serve-" + re.sub(r"[^A-Za-z0-9._@-]", "_", name) + ".log"
 
 
 class ServedModels:
@@ -86,10 +98,11 @@ class ServedModels:
 
     def __init__(self, target_path: str, draft_paths: dict[str, str], n_ctx: int, threads: int | None,
                  parallel: int, auto_profile: bool, timeout: float = 3600.0, windows: dict[str, int] | None = None,
-                 n_gpu_layers: tuple[int, int] = (0, 0), exact: bool = False, home=None):
+                 n_gpu_layers: tuple[int, int] = (0, 0), exact: bool = False, home=None, log_dir: str | None = None):
         """windows: a draft's --draft-ctx by its name (default: the server's); n_gpu_layers: the target's and
         the drafts' layers on the GPU (-ngl, -ngld), as the in-process path loads them; exact: --exact;
-        home: a profiles.ProfileHome the servers start auto from (closed with them), or None: the user's profile."""
+        home: a profiles.ProfileHome the servers start auto from (closed with them), or None: the user's profile;
+        log_dir: where each server's log is kept (`log_name`), or None: thrown away with the server."""
         common = ["-m", target_path, "-c", str(n_ctx), "-np", str(parallel)]
         common += ["-t", str(threads)] if threads else []
         common += ["-ngl", str(n_gpu_layers[0])] if n_gpu_layers[0] else []
@@ -104,7 +117,8 @@ class ServedModels:
                 draft = ["-md", path] if path else []
                 draft += ["-ngld", str(n_gpu_layers[1])] if path and n_gpu_layers[1] else []
                 draft += ["--draft-ctx", str(window)] if path and window is not None else []
-                self.servers[name] = SpawnedServer(common + draft, env=home.env if home else None)
+                log = os.path.join(log_dir, log_name(name)) if log_dir else None
+                self.servers[name] = SpawnedServer(common + draft, env=home.env if home else None, log_path=log)
         except BaseException:
             self.close()
             raise

@@ -122,6 +122,10 @@ def add_parser(sub) -> None:
                         "defaults to auto; docs/serving-speed.md")
     g.add_argument("--requests-per-client", type=int, default=3, metavar="R",
                    help="with --clients: requests each client sends, one after another (default 3)")
+    g.add_argument("--server-log", metavar="DIR",
+                   help="keep the log of each of the bench's own servers in DIR (serve-DRAFT.log, created if "
+                        "missing); with SPECSERVE_LOG=debug it holds a line for each auto step: what was planned, "
+                        "what ran, and why (docs/auto.md)")
     g.add_argument("--auto-profile-from", metavar="empty|FILE",
                    help="the bench's own servers start --spec auto from this saved auto profile (a copy: the "
                         "user's own is neither read nor changed), or from none (empty), learning as they run")
@@ -353,13 +357,20 @@ def run(args) -> int:
 
 def _serve(args, target_path: str, draft_paths: dict[str, str]):
     """The bench's own servers, started with its models, context and threads (minutes for a big target)."""
-    from ..bench.served import ServedModels
+    from ..bench.served import ServedModels, log_name
 
     print(f"starting specserve serve -np {args.parallel} for the served configurations ...", file=sys.stderr)
+    if args.server_log:
+        try:
+            os.makedirs(args.server_log, exist_ok=True)
+        except OSError as e:
+            raise CliError(f"--server-log: cannot make {args.server_log}: {e.strerror}") from None
+        names = ", ".join(log_name(d) for d in (draft_paths or {None: None}))
+        print(f"keeping the servers' logs in {args.server_log} ({names})", file=sys.stderr)
     return ServedModels(target_path, draft_paths, args.ctx_size, args.threads, args.parallel,
                         auto_profile=not args.no_auto_profile, windows=draft_windows(args, draft_paths),
                         n_gpu_layers=(args.n_gpu_layers, args.n_gpu_layers_draft), exact=args.exact,
-                        home=_profile_home(args, target_path, draft_paths))
+                        home=_profile_home(args, target_path, draft_paths), log_dir=args.server_log)
 
 
 def _profile_home(args, target_path: str, draft_paths: dict[str, str]):
