@@ -7,31 +7,10 @@ import pytest
 from specserve import learned
 from specserve.auto import Controller
 from specserve.auto.acceptance import ConfidenceMap
-from specserve.auto.cost import DraftCost
 from specserve.config import SpecParams
 from specserve.policy import Outcome
+from policies import NAMES, measured, no_probes
 from step_simulator import CPU_F16, GPU, SCENARIOS, simulate
-
-NAMES = ["draft", "ngram", "suffix", "hybrid"]  # what an engine with a draft model offers auto
-
-
-def measured(verify, draft_per_token: float, passes=(1, 2, 4, 8, 16, 33, 65)) -> Controller:
-    """A controller that has measured `verify` and a draft model at `draft_per_token` seconds a token."""
-    ctl = Controller()
-    for _ in range(3):
-        for n in passes:
-            ctl.costs.verify.add(n, verify(n))
-    fit = ctl.costs.draft["draft"] = DraftCost()
-    for n, lag in [(1, 1), (4, 2), (8, 1), (2, 9), (6, 2), (3, 30)] * 5:
-        fit.add(n, lag, draft_per_token * (1 + n + 0.4 * (lag - 1)))
-    return ctl
-
-
-def no_probes(policy) -> None:
-    """Probing off: these tests are about the plan (a drafter never used would be probed at once)."""
-    for name in policy.names:
-        policy.ctl.pacing.interval[name] = 1 << 40
-
 
 def teach(policy, drafter: str, steps: int, n: int, acc: int, offers=None) -> None:
     """Steps that drafted n tokens with `drafter` and kept acc, as observed outcomes."""

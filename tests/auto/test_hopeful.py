@@ -10,7 +10,7 @@ from __future__ import annotations
 from specserve.auto import estimates
 from specserve.config import SpecParams
 from specserve.policy import Choice, Outcome
-from test_auto_policy import NAMES, measured, no_probes
+from policies import NAMES, measured, no_probes
 from workloads import CPU_SERVED
 
 VERIFY, DRAFT_TOK = CPU_SERVED["verify"], CPU_SERVED["draft_tok"]

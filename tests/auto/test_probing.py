@@ -66,7 +66,7 @@ def test_the_allowance_is_gone_once_the_engine_knows_the_draft_model():
 def test_a_probe_drafts_what_could_pay_at_any_temperature():
     """Where a pass over 2 tokens costs 1.7 plain ones (the served pair on 2026-12-07), a 1-token probe could
     not beat plain decoding even kept: probes draft at least 2, cold as well as hot (before: 1 when cold)."""
-    from test_auto_policy import measured
+    from policies import measured
     from workloads import CPU_SERVED
 
     ctl = measured(CPU_SERVED["verify"], CPU_SERVED["draft_tok"])
