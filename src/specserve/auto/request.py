@@ -41,6 +41,7 @@ from .request_state import Setup
 from .shared import Shared
 
 trace = logging.getLogger("specserve.auto")  # one DEBUG line a step: SPECSERVE_LOG=debug
+REENTRY_LAG = 8  # tokens the draft model's cache lags by, beyond which a step that runs it is judged as a probe
 
 
 class AutoPolicy:
@@ -163,8 +164,15 @@ class AutoPolicy:
             hybrid = self._plan_hybrid(V)
             if hybrid is not None:
                 plans.append((HYBRID, hybrid, lags.start(MODEL, uncovered), lags.owed(MODEL, V)))
-        if value is not None and not progress.copying:
-            value = min(value, planner.steady(V, plans))
+        if not progress.copying:
+            # no copy to resume: a draft model that runs now runs on, and its catch-up on what others made
+            # is repaid over that run, expected as long as the stretch without a copy has lasted (a step's
+            # share: its tokens over the stretch's)
+            spell = progress.since_copy[0] if progress.since_copy else progress.generated
+            plans = [(n, p, start, sum(owed) * min(1.0, p.tokens / spell) if spell > 0 else sum(owed))
+                     for n, p, start, *owed in plans]
+            if value is not None:
+                value = min(value, planner.steady(V, plans))
         self._options = (value, plans)  # for the trace
         name, plan, rate = planner.pick(V, plans, self.prefills.horizon(), value)
         if name is None and MODEL in self.names and self.setup.regime < HOT and not progress.copying:
@@ -240,6 +248,12 @@ class AutoPolicy:
                 probes.probing = (other, plan.k > 0, probe)
                 name, plan = other, probe
                 break
+        if (probes.probing is None and name == MODEL and plan.k and self.lags.lag[MODEL] > REENTRY_LAG
+                and not self.progress.copying):
+            # back after a stretch without it, on a catch-up its plan priced as the stretch's: judged as a
+            # probe is (a success is followed up), so that one step at an estimate still low does not end
+            # the run the catch-up was paid for
+            probes.probing = (MODEL, True, plan)
         self.pred_tokens += plan.tokens
         self.pred_time += plan.seconds
         self._step_plan = (name, plan)
