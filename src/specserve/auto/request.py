@@ -149,7 +149,9 @@ class AutoPolicy:
         """(drafter, plan, rate after catch-up) of the best choice this step, by what it makes less what
         its seconds would make at the request's rate so far (planner.pick). A draft model's prompt
         catch-up is spread over the tokens it may draft for, not the lookups' (prefill.py); its catch-up
-        on the tokens the lookups made since it last ran is the step's own.
+        on the tokens the lookups made since it last ran is the step's own while a copy is on (their next
+        run makes it again), and otherwise shared by the run it starts (as long as the stretch without a
+        copy has lasted: a step pays its tokens' share of it).
 
         The rate so far prices a second while a copy is on (a plain step may let it resume). Otherwise a
         second is worth at most what the best option makes now (planner.steady): a good start (the draft
