@@ -2,7 +2,7 @@
 tokens is repaid over the run it starts, not by one step. Charged whole to the step that runs it, the catch-up
 (the draft model's lag times its cost a token) outweighed what that step makes beyond a plain one, and each
 plain step added a token to it: through `specserve serve` with a new user's profile (2026-12-07, a draft cost
-learnt at a constant lag, 0.011-0.021 s a token of catch-up), two coding answers that copied 15 tokens of their
+learnt at a constant lag, 0.011-0.021 s a token of catch-up), two coding answers that copied 13 and 6 tokens of their
 question ran their other 100 and 98 steps plain, the draft model planned at 15.9 tok/s against plain's 11.6."""
 from __future__ import annotations
 
