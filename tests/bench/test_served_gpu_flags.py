@@ -8,7 +8,7 @@ def test_the_bench_servers_get_the_gpu_layers(monkeypatch):
     started = []
 
     class NoServer:
-        def __init__(self, args, env=None):
+        def __init__(self, args, env=None, log_path=None):
             started.append(args)
 
         def close(self):
@@ -29,7 +29,7 @@ def test_the_bench_servers_start_from_the_profile_home_and_it_goes_with_them(mon
     envs = []
 
     class NoServer:
-        def __init__(self, args, env=None):
+        def __init__(self, args, env=None, log_path=None):
             envs.append(env)
 
         def stop(self):
