@@ -179,10 +179,9 @@ class AutoPolicy:
         name, plan, rate = planner.pick(V, plans, self.prefills.horizon(), value)
         if name is None and MODEL in self.names and self.setup.regime < HOT and not progress.copying:
             # plain decoding learns nothing of the draft model: where it may yet win, it drafts (at its plan's k)
+            _, own, *catchup = plans[self.names.index(MODEL)]
             hopeful = self.plan_for(MODEL, V, kmin=kmin[MODEL], hopeful=True)
-            if planner.pick(V, [(MODEL, hopeful, *plans[self.names.index(MODEL)][2:])], self.prefills.horizon(),
-                            value)[0]:
-                own = plans[self.names.index(MODEL)][1]
+            if planner.pick(V, [(MODEL, hopeful, *catchup)], self.prefills.horizon(), value)[0]:
                 return MODEL, own, own.tokens / own.seconds
         return name, plan, rate
 
